@@ -1,0 +1,500 @@
+package safeack
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/keygate"
+)
+
+// offsetMarker is the part of a Sarama consumer-group session a partition
+// needs. Without a consumer group it is nil and nothing is marked.
+type offsetMarker interface {
+	MarkOffset(topic string, partition int32, offset int64, metadata string)
+	ResetOffset(topic string, partition int32, offset int64, metadata string)
+	Commit()
+}
+
+// record is one delivered Kafka record on its way through a handler.
+type record struct {
+	msg    *sarama.ConsumerMessage
+	ticket frontier.Ticket
+	owner  *partitionWorker
+
+	key   uint64
+	gated bool // holds its key in the ordering gate until completed
+
+	wm           *message.Message // the current delivery
+	cancel       context.CancelFunc
+	deliveries   int
+	deliveredAt  time.Time
+	unmarshalErr error
+}
+
+// partitionWorker owns one assigned partition: it takes records from the
+// claim, registers them with the frontier tracker, passes them through the
+// ordering gate, hands them to the subscription's output, and marks the
+// completed prefix as acks arrive. Its run loop is the only goroutine that
+// reads the claim, sends on the output and marks offsets; acks reach it
+// through the state under mu and a wake-up signal.
+type partitionWorker struct {
+	sub       *subscription
+	topic     string
+	partition int32
+	marker    offsetMarker // nil without a consumer group
+	logFields watermill.LogFields
+
+	// ctx is the assignment's context: message contexts derive from it and
+	// end with the assignment.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// abandoned closes when the assignment is over: waiters for acks of
+	// messages that outlived the drain stop waiting.
+	abandoned chan struct{}
+
+	wake chan struct{} // capacity 1: "state under mu changed"
+
+	mu        sync.Mutex
+	tracker   *frontier.Tracker
+	gate      *keygate.Gate[*record]
+	released  []*record // records the gate let through on an ack, for run to emit
+	resend    []*record // nacked records due for redelivery
+	inFlight  int       // handed out, not yet acked or nacked
+	dirty     bool      // a completion may have moved the prefix
+	counters  partitionCounters
+	marked    int64 // last offset marked; written by run
+	stuckFlag bool  // mirrors stuck != nil for Stats
+
+	// Owned by run.
+	ready    recordQueue
+	hasToken bool
+	stuck    *record // a record the unmarshaler rejected; the partition waits on it
+	stuckErr error
+	seed     maphash.Seed
+}
+
+type partitionCounters struct {
+	redeliveries      uint64
+	unmarshalFailures uint64
+	skippedRevoked    uint64
+}
+
+func newPartitionWorker(sub *subscription, parent context.Context, marker offsetMarker, topic string, partition int32, start int64) (*partitionWorker, error) {
+	tracker, err := frontier.New(start, sub.cfg.MaxPendingPerPartition)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(parent)
+	w := &partitionWorker{
+		sub:       sub,
+		topic:     topic,
+		partition: partition,
+		marker:    marker,
+		logFields: sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "kafka_initial_offset": start}),
+		ctx:       ctx,
+		cancel:    cancel,
+		abandoned: make(chan struct{}),
+		wake:      make(chan struct{}, 1),
+		tracker:   tracker,
+		gate:      keygate.New[*record](),
+		seed:      sub.seed,
+		marked:    start,
+	}
+	return w, nil
+}
+
+func (w *partitionWorker) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run consumes the claim until it is revoked or the subscription stops,
+// then drains. It returns after the final mark.
+func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-chan struct{}) {
+	var retry *time.Timer
+	var retryC <-chan time.Time
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
+	for {
+		room := w.collect()
+		w.markIfAdvanced()
+
+		// Take a record only when nothing is ready to hand out (so the
+		// in-flight bound also bounds fetching) and the tracker has room.
+		var in <-chan *sarama.ConsumerMessage
+		if room && w.ready.len() == 0 && w.stuck == nil {
+			in = messages
+		}
+		var out chan<- *message.Message
+		var acquire chan<- struct{}
+		var next *message.Message
+		if r := w.ready.peek(); r != nil {
+			if w.hasToken {
+				out, next = w.sub.output, r.wm
+			} else {
+				acquire = w.sub.tokens
+			}
+		}
+		if w.stuck != nil && retryC == nil {
+			retry = time.NewTimer(w.sub.retrySleep())
+			retryC = retry.C
+		}
+
+		select {
+		case m, ok := <-in:
+			if !ok {
+				w.drain("claim closed")
+				return
+			}
+			w.accept(m)
+		case acquire <- struct{}{}:
+			w.hasToken = true
+		case out <- next:
+			w.hasToken = false
+			w.emitted(w.ready.pop())
+		case <-w.wake:
+		case <-retryC:
+			retry, retryC = nil, nil
+			w.retryStuck()
+		case <-stop:
+			w.drain("stopped")
+			return
+		case <-w.ctx.Done():
+			w.drain("context done")
+			return
+		}
+	}
+}
+
+// collect moves records that acks and nacks made ready into the run
+// loop's own queue, redeliveries first: they hold their keys. It reports
+// whether the tracker has room for another record.
+func (w *partitionWorker) collect() (room bool) {
+	w.mu.Lock()
+	resend, released := w.resend, w.released
+	w.resend, w.released = nil, nil
+	room = w.tracker.Retained() < w.tracker.Capacity()
+	w.mu.Unlock()
+	for i := len(resend) - 1; i >= 0; i-- {
+		w.ready.pushFront(w.redeliverable(resend[i]))
+	}
+	for _, r := range released {
+		w.ready.push(r)
+	}
+	return room
+}
+
+// accept registers a record with the tracker before anything else sees it,
+// so no completion can move the prefix past it.
+func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
+	w.mu.Lock()
+	tk, err := w.tracker.OfferOne(m.Offset, m.Offset+1)
+	w.mu.Unlock()
+	if err != nil {
+		// The claim's offsets are increasing and capacity was checked
+		// before reading, so this is a broken invariant: refuse the record
+		// loudly rather than deliver something the commit cannot cover.
+		w.sub.logger.Error("Record refused by the frontier tracker; partition stops", err, w.logFields.Add(watermill.LogFields{"kafka_partition_offset": m.Offset}))
+		w.setStuck(&record{msg: m, owner: w}, err)
+		return
+	}
+	r := &record{msg: m, ticket: tk, owner: w}
+	if !w.prepare(r) {
+		w.setStuck(r, r.unmarshalErr)
+		return
+	}
+	w.admit(r)
+}
+
+// prepare unmarshals the record into its first delivery. It reports false
+// when the unmarshaler rejects it.
+func (w *partitionWorker) prepare(r *record) bool {
+	wm, err := w.sub.cfg.Unmarshaler.Unmarshal(r.msg)
+	if err != nil {
+		r.unmarshalErr = err
+		w.mu.Lock()
+		w.counters.unmarshalFailures++
+		w.mu.Unlock()
+		w.sub.logger.Error("Cannot unmarshal record; the partition waits on it", err,
+			w.logFields.Add(watermill.LogFields{"kafka_partition_offset": r.msg.Offset}))
+		return false
+	}
+	w.setMessage(r, wm)
+	return true
+}
+
+func (w *partitionWorker) setMessage(r *record, wm *message.Message) {
+	ctx, cancel := context.WithCancel(context.WithValue(w.ctx, recordCtxKey{}, r))
+	wm.SetContext(ctx)
+	r.wm, r.cancel = wm, cancel
+}
+
+// admit passes a prepared record through the ordering gate.
+func (w *partitionWorker) admit(r *record) {
+	key, ordered := w.orderingKey(r.msg)
+	if !ordered {
+		w.ready.push(r)
+		return
+	}
+	r.key, r.gated = key, true
+	w.mu.Lock()
+	start := w.gate.Admit(key, r)
+	w.mu.Unlock()
+	if start {
+		w.ready.push(r)
+	}
+}
+
+func (w *partitionWorker) orderingKey(m *sarama.ConsumerMessage) (uint64, bool) {
+	switch w.sub.cfg.Ordering {
+	case OrderByPartition:
+		return 0, true
+	case Unordered:
+		return 0, false
+	}
+	k := m.Key
+	if f := w.sub.cfg.OrderingKey; f != nil {
+		k = f(m)
+	}
+	if len(k) == 0 {
+		return 0, false
+	}
+	return maphash.Bytes(w.seed, k), true
+}
+
+// retryStuck retries a record the unmarshaler rejected, or hands it to
+// OnUnmarshalError. Only success lets the partition go on.
+func (w *partitionWorker) retryStuck() {
+	r := w.stuck
+	if !r.ticket.Valid() {
+		return // refused by the tracker: nothing can fix it in this assignment
+	}
+	if h := w.sub.cfg.OnUnmarshalError; h != nil {
+		if err := h(w.ctx, r.msg, r.unmarshalErr); err != nil {
+			w.sub.logger.Error("OnUnmarshalError failed; will retry", err,
+				w.logFields.Add(watermill.LogFields{"kafka_partition_offset": r.msg.Offset}))
+			return
+		}
+		w.setStuck(nil, nil)
+		w.complete(r, false)
+		return
+	}
+	if w.prepare(r) {
+		w.setStuck(nil, nil)
+		w.admit(r)
+	}
+}
+
+func (w *partitionWorker) setStuck(r *record, err error) {
+	w.stuck, w.stuckErr = r, err
+	w.mu.Lock()
+	w.stuckFlag = r != nil
+	w.mu.Unlock()
+}
+
+// emitted is called once a record's message was taken by the consumer.
+func (w *partitionWorker) emitted(r *record) {
+	r.deliveries++
+	r.deliveredAt = time.Now()
+	w.mu.Lock()
+	w.inFlight++
+	w.mu.Unlock()
+	go w.await(r, r.wm, r.cancel)
+}
+
+// await turns the message's Ack or Nack into a completion or redelivery.
+func (w *partitionWorker) await(r *record, wm *message.Message, cancel context.CancelFunc) {
+	select {
+	case <-wm.Acked():
+		cancel()
+		w.sub.releaseToken()
+		w.complete(r, true)
+	case <-wm.Nacked():
+		cancel()
+		w.sub.releaseToken()
+		w.nacked(r)
+	case <-w.abandoned:
+		cancel()
+		w.sub.releaseToken()
+	}
+}
+
+// complete finishes a record's ticket; handedOut says whether it was
+// counted in flight.
+func (w *partitionWorker) complete(r *record, handedOut bool) {
+	w.mu.Lock()
+	if handedOut {
+		w.inFlight--
+	}
+	if w.tracker.Complete(r.ticket) {
+		w.dirty = true
+		if r.gated {
+			if next, ok := w.gate.Release(r.key); ok {
+				w.released = append(w.released, next)
+			}
+		}
+	}
+	w.mu.Unlock()
+	w.poke()
+}
+
+func (w *partitionWorker) nacked(r *record) {
+	w.mu.Lock()
+	w.inFlight--
+	w.counters.redeliveries++
+	w.mu.Unlock()
+	w.poke()
+	if d := w.sub.cfg.NackResendSleep; d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-w.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+	if w.ctx.Err() != nil {
+		return
+	}
+	w.mu.Lock()
+	w.resend = append(w.resend, r)
+	w.mu.Unlock()
+	w.poke()
+}
+
+// redeliverable gives a nacked record a fresh delivery: a copy of its
+// message (Copy drops the ack state) with a new context.
+func (w *partitionWorker) redeliverable(r *record) *record {
+	w.setMessage(r, r.wm.Copy())
+	return r
+}
+
+// markIfAdvanced marks the completed prefix when it moved.
+func (w *partitionWorker) markIfAdvanced() {
+	w.mu.Lock()
+	if !w.dirty {
+		w.mu.Unlock()
+		return
+	}
+	w.dirty = false
+	safe, err := w.tracker.SafeOffset()
+	if err != nil || safe <= w.marked {
+		w.mu.Unlock()
+		return
+	}
+	w.marked = safe
+	w.mu.Unlock()
+	if w.marker != nil {
+		w.marker.MarkOffset(w.topic, w.partition, safe, "")
+	}
+}
+
+// drain ends the assignment: nothing more is handed out, contexts of
+// unacked messages are cancelled, acks are awaited up to DrainTimeout, the
+// final completed prefix is marked (and committed when commits are manual),
+// and the tracker is revoked so that later acks change nothing.
+func (w *partitionWorker) drain(reason string) {
+	w.cancel()
+	if w.hasToken {
+		w.hasToken = false
+		w.sub.releaseToken()
+	}
+	w.ready.clear()
+
+	deadline := time.NewTimer(w.sub.cfg.DrainTimeout)
+	defer deadline.Stop()
+	timedOut := false
+	for !timedOut {
+		w.mu.Lock()
+		n := w.inFlight
+		w.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-w.wake:
+		case <-deadline.C:
+			timedOut = true
+		}
+	}
+	w.markIfAdvanced()
+
+	w.mu.Lock()
+	left := w.inFlight
+	stats := w.tracker.Stats()
+	w.tracker.Revoke()
+	w.gate.Drain(nil)
+	w.resend, w.released = nil, nil
+	w.mu.Unlock()
+	close(w.abandoned)
+
+	if w.marker != nil && !w.sub.autoCommit() {
+		w.marker.Commit()
+	}
+	fields := w.logFields.Add(watermill.LogFields{
+		"reason":      reason,
+		"safe_offset": stats.SafeOffset,
+		"retained":    stats.Retained,
+		"abandoned":   left,
+	})
+	if timedOut {
+		w.sub.logger.Info("Partition drain timed out; unacked records are left to the next owner", fields)
+	} else {
+		w.sub.logger.Debug("Partition drained", fields)
+	}
+}
+
+// recordQueue is a FIFO of records with a cheap push to the front.
+type recordQueue struct {
+	items []*record
+	head  int
+}
+
+func (q *recordQueue) len() int { return len(q.items) - q.head }
+
+func (q *recordQueue) peek() *record {
+	if q.head == len(q.items) {
+		return nil
+	}
+	return q.items[q.head]
+}
+
+func (q *recordQueue) push(r *record) { q.items = append(q.items, r) }
+
+func (q *recordQueue) pushFront(r *record) {
+	if q.head > 0 {
+		q.head--
+		q.items[q.head] = r
+		return
+	}
+	q.items = append(q.items, nil)
+	copy(q.items[1:], q.items)
+	q.items[0] = r
+}
+
+func (q *recordQueue) pop() *record {
+	r := q.items[q.head]
+	q.items[q.head] = nil
+	q.head++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+	return r
+}
+
+func (q *recordQueue) clear() {
+	clear(q.items)
+	q.items, q.head = q.items[:0], 0
+}

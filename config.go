@@ -1,0 +1,252 @@
+package safeack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+)
+
+// NoSleep can be set to SubscriberConfig.NackResendSleep and
+// SubscriberConfig.ReconnectRetrySleep to retry at once. It equals
+// watermill-kafka's kafka.NoSleep.
+const NoSleep time.Duration = kafka.NoSleep
+
+// Defaults applied by NewSubscriber to zero-valued fields.
+const (
+	DefaultMaxInFlight            = 64
+	DefaultMaxPendingPerPartition = 10_000
+	DefaultDrainTimeout           = 5 * time.Second
+	DefaultNackResendSleep        = 100 * time.Millisecond
+	DefaultReconnectRetrySleep    = time.Second
+	DefaultCommitInterval         = time.Second
+)
+
+// SubscriberConfig configures a Subscriber. Its fields up to Tracer keep the
+// names and meanings of watermill-kafka v3's kafka.SubscriberConfig, so that
+// moving an application from watermill-kafka changes an import and a
+// constructor; the fields after it are safeack's own.
+type SubscriberConfig struct {
+	// Brokers lists the Kafka bootstrap brokers, host:port.
+	Brokers []string
+
+	// Unmarshaler turns Kafka records into Watermill messages.
+	// Default: kafka.DefaultMarshaler{}.
+	Unmarshaler kafka.Unmarshaler
+
+	// OverwriteSaramaConfig holds Sarama settings. Nil means
+	// DefaultSaramaSubscriberConfig(). safeack never changes the caller's
+	// value: it works on a copy.
+	OverwriteSaramaConfig *sarama.Config
+
+	// ConsumerGroup is the Kafka consumer group. When empty, every partition
+	// of the topic is consumed from Consumer.Offsets.Initial with the same
+	// concurrency, and nothing is committed.
+	ConsumerGroup string
+
+	// NackResendSleep is how long after a Nack the message is redelivered.
+	// Default 100 ms; NoSleep redelivers at once.
+	NackResendSleep time.Duration
+
+	// ReconnectRetrySleep is how long to wait before reconnecting after the
+	// consumer stopped on an error. It also paces retries of a record the
+	// Unmarshaler rejects. Default 1 s; NoSleep retries at once.
+	ReconnectRetrySleep time.Duration
+
+	// InitializeTopicDetails is used by SubscribeInitialize to create the
+	// topic.
+	InitializeTopicDetails *sarama.TopicDetail
+
+	// DoNotWaitForTopicCreation makes SubscribeInitialize return without
+	// waiting for the topic's partitions to have leaders.
+	DoNotWaitForTopicCreation bool
+
+	// WaitForTopicCreationTimeout bounds that wait. Default 10 s.
+	WaitForTopicCreationTimeout time.Duration
+
+	// Tracer wraps the Sarama consumer and consumer-group handler, as in
+	// watermill-kafka (for example kafka.NewOTELSaramaTracer()). Nil: no
+	// tracing.
+	Tracer kafka.SaramaTracer
+
+	// MaxInFlight bounds the messages handed out by one Subscribe call and
+	// not yet acked or nacked, across all its partitions. It is the
+	// concurrency a Watermill router gets from this subscriber.
+	// Default 64.
+	MaxInFlight int
+
+	// MaxPendingPerPartition bounds the records retained per partition:
+	// running ones, ones waiting behind a busy key, and completed ones
+	// blocked behind an unfinished record. At the bound the partition stops
+	// fetching until a completion frees room. Default 10,000.
+	MaxPendingPerPartition int
+
+	// DrainTimeout is how long a revoked partition, or Close, waits for
+	// handed-out messages to be acked before giving up on them. Their
+	// records are then left for the next owner: at-least-once. Keep it
+	// below the group's Rebalance.Timeout. Default 5 s.
+	DrainTimeout time.Duration
+
+	// CommitInterval is how often the completed prefix is committed when
+	// Sarama's auto-commit is disabled. With auto-commit enabled Sarama's
+	// own AutoCommit.Interval applies and this field is ignored.
+	// Default 1 s.
+	CommitInterval time.Duration
+
+	// Ordering chooses which records may be handled at the same time.
+	// Default OrderByKey.
+	Ordering Ordering
+
+	// OrderingKey, when set with OrderByKey, computes the ordering key
+	// from the raw record instead of using the Kafka key (for example a
+	// header). Records whose ordering key is empty have no ordering
+	// constraint. It must be cheap and must not keep msg.
+	OrderingKey func(msg *sarama.ConsumerMessage) []byte
+
+	// OnUnmarshalError decides the fate of a record the Unmarshaler
+	// rejects. Nil (the default) stops the partition at that record:
+	// nothing is committed past it, the error is logged, and unmarshalling
+	// is retried every ReconnectRetrySleep until it succeeds or the
+	// partition is revoked. A non-nil handler is given the raw record
+	// instead; when it returns nil the record counts as completed (for
+	// example after publishing it to a dead-letter topic), and when it
+	// returns an error it is retried the same way. Never a silent skip.
+	OnUnmarshalError func(ctx context.Context, msg *sarama.ConsumerMessage, err error) error
+}
+
+// Ordering selects how much of a partition's order a Subscriber keeps.
+type Ordering int
+
+const (
+	// OrderByKey runs records with different keys concurrently and records
+	// with the same key one at a time, started in offset order. A record
+	// with an empty or nil key has no ordering constraint.
+	OrderByKey Ordering = iota
+	// OrderByPartition keeps at most one record of a partition in flight,
+	// as watermill-kafka's subscriber does.
+	OrderByPartition
+	// Unordered lets any record run beside any other, up to the bounds.
+	Unordered
+)
+
+// String names the ordering mode.
+func (o Ordering) String() string {
+	switch o {
+	case OrderByKey:
+		return "by-key"
+	case OrderByPartition:
+		return "by-partition"
+	case Unordered:
+		return "unordered"
+	}
+	return fmt.Sprintf("Ordering(%d)", int(o))
+}
+
+// DefaultSaramaSubscriberConfig returns the Sarama configuration a
+// Subscriber uses when OverwriteSaramaConfig is nil: errors are returned to
+// the subscriber, and the client identifies itself as safeack.
+func DefaultSaramaSubscriberConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.Consumer.Return.Errors = true
+	c.ClientID = "safeack"
+	return c
+}
+
+// withDefaults returns a copy of c with defaults applied, and a private
+// copy of the Sarama config so the caller's value is never changed.
+func (c SubscriberConfig) withDefaults() SubscriberConfig {
+	if c.OverwriteSaramaConfig == nil {
+		c.OverwriteSaramaConfig = DefaultSaramaSubscriberConfig()
+	} else {
+		sc := *c.OverwriteSaramaConfig
+		c.OverwriteSaramaConfig = &sc
+	}
+	if c.Unmarshaler == nil {
+		c.Unmarshaler = kafka.DefaultMarshaler{}
+	}
+	if c.NackResendSleep == 0 {
+		c.NackResendSleep = DefaultNackResendSleep
+	}
+	if c.ReconnectRetrySleep == 0 {
+		c.ReconnectRetrySleep = DefaultReconnectRetrySleep
+	}
+	if c.WaitForTopicCreationTimeout == 0 {
+		c.WaitForTopicCreationTimeout = 10 * time.Second
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MaxPendingPerPartition == 0 {
+		c.MaxPendingPerPartition = DefaultMaxPendingPerPartition
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
+	}
+	return c
+}
+
+// ErrInvalidConfig is wrapped by every error NewSubscriber returns for a
+// configuration it refuses.
+var ErrInvalidConfig = errors.New("safeack: invalid subscriber config")
+
+func fieldError(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+}
+
+// Validate reports the first invalid field of c, after defaults are
+// applied. Each error wraps ErrInvalidConfig and names the field.
+func (c SubscriberConfig) Validate() error {
+	c = c.withDefaults()
+	if len(c.Brokers) == 0 {
+		return fieldError("Brokers", "no brokers given")
+	}
+	for i, b := range c.Brokers {
+		if b == "" {
+			return fieldError("Brokers", "entry %d is empty", i)
+		}
+	}
+	if c.NackResendSleep < 0 && c.NackResendSleep != NoSleep {
+		return fieldError("NackResendSleep", "negative duration %v", c.NackResendSleep)
+	}
+	if c.ReconnectRetrySleep < 0 && c.ReconnectRetrySleep != NoSleep {
+		return fieldError("ReconnectRetrySleep", "negative duration %v", c.ReconnectRetrySleep)
+	}
+	if c.WaitForTopicCreationTimeout < 0 {
+		return fieldError("WaitForTopicCreationTimeout", "negative duration %v", c.WaitForTopicCreationTimeout)
+	}
+	if c.MaxInFlight < 0 {
+		return fieldError("MaxInFlight", "negative size %d", c.MaxInFlight)
+	}
+	if c.MaxPendingPerPartition < 0 {
+		return fieldError("MaxPendingPerPartition", "negative size %d", c.MaxPendingPerPartition)
+	}
+	if c.DrainTimeout < 0 {
+		return fieldError("DrainTimeout", "negative duration %v", c.DrainTimeout)
+	}
+	if c.CommitInterval < 0 {
+		return fieldError("CommitInterval", "negative duration %v", c.CommitInterval)
+	}
+	switch c.Ordering {
+	case OrderByKey, OrderByPartition, Unordered:
+	default:
+		return fieldError("Ordering", "unknown mode %d", int(c.Ordering))
+	}
+	if c.OrderingKey != nil && c.Ordering != OrderByKey {
+		return fieldError("OrderingKey", "set, but Ordering is %v; it applies only to OrderByKey", c.Ordering)
+	}
+	if err := c.OverwriteSaramaConfig.Validate(); err != nil {
+		return fieldError("OverwriteSaramaConfig", "%v", err)
+	}
+	if c.ConsumerGroup != "" {
+		if rt := c.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout; c.DrainTimeout >= rt {
+			return fieldError("DrainTimeout", "%v must be below Consumer.Group.Rebalance.Timeout (%v), or a draining member is expelled from the group", c.DrainTimeout, rt)
+		}
+	}
+	return nil
+}

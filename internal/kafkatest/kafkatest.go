@@ -1,0 +1,357 @@
+// Package kafkatest is the test broker harness: it starts an in-process
+// Kafka-protocol broker (kfake) on loopback, or uses a real cluster named by
+// SAFEACK_KAFKA_BROKERS, and gives tests unique topics and groups, synchronous
+// produce with known offsets, committed offsets and high watermarks read back
+// from the broker, and (embedded only) a log of every OffsetCommit request the
+// broker receives.
+//
+// Every helper that takes a testing.TB fails the test through it, so call them
+// from the test goroutine (t.Fatal must not run on other goroutines).
+package kafkatest
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// EnvBrokers names the environment variable that points the harness at a real
+// cluster: comma-separated host:port bootstrap addresses. When it is set, no
+// embedded broker is started.
+const EnvBrokers = "SAFEACK_KAFKA_BROKERS"
+
+// EnvVersion names the environment variable that overrides the Kafka version
+// Sarama assumes (for example "3.6.0"), for real clusters older than
+// DefaultVersion. Sarama negotiates request versions through ApiVersions
+// anyway, so this is rarely needed.
+const EnvVersion = "SAFEACK_KAFKA_VERSION"
+
+// DefaultVersion is the Kafka version SaramaConfig declares. Sarama clamps
+// every request to what the broker advertises in ApiVersions, and kfake
+// advertises recent versions, so a recent version works against both kfake
+// and real brokers.
+var DefaultVersion = sarama.V4_1_0_0
+
+// Session timeouts. kfake's default minimum group session timeout is 6s (as
+// is real Kafka's group.min.session.timeout.ms); a shorter client timeout is
+// rejected with INVALID_SESSION_TIMEOUT, so the embedded broker lowers its
+// minimum and real clusters get a 6s client timeout.
+const (
+	// EmbeddedMinSessionTimeout is the embedded broker's minimum group
+	// session timeout: low, so tests may shorten the client side further.
+	EmbeddedMinSessionTimeout = 500 * time.Millisecond
+	// EmbeddedSessionTimeout is SaramaConfig's session timeout on the
+	// embedded broker: a killed member is evicted within about this long.
+	EmbeddedSessionTimeout = 3 * time.Second
+	// RealSessionTimeout is SaramaConfig's session timeout on a real cluster,
+	// the smallest a default-configured broker accepts.
+	RealSessionTimeout = 6 * time.Second
+)
+
+// Option configures Start.
+type Option func(*options)
+
+type options struct {
+	brokers   int
+	kfakeOpts []kfake.Opt
+}
+
+// WithBrokers sets how many embedded brokers to start (default 1). It has no
+// effect on a real cluster.
+func WithBrokers(n int) Option {
+	return func(o *options) { o.brokers = n }
+}
+
+// WithKfakeOpts passes extra options to kfake.NewCluster. They are applied
+// after the harness defaults, so they override them (for example a different
+// kfake.GroupMinSessionTimeout). They have no effect on a real cluster.
+func WithKfakeOpts(opts ...kfake.Opt) Option {
+	return func(o *options) { o.kfakeOpts = append(o.kfakeOpts, opts...) }
+}
+
+// Cluster is a Kafka cluster for one test (and its subtests): embedded kfake
+// or a real cluster. Its methods are safe for concurrent use.
+type Cluster struct {
+	brokers []string
+	kf      *kfake.Cluster // nil on a real cluster
+	version sarama.KafkaVersion
+
+	seq atomic.Uint64 // makes produced values unique across the Cluster
+
+	mu       sync.Mutex
+	client   sarama.Client // shared by admin and producer, made lazily
+	admin    sarama.ClusterAdmin
+	producer sarama.SyncProducer
+	produced map[string][]Produced
+}
+
+// Start returns a cluster for tb, closed through tb.Cleanup. Without
+// SAFEACK_KAFKA_BROKERS it starts kfake on loopback (one broker by default,
+// minimum session timeout EmbeddedMinSessionTimeout so tests that kill members
+// are fast); with it, it uses that real cluster and starts nothing.
+func Start(tb testing.TB, opts ...Option) *Cluster {
+	tb.Helper()
+	o := options{brokers: 1}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	c := &Cluster{version: DefaultVersion, produced: make(map[string][]Produced)}
+	if v := strings.TrimSpace(os.Getenv(EnvVersion)); v != "" {
+		ver, err := sarama.ParseKafkaVersion(v)
+		if err != nil {
+			tb.Fatalf("kafkatest: %s=%q: %v", EnvVersion, v, err)
+		}
+		c.version = ver
+	}
+
+	if env := strings.TrimSpace(os.Getenv(EnvBrokers)); env != "" {
+		for _, b := range strings.Split(env, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				c.brokers = append(c.brokers, b)
+			}
+		}
+		if len(c.brokers) == 0 {
+			tb.Fatalf("kafkatest: %s=%q names no broker", EnvBrokers, env)
+		}
+		tb.Cleanup(c.closeClients)
+		return c
+	}
+
+	kopts := []kfake.Opt{
+		kfake.NumBrokers(o.brokers),
+		kfake.GroupMinSessionTimeout(EmbeddedMinSessionTimeout),
+	}
+	kopts = append(kopts, o.kfakeOpts...)
+	kf, err := kfake.NewCluster(kopts...)
+	if err != nil {
+		tb.Fatalf("kafkatest: starting kfake: %v", err)
+	}
+	c.kf = kf
+	c.brokers = kf.ListenAddrs()
+	// One cleanup, clients first: a client still connected while the
+	// broker closes spends its time retrying and logging.
+	tb.Cleanup(func() {
+		c.closeClients()
+		kf.Close()
+	})
+	return c
+}
+
+// Brokers returns the bootstrap addresses.
+func (c *Cluster) Brokers() []string { return append([]string(nil), c.brokers...) }
+
+// Embedded reports whether the cluster is the in-process kfake broker.
+func (c *Cluster) Embedded() bool { return c.kf != nil }
+
+// Kfake returns the embedded broker for fault injection and inspection, or
+// nil on a real cluster (see RequireEmbedded).
+func (c *Cluster) Kfake() *kfake.Cluster { return c.kf }
+
+// RequireEmbedded skips the test on a real cluster: fault injection and
+// commit observation exist only on the embedded broker.
+func (c *Cluster) RequireEmbedded(tb testing.TB) {
+	tb.Helper()
+	if c.kf == nil {
+		tb.Skipf("kafkatest: needs the embedded kfake broker (fault injection / broker-side observation); %s points at a real cluster", EnvBrokers)
+	}
+}
+
+// SaramaConfig returns a fresh config suited to tests: DefaultVersion (or
+// SAFEACK_KAFKA_VERSION), synchronous-producer ready (successes returned,
+// manual partitioner, acks from all replicas), a short group session
+// (EmbeddedSessionTimeout, or RealSessionTimeout on a real cluster) with the
+// heartbeat at a third of it, OffsetOldest for groups without commits, and
+// short backoffs and refreshes so recovery takes milliseconds, not seconds.
+// Callers may change it freely.
+func (c *Cluster) SaramaConfig() *sarama.Config {
+	cfg := sarama.NewConfig()
+	cfg.Version = c.version
+	cfg.ClientID = "safeack-kafkatest"
+
+	cfg.Net.DialTimeout = 5 * time.Second
+
+	cfg.Metadata.RefreshFrequency = time.Second
+	cfg.Metadata.Retry.Max = 20
+	cfg.Metadata.Retry.Backoff = 50 * time.Millisecond
+
+	cfg.Admin.Timeout = 10 * time.Second
+	cfg.Admin.Retry.Max = 20
+	cfg.Admin.Retry.Backoff = 50 * time.Millisecond
+
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.Return.Errors = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.Retry.Max = 10
+	cfg.Producer.Retry.Backoff = 50 * time.Millisecond
+
+	session := EmbeddedSessionTimeout
+	if c.kf == nil {
+		session = RealSessionTimeout
+	}
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
+	cfg.Consumer.Offsets.Retry.Max = 10
+	cfg.Consumer.Group.Session.Timeout = session
+	cfg.Consumer.Group.Heartbeat.Interval = session / 3
+	// Long enough for a member to finish its ConsumeClaims, short enough
+	// that a member that never rejoins does not stall a test for a minute.
+	cfg.Consumer.Group.Rebalance.Timeout = 10 * time.Second
+	cfg.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
+	cfg.Consumer.Retry.Backoff = 100 * time.Millisecond
+	cfg.Consumer.MaxWaitTime = 100 * time.Millisecond
+	return cfg
+}
+
+// Admin returns the harness's shared ClusterAdmin, for operations it does not
+// wrap. Do not close it; the harness does at cleanup.
+func (c *Cluster) Admin(tb testing.TB) sarama.ClusterAdmin {
+	tb.Helper()
+	_, admin := c.clients(tb)
+	return admin
+}
+
+// clients makes the shared client and admin on first use: tests that only
+// need the broker address never pay for them.
+func (c *Cluster) clients(tb testing.TB) (sarama.Client, sarama.ClusterAdmin) {
+	tb.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.client == nil {
+		client, err := sarama.NewClient(c.brokers, c.SaramaConfig())
+		if err != nil {
+			tb.Fatalf("kafkatest: sarama client for %v: %v", c.brokers, err)
+		}
+		admin, err := sarama.NewClusterAdminFromClient(client)
+		if err != nil {
+			_ = client.Close()
+			tb.Fatalf("kafkatest: sarama admin: %v", err)
+		}
+		c.client, c.admin = client, admin
+	}
+	return c.client, c.admin
+}
+
+// syncProducer makes the shared producer on first use.
+func (c *Cluster) syncProducer(tb testing.TB) sarama.SyncProducer {
+	tb.Helper()
+	client, _ := c.clients(tb)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.producer == nil {
+		p, err := sarama.NewSyncProducerFromClient(client)
+		if err != nil {
+			tb.Fatalf("kafkatest: sarama producer: %v", err)
+		}
+		c.producer = p
+	}
+	return c.producer
+}
+
+func (c *Cluster) closeClients() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.producer != nil {
+		_ = c.producer.Close()
+		c.producer = nil
+	}
+	if c.client != nil {
+		// The admin was made from the client; closing the client is
+		// closing the admin.
+		_ = c.client.Close()
+		c.client, c.admin = nil, nil
+	}
+}
+
+// NewTopic creates a topic with the given number of partitions, named after
+// the test plus a random suffix so runs against a shared real cluster never
+// collide, and waits until metadata shows every partition with a leader.
+func (c *Cluster) NewTopic(tb testing.TB, partitions int) string {
+	tb.Helper()
+	if partitions < 1 {
+		tb.Fatalf("kafkatest: NewTopic: %d partitions", partitions)
+	}
+	client, admin := c.clients(tb)
+	name := uniqueName("t-", tb.Name())
+	// ReplicationFactor -1 takes the broker default: 1 on kfake, whatever the
+	// real cluster is set up for.
+	detail := &sarama.TopicDetail{NumPartitions: int32(partitions), ReplicationFactor: -1}
+	if err := admin.CreateTopic(name, detail, false); err != nil {
+		tb.Fatalf("kafkatest: creating topic %s: %v", name, err)
+	}
+	WaitFor(tb, 15*time.Second, fmt.Sprintf("topic %s to have %d partitions with leaders", name, partitions), func() bool {
+		if err := client.RefreshMetadata(name); err != nil {
+			return false
+		}
+		ps, err := client.Partitions(name)
+		if err != nil || len(ps) != partitions {
+			return false
+		}
+		for _, p := range ps {
+			if _, err := client.Leader(name, p); err != nil {
+				return false
+			}
+		}
+		return true
+	})
+	return name
+}
+
+// NewGroup returns a consumer group name unique to this test and run. Nothing
+// is created: Kafka creates groups on first join.
+func (c *Cluster) NewGroup(tb testing.TB) string {
+	tb.Helper()
+	return uniqueName("g-", tb.Name())
+}
+
+var nameSeq atomic.Uint64
+
+// uniqueName builds prefix + sanitized test name + counter + random suffix.
+// The counter keeps names unique in-process, the random part across runs.
+func uniqueName(prefix, testName string) string {
+	var b strings.Builder
+	for _, r := range testName {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	base := b.String()
+	// Kafka allows 249 characters; topic names also end up in file names on
+	// real brokers, so stay well below.
+	if len(base) > 100 {
+		base = base[:100]
+	}
+	return fmt.Sprintf("%s%s-%d-%08x", prefix, base, nameSeq.Add(1), rand.Uint32())
+}
+
+// WaitFor polls cond every 10ms until it returns true, and fails the test
+// with what if timeout passes first. cond always gets one look after the
+// deadline, so a slow poll never fails a condition that holds.
+func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		// Read the clock before cond so the last cond runs after the
+		// deadline has passed.
+		expired := time.Now().After(deadline)
+		if cond() {
+			return
+		}
+		if expired {
+			tb.Fatalf("kafkatest: timed out after %v waiting for %s", timeout, what)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,92 @@
+package kafkatest
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/IBM/sarama"
+)
+
+// CommittedOffset is a group's commit for one partition: the next offset to
+// consume (-1 when the group has committed nothing there) and the metadata
+// string stored with it.
+type CommittedOffset struct {
+	Offset   int64
+	Metadata string
+}
+
+// TopicPartition names one partition of one topic.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+// partitions returns the topic's partition ids from fresh metadata.
+func (c *Cluster) partitions(tb testing.TB, topic string) []int32 {
+	tb.Helper()
+	client, _ := c.clients(tb)
+	if err := client.RefreshMetadata(topic); err != nil {
+		tb.Fatalf("kafkatest: metadata for %s: %v", topic, err)
+	}
+	ps, err := client.Partitions(topic)
+	if err != nil {
+		tb.Fatalf("kafkatest: partitions of %s: %v", topic, err)
+	}
+	return ps
+}
+
+// CommittedOffsets reads group's committed offsets for every partition of
+// topic from the broker (an OffsetFetch through the ClusterAdmin). Partitions
+// without a commit are present with Offset -1. Works on both kfake and real
+// clusters: it is the fallback where ObserveCommits is unavailable.
+func (c *Cluster) CommittedOffsets(tb testing.TB, group, topic string) map[int32]CommittedOffset {
+	tb.Helper()
+	ps := c.partitions(tb, topic)
+	_, admin := c.clients(tb)
+	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: ps})
+	if errors.Is(err, sarama.ErrGroupIDNotFound) {
+		// kfake answers GROUP_ID_NOT_FOUND for a group it has never seen,
+		// where real Kafka answers -1 per partition: same meaning.
+		resp, err = nil, nil
+	}
+	if err != nil {
+		tb.Fatalf("kafkatest: committed offsets of group %s on %s: %v", group, topic, err)
+	}
+	out := make(map[int32]CommittedOffset, len(ps))
+	for _, p := range ps {
+		co := CommittedOffset{Offset: -1}
+		if b := blockOf(resp, topic, p); b != nil {
+			if b.Err != sarama.ErrNoError {
+				tb.Fatalf("kafkatest: committed offset of group %s on %s/%d: %v", group, topic, p, b.Err)
+			}
+			co = CommittedOffset{Offset: b.Offset, Metadata: b.Metadata}
+		}
+		out[p] = co
+	}
+	return out
+}
+
+// HighWaterMarks returns, per partition of topic, the offset the next
+// produced record will get (the end of the log).
+func (c *Cluster) HighWaterMarks(tb testing.TB, topic string) map[int32]int64 {
+	tb.Helper()
+	ps := c.partitions(tb, topic)
+	client, _ := c.clients(tb)
+	out := make(map[int32]int64, len(ps))
+	for _, p := range ps {
+		off, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			tb.Fatalf("kafkatest: high watermark of %s/%d: %v", topic, p, err)
+		}
+		out[p] = off
+	}
+	return out
+}
+
+// blockOf is resp.GetBlock, tolerating a nil resp (no group, no commits).
+func blockOf(resp *sarama.OffsetFetchResponse, topic string, p int32) *sarama.OffsetFetchResponseBlock {
+	if resp == nil {
+		return nil
+	}
+	return resp.GetBlock(topic, p)
+}

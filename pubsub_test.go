@@ -1,0 +1,106 @@
+package safeack_test
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// testLogger logs at debug level when SAFEACK_TEST_DEBUG is set.
+func testLogger() watermill.LoggerAdapter {
+	if os.Getenv("SAFEACK_TEST_DEBUG") != "" {
+		return watermill.NewStdLogger(true, false)
+	}
+	return watermill.NopLogger{}
+}
+
+// suiteEnv builds publishers and subscribers for Watermill's universal
+// Pub/Sub suite on one broker.
+type suiteEnv struct {
+	cluster   *kafkatest.Cluster
+	ordering  safeack.Ordering
+	marshaler kafka.MarshalerUnmarshaler
+}
+
+func newSuiteEnv(t *testing.T, ordering safeack.Ordering, marshaler kafka.MarshalerUnmarshaler) *suiteEnv {
+	return &suiteEnv{
+		cluster:   kafkatest.Start(t, kafkatest.WithKfakeOpts(kfake.AllowAutoTopicCreation())),
+		ordering:  ordering,
+		marshaler: marshaler,
+	}
+}
+
+func (e *suiteEnv) publisher(t *testing.T) message.Publisher {
+	cfg := e.cluster.SaramaConfig()
+	cfg.Producer.Partitioner = sarama.NewHashPartitioner
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               e.cluster.Brokers(),
+		Marshaler:             e.marshaler,
+		OverwriteSaramaConfig: cfg,
+	}, testLogger())
+	require.NoError(t, err)
+	return pub
+}
+
+func (e *suiteEnv) subscriber(t *testing.T, group string) message.Subscriber {
+	cfg := e.cluster.SaramaConfig()
+	cfg.Consumer.Return.Errors = true
+	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+		Brokers:               e.cluster.Brokers(),
+		Unmarshaler:           e.marshaler,
+		OverwriteSaramaConfig: cfg,
+		ConsumerGroup:         group,
+		Ordering:              e.ordering,
+		NackResendSleep:       10 * time.Millisecond,
+		ReconnectRetrySleep:   100 * time.Millisecond,
+		DrainTimeout:          2 * time.Second,
+		InitializeTopicDetails: &sarama.TopicDetail{
+			NumPartitions:     8,
+			ReplicationFactor: 1,
+		},
+	}, testLogger())
+	require.NoError(t, err)
+	return sub
+}
+
+func (e *suiteEnv) constructors() (tests.PubSubConstructor, tests.ConsumerGroupPubSubConstructor) {
+	withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+		return e.publisher(t), e.subscriber(t, group)
+	}
+	return func(t *testing.T) (message.Publisher, message.Subscriber) {
+		return withGroup(t, "test")
+	}, withGroup
+}
+
+func TestPubSubUnordered(t *testing.T) {
+	env := newSuiteEnv(t, safeack.Unordered, kafka.DefaultMarshaler{})
+	pubSub, group := env.constructors()
+	tests.TestPubSub(t, tests.Features{
+		ConsumerGroups:  true,
+		Persistent:      true,
+		GuaranteedOrder: false,
+	}, pubSub, group)
+}
+
+func TestPubSubNoConsumerGroup(t *testing.T) {
+	env := newSuiteEnv(t, safeack.Unordered, kafka.DefaultMarshaler{})
+	tests.TestPubSub(t, tests.Features{
+		ConsumerGroups:                   false,
+		Persistent:                       true,
+		GuaranteedOrder:                  false,
+		NewSubscriberReceivesOldMessages: true,
+	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
+		return env.publisher(t), env.subscriber(t, "")
+	}, nil)
+}

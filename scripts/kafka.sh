@@ -1,0 +1,471 @@
+#!/usr/bin/env bash
+# Single-node Apache Kafka 4.1.2 broker (KRaft, combined broker+controller) on
+# loopback, for integration tests. No Docker, no Kafka tarball: the jars come
+# from Maven Central through Maven (scripts/kafka/pom.xml) and are cached.
+#
+# Usage: scripts/kafka.sh start|stop|restart|status|fetch|classpath|logs|run CLASS [ARGS...]
+#
+#   start      resolve jars (first time only), format fresh storage, start the
+#              broker in the background and wait until it answers. On success
+#              prints `SAFEACK_KAFKA_BROKERS=127.0.0.1:PORT` on stdout (all
+#              other messages go to stderr), so `eval "$(scripts/kafka.sh start)"`
+#              works. Already running -> prints the same line, exit 0.
+#   stop       SIGTERM, SIGKILL after $SAFEACK_KAFKA_STOP_TIMEOUT s, then remove
+#              the data dir. Idempotent (exit 0 when nothing runs).
+#   status     exit 0 when the broker runs and its port accepts connections,
+#              3 when it does not run, 1 when the process lives but the port is dead.
+#   fetch      only resolve the jars into the cache (e.g. a CI cache warm-up).
+#   classpath  print the classpath (resolving first if needed).
+#   logs       print the last 50 (or $SAFEACK_KAFKA_LOG_LINES) lines of the broker log.
+#   run CLASS  run a Kafka tool class on the cached classpath, e.g.
+#              scripts/kafka.sh run org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:39092 --list
+#
+# Environment (all optional):
+#   SAFEACK_KAFKA_PORT             PLAINTEXT port                      (39092)
+#   SAFEACK_KAFKA_CONTROLLER_PORT  CONTROLLER port                     (PORT+1)
+#   SAFEACK_KAFKA_CACHE            jar cache    (~/.cache/safeack/kafka-4.1.2)
+#   SAFEACK_KAFKA_DATA_DIR         data dir: config, pid, log, log.dirs
+#                                  (${TMPDIR:-/tmp}/safeack-kafka-PORT)
+#   SAFEACK_KAFKA_HEAP             JVM max heap                        (512m)
+#   SAFEACK_KAFKA_JAVA             java binary (else $JAVA_HOME/bin/java, else java); needs 17+
+#   SAFEACK_KAFKA_START_TIMEOUT    seconds to wait for the broker      (90)
+#   SAFEACK_KAFKA_STOP_TIMEOUT     seconds between SIGTERM and SIGKILL (30)
+#   SAFEACK_KAFKA_EXTRA_PROPS      extra server.properties lines, newline-separated
+#   SAFEACK_KAFKA_MVN              maven binary                        (mvn)
+set -euo pipefail
+
+KAFKA_VERSION=4.1.2
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+POM="$SCRIPT_DIR/kafka/pom.xml"
+
+HOST=127.0.0.1
+PORT=${SAFEACK_KAFKA_PORT:-39092}
+CONTROLLER_PORT=${SAFEACK_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
+CACHE=${SAFEACK_KAFKA_CACHE:-${HOME:-/root}/.cache/safeack/kafka-$KAFKA_VERSION}
+LIBS="$CACHE/libs"
+DATA_DIR=${SAFEACK_KAFKA_DATA_DIR:-${TMPDIR:-/tmp}/safeack-kafka-$PORT}
+HEAP=${SAFEACK_KAFKA_HEAP:-512m}
+START_TIMEOUT=${SAFEACK_KAFKA_START_TIMEOUT:-90}
+STOP_TIMEOUT=${SAFEACK_KAFKA_STOP_TIMEOUT:-30}
+MVN=${SAFEACK_KAFKA_MVN:-mvn}
+
+PID_FILE="$DATA_DIR/kafka.pid"
+LOG_FILE="$DATA_DIR/kafka.log"
+CONFIG="$DATA_DIR/server.properties"
+MARKER="$DATA_DIR/.safeack-kafka"
+# Put on the broker's command line so that we only ever signal our own JVM
+# (guards against a stale pid file whose pid got reused).
+TAG="-Dsafeack.kafka.datadir=$DATA_DIR"
+
+log() { printf 'kafka.sh: %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# ---------------------------------------------------------------- java -------
+
+java_bin() {
+  if [[ -n "${SAFEACK_KAFKA_JAVA:-}" ]]; then
+    printf '%s\n' "$SAFEACK_KAFKA_JAVA"
+  elif [[ -n "${JAVA_HOME:-}" && -x "$JAVA_HOME/bin/java" ]]; then
+    printf '%s\n' "$JAVA_HOME/bin/java"
+  elif command -v java >/dev/null 2>&1; then
+    command -v java
+  else
+    die "no java found: install a JDK 17+ or set SAFEACK_KAFKA_JAVA / JAVA_HOME"
+  fi
+}
+
+check_java() {
+  JAVA=$(java_bin)
+  local v major
+  v=$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n1) ||
+    true
+  [[ -n "$v" ]] || die "cannot run '$JAVA -version'"
+  major=${v%%.*}
+  [[ "$major" == 1 ]] && major=$(cut -d. -f2 <<<"$v")
+  [[ "$major" =~ ^[0-9]+$ ]] || die "cannot parse java version '$v' of $JAVA"
+  ((major >= 17)) || die "Kafka $KAFKA_VERSION needs Java 17+, but $JAVA is $v (set SAFEACK_KAFKA_JAVA or JAVA_HOME)"
+}
+
+# ---------------------------------------------------------------- jars -------
+
+pom_stamp() {
+  { printf '%s\n' "$KAFKA_VERSION"; cat "$POM"; } | cksum | cut -d' ' -f1
+}
+
+cache_complete() {
+  [[ -f "$CACHE/.complete" && -d "$LIBS" ]] || return 1
+  [[ "$(cat "$CACHE/.complete")" == "$(pom_stamp)" ]] || return 1
+  [[ -f "$LIBS/kafka_2.13-$KAFKA_VERSION.jar" && -f "$LIBS/kafka-tools-$KAFKA_VERSION.jar" ]]
+}
+
+resolve_jars() {
+  cache_complete && return 0
+  mkdir -p "$CACHE"
+  (
+    # serialise concurrent resolutions (parallel CI jobs sharing a cache)
+    if command -v flock >/dev/null 2>&1; then
+      exec 9>"$CACHE/.lock"
+      flock -w 600 9 || die "timed out waiting for lock $CACHE/.lock"
+    fi
+    cache_complete && exit 0
+    command -v "$MVN" >/dev/null 2>&1 ||
+      die "maven ('$MVN') not found: it is needed once to fetch the Kafka jars into $CACHE"
+    log "resolving Kafka $KAFKA_VERSION jars from Maven Central into $LIBS ..."
+    local tmp="$CACHE/libs.tmp.$$" mvnlog="$CACHE/mvn.log" t0=$SECONDS
+    rm -rf "$tmp" "$tmp.build"
+    if ! "$MVN" -B -q -f "$POM" dependency:copy-dependencies \
+        "-Dsafeack.kafka.libs=$tmp" >"$mvnlog" 2>&1; then
+      tail -n 50 "$mvnlog" >&2 || true
+      rm -rf "$tmp" "$tmp.build"
+      die "maven failed to resolve the Kafka jars (full log: $mvnlog)"
+    fi
+    rm -rf "$tmp.build"
+    [[ -f "$tmp/kafka_2.13-$KAFKA_VERSION.jar" ]] ||
+      die "maven succeeded but $tmp/kafka_2.13-$KAFKA_VERSION.jar is missing"
+    rm -rf "$LIBS" "$CACHE/.complete"
+    mv "$tmp" "$LIBS"
+    pom_stamp >"$CACHE/.complete"
+    log "resolved $(find "$LIBS" -name '*.jar' | wc -l) jars in $((SECONDS - t0)) s"
+  )
+}
+
+classpath() { printf '%s\n' "$LIBS/*"; }
+
+# ------------------------------------------------------------- process -------
+
+tcp_open() { # host port -> 0 when something accepts connections
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
+}
+
+# pid of our broker, or nothing
+broker_pid() {
+  local pid=""
+  if [[ -f "$PID_FILE" ]]; then
+    pid=$(tr -dc '0-9' <"$PID_FILE" || true)
+    if [[ -n "$pid" ]] && is_ours "$pid"; then
+      printf '%s\n' "$pid"
+      return 0
+    fi
+  fi
+  # pid file lost: look for a JVM carrying our exact tag
+  local d
+  for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    is_ours "$pid" && { printf '%s\n' "$pid"; return 0; }
+  done
+  return 0
+}
+
+is_ours() {
+  local pid=$1
+  [[ -r "/proc/$pid/cmdline" ]] || return 1
+  # arguments are NUL-separated; compare whole arguments
+  tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -Fxq -- "$TAG"
+}
+
+alive() { kill -0 "$1" 2>/dev/null; }
+
+tail_log() {
+  local n=${1:-50}
+  if [[ -f "$LOG_FILE" ]]; then
+    log "----- last $n lines of $LOG_FILE -----"
+    tail -n "$n" "$LOG_FILE" >&2 || true
+    log "----- end of broker log -----"
+  else
+    log "(no broker log at $LOG_FILE)"
+  fi
+}
+
+kill_broker() { # pid
+  local pid=$1 deadline
+  alive "$pid" || return 0
+  log "stopping broker (pid $pid) ..."
+  kill -TERM "$pid" 2>/dev/null || true
+  deadline=$((SECONDS + STOP_TIMEOUT))
+  while alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
+  if alive "$pid"; then
+    log "broker did not stop within ${STOP_TIMEOUT}s, sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    deadline=$((SECONDS + 10))
+    while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+  fi
+  alive "$pid" && die "could not kill broker pid $pid"
+  return 0
+}
+
+remove_data_dir() {
+  [[ -e "$DATA_DIR" ]] || return 0
+  # never rm -rf a directory we did not create
+  if [[ -f "$MARKER" ]]; then
+    rm -rf -- "$DATA_DIR"
+  else
+    die "$DATA_DIR exists but was not created by kafka.sh (no $MARKER); not removing it"
+  fi
+}
+
+# ---------------------------------------------------------------- config -----
+
+random_cluster_id() {
+  # Kafka's Uuid: 16 random bytes, URL-safe base64 without padding (22 chars).
+  # Like Uuid.randomUuid(), avoid a leading '-' (it would parse as an option).
+  local id
+  while :; do
+    id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+    [[ ${#id} == 22 && "$id" != -* && "$id" != AAAAAAAAAAAAAAAAAAAAA[AB] ]] && break
+  done
+  printf '%s\n' "$id"
+}
+
+write_config() {
+  cat >"$CONFIG" <<EOF
+# generated by scripts/kafka.sh -- single-node KRaft test broker
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
+controller.listener.names=CONTROLLER
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$DATA_DIR/data
+
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=true
+delete.topic.enable=true
+
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+
+# fast group joins; allow short session timeouts so tests that kill members are quick
+group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
+group.consumer.min.session.timeout.ms=1000
+group.consumer.min.heartbeat.interval.ms=500
+
+# small machine (2 cores)
+num.network.threads=2
+num.io.threads=2
+background.threads=2
+num.recovery.threads.per.data.dir=1
+log.cleaner.threads=1
+log.segment.bytes=67108864
+EOF
+  if [[ -n "${SAFEACK_KAFKA_EXTRA_PROPS:-}" ]]; then
+    printf '\n# SAFEACK_KAFKA_EXTRA_PROPS\n%s\n' "$SAFEACK_KAFKA_EXTRA_PROPS" >>"$CONFIG"
+  fi
+
+  cat >"$DATA_DIR/log4j2.properties" <<'EOF'
+status = warn
+name = safeack-kafka-broker
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.cleaner.name = kafka.log.LogCleaner
+logger.cleaner.level = WARN
+EOF
+
+  cat >"$DATA_DIR/tools-log4j2.properties" <<'EOF'
+status = warn
+name = safeack-kafka-tools
+appender.err.type = Console
+appender.err.name = ERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = ERR
+EOF
+}
+
+# JVM flags for short-lived tool JVMs (format, readiness check)
+tool_jvm_opts() {
+  local l4j="$DATA_DIR/tools-log4j2.properties"
+  [[ -f "$l4j" ]] || l4j=""
+  printf '%s\n' -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+    -Djava.awt.headless=true ${l4j:+"-Dlog4j2.configurationFile=$l4j"}
+}
+
+run_tool() { # class args...
+  local opts
+  mapfile -t opts < <(tool_jvm_opts)
+  "$JAVA" "${opts[@]}" -cp "$(classpath)" "$@"
+}
+
+run_tool_timeout() { # seconds class args...
+  local secs=$1 opts
+  shift
+  mapfile -t opts < <(tool_jvm_opts)
+  timeout -k 5 "$secs" "$JAVA" "${opts[@]}" -cp "$(classpath)" "$@"
+}
+
+# ---------------------------------------------------------------- commands ---
+
+cmd_start() {
+  check_java
+  local pid
+  pid=$(broker_pid)
+  if [[ -n "$pid" ]]; then
+    if tcp_open "$HOST" "$PORT"; then
+      log "broker already running (pid $pid, data dir $DATA_DIR)"
+      printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
+      return 0
+    fi
+    die "a broker (pid $pid) runs for $DATA_DIR but $HOST:$PORT does not answer; run '$0 stop' first"
+  fi
+
+  local p
+  for p in "$PORT" "$CONTROLLER_PORT"; do
+    tcp_open "$HOST" "$p" &&
+      die "port $HOST:$p is already in use by another process (set SAFEACK_KAFKA_PORT / SAFEACK_KAFKA_CONTROLLER_PORT)"
+  done
+
+  resolve_jars
+
+  remove_data_dir
+  mkdir -p "$DATA_DIR/data"
+  : >"$MARKER"
+  write_config
+  local cluster_id
+  cluster_id=$(random_cluster_id)
+  printf '%s\n' "$cluster_id" >"$DATA_DIR/cluster.id"
+
+  local t0=$SECONDS
+  log "formatting storage in $DATA_DIR/data (cluster id $cluster_id) ..."
+  if ! run_tool kafka.tools.StorageTool format --cluster-id "$cluster_id" \
+      --config "$CONFIG" --ignore-formatted >"$DATA_DIR/format.log" 2>&1; then
+    cat "$DATA_DIR/format.log" >&2 || true
+    die "kafka-storage format failed"
+  fi
+
+  log "starting Kafka $KAFKA_VERSION on $HOST:$PORT (controller $HOST:$CONTROLLER_PORT, heap $HEAP) ..."
+  local jvm=(
+    "-Xmx$HEAP"
+    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
+    -XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError
+    -Djava.awt.headless=true
+    "-Dlog4j2.configurationFile=$DATA_DIR/log4j2.properties"
+    "-Dkafka.logs.dir=$DATA_DIR"
+    "$TAG"
+  )
+  # setsid + nohup: the broker outlives this script and its terminal / process
+  # group; all its fds point at the log so it never holds a caller's pipe open.
+  # The inner shell records its own pid, then execs java (same pid).
+  local launcher=(bash -c 'echo $$ >"$1"; shift; exec "$@"' safeack-kafka "$PID_FILE"
+    "$JAVA" "${jvm[@]}" -cp "$(classpath)" kafka.Kafka "$CONFIG")
+  if command -v setsid >/dev/null 2>&1; then
+    nohup setsid "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
+  else
+    nohup "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
+  fi
+
+  local deadline=$((SECONDS + START_TIMEOUT)) started="" answered=""
+  pid=""
+  while ((SECONDS < deadline)); do
+    [[ -z "$pid" && -s "$PID_FILE" ]] && pid=$(tr -dc '0-9' <"$PID_FILE")
+    if [[ -n "$pid" ]] && ! alive "$pid"; then
+      tail_log 50
+      die "broker process $pid exited during startup (log: $LOG_FILE)"
+    fi
+    if [[ -z "$started" ]] && grep -q 'Kafka Server started' "$LOG_FILE" 2>/dev/null; then
+      started=1
+    fi
+    if [[ -n "$started" ]] && tcp_open "$HOST" "$PORT"; then
+      # a real request: ask the broker for its cluster id and compare
+      local out
+      if out=$(run_tool_timeout 30 org.apache.kafka.tools.ClusterTool cluster-id \
+          --bootstrap-server "$HOST:$PORT" 2>"$DATA_DIR/check.log") &&
+        grep -qF "$cluster_id" <<<"$out"; then
+        answered=1
+        break
+      fi
+    fi
+    sleep 0.5
+  done
+
+  if [[ -z "$answered" ]]; then
+    tail_log 50
+    [[ -s "$DATA_DIR/check.log" ]] && { log "readiness check output:"; tail -n 20 "$DATA_DIR/check.log" >&2; }
+    pid=$(broker_pid)
+    [[ -z "$pid" ]] || kill_broker "$pid"
+    if [[ -z "$started" ]]; then
+      die "broker did not log 'Kafka Server started' within ${START_TIMEOUT}s (data dir kept: $DATA_DIR)"
+    fi
+    die "broker started but did not answer on $HOST:$PORT within ${START_TIMEOUT}s (data dir kept: $DATA_DIR)"
+  fi
+
+  log "broker ready in $((SECONDS - t0)) s (pid $pid, log $LOG_FILE)"
+  printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
+}
+
+cmd_stop() {
+  local pid
+  pid=$(broker_pid)
+  if [[ -n "$pid" ]]; then
+    kill_broker "$pid"
+  else
+    log "broker not running"
+  fi
+  remove_data_dir
+  return 0
+}
+
+cmd_status() {
+  local pid
+  pid=$(broker_pid)
+  if [[ -z "$pid" ]]; then
+    log "not running"
+    return 3
+  fi
+  if tcp_open "$HOST" "$PORT"; then
+    log "running (pid $pid) on $HOST:$PORT, data dir $DATA_DIR"
+    printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
+    return 0
+  fi
+  log "process $pid is alive but $HOST:$PORT does not accept connections"
+  return 1
+}
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+main() {
+  [[ $# -ge 1 ]] || usage
+  local cmd=$1
+  shift
+  case "$cmd" in
+    start) cmd_start ;;
+    stop) cmd_stop ;;
+    restart) cmd_stop; cmd_start ;;
+    status) cmd_status ;;
+    fetch) check_java; resolve_jars ;;
+    classpath) check_java; resolve_jars; classpath ;;
+    logs)
+      [[ -f "$LOG_FILE" ]] || die "no broker log at $LOG_FILE"
+      tail -n "${SAFEACK_KAFKA_LOG_LINES:-50}" "$LOG_FILE"
+      ;;
+    run)
+      [[ $# -ge 1 ]] || die "usage: $0 run CLASS [ARGS...]"
+      check_java
+      resolve_jars
+      run_tool "$@"
+      ;;
+    -h | --help | help) usage ;;
+    *) log "unknown command '$cmd'"; usage ;;
+  esac
+}
+
+main "$@"

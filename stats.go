@@ -1,0 +1,116 @@
+package safeack
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+)
+
+// TopicPartition names one Kafka partition.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+// PartitionStats is a snapshot of one partition owned by a Subscriber.
+type PartitionStats struct {
+	TopicPartition
+
+	// SafeOffset is the completed prefix: the offset a consumer may resume
+	// from without losing an unfinished record. It is what gets marked.
+	SafeOffset int64
+	// MarkedOffset is the last offset handed to Sarama to commit.
+	MarkedOffset int64
+	// Delivered is the position after the last record taken from Kafka.
+	Delivered int64
+	// Retained counts records held: running, waiting for their key, and
+	// completed but blocked behind an unfinished one.
+	Retained int
+	// Blocked counts completed records held behind an unfinished one.
+	Blocked int
+	// InFlight counts messages handed out and not yet acked or nacked.
+	InFlight int
+	// WaitingForKey counts records waiting for a busy ordering key.
+	WaitingForKey int
+	// OldestUnfinished is the offset of the oldest unfinished record, valid
+	// when HasUnfinished.
+	OldestUnfinished int64
+	HasUnfinished    bool
+	// Stuck reports that the partition waits on a record the unmarshaler
+	// rejected.
+	Stuck bool
+	// Offered and Completed count records over the assignment's life.
+	Offered, Completed uint64
+	// Redeliveries counts nacks. UnmarshalFailures counts rejected
+	// unmarshal attempts.
+	Redeliveries      uint64
+	UnmarshalFailures uint64
+	// AssignedAt is when this member got the partition.
+	AssignedAt time.Time
+}
+
+// Stats returns a snapshot of every partition the Subscriber currently
+// owns, ordered by topic and partition.
+func (s *Subscriber) Stats() []PartitionStats {
+	return s.registry.snapshot()
+}
+
+// registry tracks the partitions a Subscriber owns, for Stats.
+type registry struct {
+	mu      sync.Mutex
+	workers map[*partitionWorker]time.Time
+}
+
+func (r *registry) attach(w *partitionWorker) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.workers == nil {
+		r.workers = make(map[*partitionWorker]time.Time)
+	}
+	r.workers[w] = time.Now()
+}
+
+func (r *registry) detach(w *partitionWorker) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.workers, w)
+}
+
+func (r *registry) snapshot() []PartitionStats {
+	r.mu.Lock()
+	out := make([]PartitionStats, 0, len(r.workers))
+	for w, at := range r.workers {
+		ps := w.stats()
+		ps.AssignedAt = at
+		out = append(out, ps)
+	}
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b PartitionStats) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
+}
+
+func (w *partitionWorker) stats() PartitionStats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ts := w.tracker.Stats()
+	return PartitionStats{
+		TopicPartition:    TopicPartition{Topic: w.topic, Partition: w.partition},
+		SafeOffset:        ts.SafeOffset,
+		MarkedOffset:      w.marked,
+		Delivered:         ts.Delivered,
+		Retained:          ts.Retained,
+		Blocked:           ts.Blocked,
+		InFlight:          w.inFlight,
+		WaitingForKey:     w.gate.Waiting(),
+		OldestUnfinished:  ts.OldestUnfinished,
+		HasUnfinished:     ts.HasUnfinished,
+		Stuck:             w.stuckFlag,
+		Offered:           ts.Offered,
+		Completed:         ts.Completed,
+		Redeliveries:      w.counters.redeliveries,
+		UnmarshalFailures: w.counters.unmarshalFailures,
+	}
+}

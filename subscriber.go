@@ -1,0 +1,434 @@
+// Package safeack is a Watermill subscriber for Kafka that hands many
+// messages of one partition to handlers at once, lets them ack in any
+// order, and commits only each partition's completed prefix: the position
+// before the oldest record still being processed. A crash, a rebalance or a
+// Close therefore never commits past unfinished work.
+//
+// The guarantee is at-least-once. A committed offset means "safe to resume
+// here"; records after it that were already handled may be handled again by
+// the next owner of the partition, so handlers must tolerate repeats.
+//
+// Subscriber is a drop-in replacement for watermill-kafka v3's subscriber:
+// SubscriberConfig keeps its field names and meanings, and adds bounds on
+// concurrency and on what a partition may hold.
+package safeack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrSubscriberClosed is returned by Subscribe after Close.
+var ErrSubscriberClosed = errors.New("safeack: subscriber closed")
+
+// Subscriber consumes Kafka topics through a Sarama consumer group and
+// implements message.Subscriber and message.SubscribeInitializer.
+type Subscriber struct {
+	cfg    SubscriberConfig
+	logger watermill.LoggerAdapter
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	closed    atomic.Bool
+	subs      sync.WaitGroup
+
+	registry registry
+}
+
+var (
+	_ message.Subscriber           = (*Subscriber)(nil)
+	_ message.SubscribeInitializer = (*Subscriber)(nil)
+)
+
+// NewSubscriber validates config and returns a Subscriber. A nil logger
+// disables logging. Invalid configuration gives an error wrapping
+// ErrInvalidConfig that names the field.
+func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Subscriber{
+		cfg:     config.withDefaults(),
+		logger:  logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
+		closing: make(chan struct{}),
+	}, nil
+}
+
+// Subscribe starts consuming topic and returns the channel its messages
+// arrive on. Up to MaxInFlight messages may be unacked at once. The channel
+// closes when ctx is cancelled or the Subscriber is closed, after the
+// partitions drained.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if s.closed.Load() {
+		return nil, ErrSubscriberClosed
+	}
+	if topic == "" {
+		return nil, errors.New("safeack: empty topic")
+	}
+	sub := &subscription{
+		s:      s,
+		cfg:    &s.cfg,
+		logger: s.logger,
+		topic:  topic,
+		output: make(chan *message.Message),
+		tokens: make(chan struct{}, s.cfg.MaxInFlight),
+		seed:   maphash.MakeSeed(),
+		logFields: watermill.LogFields{
+			"provider":            "safeack",
+			"topic":               topic,
+			"consumer_group":      s.cfg.ConsumerGroup,
+			"kafka_consumer_uuid": watermill.NewShortUUID(),
+		},
+	}
+	s.logger.Info("Subscribing to Kafka topic", sub.logFields)
+
+	s.subs.Add(1)
+	go func() {
+		defer s.subs.Done()
+		sub.run(ctx)
+		close(sub.output)
+	}()
+	return sub.output, nil
+}
+
+// Close stops every subscription: partitions stop handing out messages,
+// message contexts are cancelled, acks are awaited up to DrainTimeout, the
+// final completed prefixes are committed, the group is left and every
+// output channel is closed. It is safe to call more than once and
+// concurrently with acks.
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.closing)
+	})
+	s.subs.Wait()
+	return nil
+}
+
+// subscription is one Subscribe call: one output channel, one in-flight
+// budget, one consumer (group) connection at a time.
+type subscription struct {
+	s         *Subscriber
+	cfg       *SubscriberConfig
+	logger    watermill.LoggerAdapter
+	topic     string
+	output    chan *message.Message
+	tokens    chan struct{} // a slot per message handed out and unanswered
+	seed      maphash.Seed
+	logFields watermill.LogFields
+}
+
+func (sub *subscription) releaseToken() { <-sub.tokens }
+
+func (sub *subscription) autoCommit() bool {
+	return sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable
+}
+
+func (sub *subscription) retrySleep() time.Duration {
+	if d := sub.cfg.ReconnectRetrySleep; d > 0 {
+		return d
+	}
+	return 0
+}
+
+// run consumes until ctx ends or the Subscriber closes, reconnecting after
+// errors as watermill-kafka does.
+func (sub *subscription) run(ctx context.Context) {
+	for {
+		err := sub.consumeOnce(ctx)
+		if sub.stopping(ctx) {
+			return
+		}
+		if err != nil {
+			sub.logger.Error("Consumer stopped; reconnecting", err, sub.logFields)
+		} else {
+			sub.logger.Info("Consumer stopped; reconnecting", sub.logFields)
+		}
+		if d := sub.retrySleep(); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-sub.s.closing:
+				t.Stop()
+				return
+			}
+		}
+	}
+}
+
+func (sub *subscription) stopping(ctx context.Context) bool {
+	select {
+	case <-sub.s.closing:
+		return true
+	case <-ctx.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// consumeOnce runs one client connection until it fails or is stopped.
+func (sub *subscription) consumeOnce(parent context.Context) error {
+	client, err := sarama.NewClient(sub.cfg.Brokers, sub.cfg.OverwriteSaramaConfig)
+	if err != nil {
+		return fmt.Errorf("cannot create Sarama client: %w", err)
+	}
+	defer func() {
+		if err := client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
+			sub.logger.Error("Cannot close Sarama client", err, sub.logFields)
+		}
+	}()
+
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	go func() {
+		select {
+		case <-sub.s.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	if sub.cfg.ConsumerGroup == "" {
+		return sub.consumePartitions(ctx, client)
+	}
+	return sub.consumeGroup(ctx, client)
+}
+
+func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client) error {
+	group, err := sarama.NewConsumerGroupFromClient(sub.cfg.ConsumerGroup, client)
+	if err != nil {
+		return fmt.Errorf("cannot create consumer group: %w", err)
+	}
+	errsDone := make(chan struct{})
+	go func() {
+		defer close(errsDone)
+		for err := range group.Errors() {
+			sub.logger.Error("Sarama consumer group error", err, sub.logFields)
+		}
+	}()
+	defer func() {
+		if err := group.Close(); err != nil {
+			sub.logger.Info("Consumer group closed with error", sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+		}
+		<-errsDone
+	}()
+
+	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx}
+	if sub.cfg.Tracer != nil {
+		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
+	}
+	for ctx.Err() == nil {
+		// Consume returns at every rebalance; calling it again rejoins.
+		if err := group.Consume(ctx, []string{sub.topic}, handler); err != nil {
+			if errors.Is(err, context.Canceled) || errors.Is(err, sarama.ErrClosedConsumerGroup) {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// groupHandler is the sarama.ConsumerGroupHandler of one subscription.
+type groupHandler struct {
+	sub *subscription
+	ctx context.Context
+
+	commitStop chan struct{}
+	commitDone chan struct{}
+}
+
+// Setup starts the commit timer when Sarama's auto-commit is off.
+func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	h.sub.logger.Debug("Consumer group session started", h.sub.logFields.Add(watermill.LogFields{
+		"generation": sess.GenerationID(), "member": sess.MemberID(),
+	}))
+	if h.sub.autoCommit() {
+		return nil
+	}
+	h.commitStop, h.commitDone = make(chan struct{}), make(chan struct{})
+	go func(stop, done chan struct{}) {
+		defer close(done)
+		t := time.NewTicker(h.sub.cfg.CommitInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				sess.Commit()
+			case <-stop:
+				return
+			}
+		}
+	}(h.commitStop, h.commitDone)
+	return nil
+}
+
+// Cleanup stops the commit timer and commits what the claims marked.
+func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
+	if h.commitStop != nil {
+		close(h.commitStop)
+		<-h.commitDone
+		h.commitStop, h.commitDone = nil, nil
+		sess.Commit()
+	}
+	return nil
+}
+
+// ConsumeClaim runs one partition until it is revoked.
+func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	// InitialOffset is Consumer.Offsets.Initial (a negative sentinel) when
+	// the group has no commit yet; the tracker then starts at zero and only
+	// ever marks positions of records it saw completed.
+	w, err := newPartitionWorker(h.sub, sess.Context(), sess, claim.Topic(), claim.Partition(), max(claim.InitialOffset(), 0))
+	if err != nil {
+		return err
+	}
+	h.sub.s.registry.attach(w)
+	defer h.sub.s.registry.detach(w)
+	w.run(claim.Messages(), h.sub.s.closing)
+	return nil
+}
+
+// consumePartitions reads every partition of the topic without a group:
+// nothing is committed.
+func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Client) error {
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return fmt.Errorf("cannot create consumer: %w", err)
+	}
+	if sub.cfg.Tracer != nil {
+		consumer = sub.cfg.Tracer.WrapConsumer(consumer)
+	}
+	defer consumer.Close()
+	partitions, err := consumer.Partitions(sub.topic)
+	if err != nil {
+		return fmt.Errorf("cannot list partitions of %q: %w", sub.topic, err)
+	}
+	var wg sync.WaitGroup
+	failed := make(chan error, len(partitions))
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, p := range partitions {
+		pc, err := consumer.ConsumePartition(sub.topic, p, sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			return fmt.Errorf("cannot consume partition %d: %w", p, err)
+		}
+		if sub.cfg.Tracer != nil {
+			pc = sub.cfg.Tracer.WrapPartitionConsumer(pc)
+		}
+		w, err := newPartitionWorker(sub, pctx, nil, sub.topic, p, 0)
+		if err != nil {
+			pc.Close()
+			cancel()
+			wg.Wait()
+			return err
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for err := range pc.Errors() {
+				sub.logger.Error("Partition consumer error", err, w.logFields)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			sub.s.registry.attach(w)
+			defer sub.s.registry.detach(w)
+			w.run(pc.Messages(), sub.s.closing)
+			if err := pc.Close(); err != nil {
+				failed <- err
+			}
+			cancel() // one partition ending ends this connection
+		}()
+	}
+	wg.Wait()
+	close(failed)
+	return errors.Join(collect(failed)...)
+}
+
+func collect(ch <-chan error) []error {
+	var errs []error
+	for err := range ch {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// SubscribeInitialize creates topic with InitializeTopicDetails and, unless
+// DoNotWaitForTopicCreation, waits until all its partitions have leaders.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	return s.SubscribeInitializeWithContext(context.Background(), topic)
+}
+
+// SubscribeInitializeWithContext is SubscribeInitialize bounded by ctx.
+func (s *Subscriber) SubscribeInitializeWithContext(ctx context.Context, topic string) (err error) {
+	if s.cfg.InitializeTopicDetails == nil {
+		return errors.New("safeack: InitializeTopicDetails is empty, cannot SubscribeInitialize")
+	}
+	admin, err := sarama.NewClusterAdmin(s.cfg.Brokers, s.cfg.OverwriteSaramaConfig)
+	if err != nil {
+		return fmt.Errorf("cannot create cluster admin: %w", err)
+	}
+	defer func() { err = errors.Join(err, admin.Close()) }()
+
+	if err := admin.CreateTopic(topic, s.cfg.InitializeTopicDetails, false); err != nil &&
+		!errors.Is(err, sarama.ErrTopicAlreadyExists) && !strings.Contains(err.Error(), "already exists") {
+		return fmt.Errorf("cannot create topic %q: %w", topic, err)
+	}
+	if s.cfg.DoNotWaitForTopicCreation {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.WaitForTopicCreationTimeout)
+	defer cancel()
+	return waitForTopic(ctx, admin, topic, s.cfg.InitializeTopicDetails.NumPartitions)
+}
+
+func waitForTopic(ctx context.Context, admin sarama.ClusterAdmin, topic string, partitions int32) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		md, err := admin.DescribeTopics([]string{topic})
+		if err == nil && len(md) == 1 && md[0].Err == sarama.ErrNoError && topicReady(md[0], partitions) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topic %q not ready: %w", topic, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+func topicReady(md *sarama.TopicMetadata, want int32) bool {
+	if want > 0 && int32(len(md.Partitions)) < want {
+		return false
+	}
+	if len(md.Partitions) == 0 {
+		return false
+	}
+	for _, p := range md.Partitions {
+		if p.Err != sarama.ErrNoError || p.Leader < 0 {
+			return false
+		}
+	}
+	return true
+}
