@@ -2,8 +2,11 @@ package safeack
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -34,8 +37,15 @@ type record struct {
 	wm           *message.Message // the current delivery
 	cancel       context.CancelFunc
 	deliveries   int
-	deliveredAt  time.Time
+	deliveredAt  time.Time // of the current delivery; written before it is handed out
 	unmarshalErr error
+
+	// deferred is set by Defer before the handler returns: the router's
+	// Ack then leaves the ticket open until the Completion is resolved.
+	deferred atomic.Bool
+	// skipped is set when the record's handler was not run because its
+	// assignment had ended; its Nack must not redeliver.
+	skipped atomic.Bool
 }
 
 // partitionWorker owns one assigned partition: it takes records from the
@@ -70,20 +80,36 @@ type partitionWorker struct {
 	dirty     bool      // a completion may have moved the prefix
 	counters  partitionCounters
 	marked    int64 // last offset marked; written by run
+	confirmed int64 // last offset the coordinator reported committed; -1 unknown
 	stuckFlag bool  // mirrors stuck != nil for Stats
+	paused    bool  // the tail nears its budget; mirrors for Stats
+	pausedFor time.Duration
+	tailBytes int  // size of the last encoded tail
+	tailCut   bool // the last encoded tail did not fit whole
+	accepted  acceptLog
+	hwm       func() int64 // the claim's high-water mark; nil when unknown
 
 	// Owned by run.
-	ready    recordQueue
-	hasToken bool
-	stuck    *record // a record the unmarshaler rejected; the partition waits on it
-	stuckErr error
-	seed     maphash.Seed
+	ready      recordQueue
+	hasToken   bool
+	stuck      *record // a record the unmarshaler rejected; the partition waits on it
+	stuckErr   error
+	seed       maphash.Seed
+	skip       frontier.Tail // completed tail read back from the last commit
+	tailBuf    []byte
+	rangeBuf   []frontier.Range
+	lastMeta   string
+	nextMarkAt time.Time // the tail is encoded at most once per commit interval
+	pausedAt   time.Time
 }
 
 type partitionCounters struct {
 	redeliveries      uint64
 	unmarshalFailures uint64
 	skippedRevoked    uint64
+	skippedTail       uint64
+	ignoredMetadata   uint64
+	deferred          uint64
 }
 
 func newPartitionWorker(sub *subscription, parent context.Context, marker offsetMarker, topic string, partition int32, start int64) (*partitionWorker, error) {
@@ -106,8 +132,31 @@ func newPartitionWorker(sub *subscription, parent context.Context, marker offset
 		gate:      keygate.New[*record](),
 		seed:      sub.seed,
 		marked:    start,
+		confirmed: -1,
 	}
 	return w, nil
+}
+
+// skipCompleted makes the worker complete, without delivering, the records
+// that the committed metadata says a previous owner already completed. The
+// metadata is trusted only when it decodes as our tail relative to the
+// offset this assignment starts at.
+func (w *partitionWorker) skipCompleted(c committedOffset, start int64) {
+	if w.sub.cfg.DisableCompletedTail || c.offset < 0 || c.metadata == "" {
+		return
+	}
+	tail, err := frontier.DecodeTail(c.metadata, start)
+	if err != nil || c.offset != start {
+		w.mu.Lock()
+		w.counters.ignoredMetadata++
+		w.mu.Unlock()
+		w.sub.logger.Info("Ignoring commit metadata; records after the committed offset are redelivered",
+			w.logFields.Add(watermill.LogFields{"err": fmt.Sprint(err), "committed": c.offset}))
+		return
+	}
+	w.skip = tail
+	w.sub.logger.Info("Completed tail found in commit metadata; these records will not be handled again",
+		w.logFields.Add(watermill.LogFields{"completed_offsets": tail.Len(), "ranges": len(tail.Ranges)}))
 }
 
 func (w *partitionWorker) poke() {
@@ -120,21 +169,28 @@ func (w *partitionWorker) poke() {
 // run consumes the claim until it is revoked or the subscription stops,
 // then drains. It returns after the final mark.
 func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-chan struct{}) {
-	var retry *time.Timer
-	var retryC <-chan time.Time
+	var retry, markLater *time.Timer
+	var retryC, markC <-chan time.Time
 	defer func() {
 		if retry != nil {
 			retry.Stop()
 		}
+		if markLater != nil {
+			markLater.Stop()
+		}
 	}()
 	for {
 		room := w.collect()
-		w.markIfAdvanced()
+		if due := w.markIfAdvanced(false); !due.IsZero() && markC == nil {
+			markLater = time.NewTimer(time.Until(due))
+			markC = markLater.C
+		}
 
 		// Take a record only when nothing is ready to hand out (so the
-		// in-flight bound also bounds fetching) and the tracker has room.
+		// in-flight bound also bounds fetching), the tracker has room, and
+		// the tail is not near its budget.
 		var in <-chan *sarama.ConsumerMessage
-		if room && w.ready.len() == 0 && w.stuck == nil {
+		if room && w.ready.len() == 0 && w.stuck == nil && !w.tailPaused() {
 			in = messages
 		}
 		var out chan<- *message.Message
@@ -143,6 +199,7 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 		if r := w.ready.peek(); r != nil {
 			if w.hasToken {
 				out, next = w.sub.output, r.wm
+				r.deliveredAt = time.Now()
 			} else {
 				acquire = w.sub.tokens
 			}
@@ -168,6 +225,9 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 		case <-retryC:
 			retry, retryC = nil, nil
 			w.retryStuck()
+		case <-markC:
+			markLater, markC = nil, nil
+			w.markIfAdvanced(true)
 		case <-stop:
 			w.drain("stopped")
 			return
@@ -201,6 +261,9 @@ func (w *partitionWorker) collect() (room bool) {
 func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 	w.mu.Lock()
 	tk, err := w.tracker.OfferOne(m.Offset, m.Offset+1)
+	if err == nil {
+		w.accepted.push(m.Offset, time.Now())
+	}
 	w.mu.Unlock()
 	if err != nil {
 		// The claim's offsets are increasing and capacity was checked
@@ -211,6 +274,18 @@ func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 		return
 	}
 	r := &record{msg: m, ticket: tk, owner: w}
+	if len(w.skip.Ranges) > 0 {
+		if w.skip.Contains(m.Offset) {
+			w.mu.Lock()
+			w.counters.skippedTail++
+			w.mu.Unlock()
+			w.complete(r, false)
+			return
+		}
+		if m.Offset >= w.skip.Ranges[len(w.skip.Ranges)-1].To || m.Offset >= w.skip.Bound {
+			w.skip = frontier.Tail{} // past the tail: nothing more to skip
+		}
+	}
 	if !w.prepare(r) {
 		w.setStuck(r, r.unmarshalErr)
 		return
@@ -320,6 +395,12 @@ func (w *partitionWorker) await(r *record, wm *message.Message, cancel context.C
 	case <-wm.Acked():
 		cancel()
 		w.sub.releaseToken()
+		if r.deferred.Load() {
+			// The handler handed the record to something asynchronous: the
+			// ticket completes when its Completion is resolved. It stays
+			// counted in flight so that a drain waits for it.
+			return
+		}
 		w.complete(r, true)
 	case <-wm.Nacked():
 		cancel()
@@ -353,9 +434,14 @@ func (w *partitionWorker) complete(r *record, handedOut bool) {
 func (w *partitionWorker) nacked(r *record) {
 	w.mu.Lock()
 	w.inFlight--
-	w.counters.redeliveries++
+	if !r.skipped.Load() {
+		w.counters.redeliveries++
+	}
 	w.mu.Unlock()
 	w.poke()
+	if r.skipped.Load() {
+		return // left unfinished for the partition's next owner
+	}
 	if d := w.sub.cfg.NackResendSleep; d > 0 {
 		t := time.NewTimer(d)
 		select {
@@ -377,29 +463,94 @@ func (w *partitionWorker) nacked(r *record) {
 // redeliverable gives a nacked record a fresh delivery: a copy of its
 // message (Copy drops the ack state) with a new context.
 func (w *partitionWorker) redeliverable(r *record) *record {
+	r.deferred.Store(false)
 	w.setMessage(r, r.wm.Copy())
 	return r
 }
 
-// markIfAdvanced marks the completed prefix when it moved.
-func (w *partitionWorker) markIfAdvanced() {
+// markIfAdvanced hands the completed prefix to Sarama when it changed,
+// with the completed tail in the metadata. With the tail on, encoding
+// happens at most once per commit interval, since Sarama commits no more
+// often: when a mark is waiting for that, markIfAdvanced returns when it is
+// due. force marks now (the wait is over, or the partition is draining).
+func (w *partitionWorker) markIfAdvanced(force bool) (due time.Time) {
+	tailOn := w.marker != nil && !w.sub.cfg.DisableCompletedTail
 	w.mu.Lock()
 	if !w.dirty {
 		w.mu.Unlock()
-		return
+		return time.Time{}
+	}
+	if tailOn && !force && time.Now().Before(w.nextMarkAt) {
+		w.mu.Unlock()
+		return w.nextMarkAt
 	}
 	w.dirty = false
 	safe, err := w.tracker.SafeOffset()
-	if err != nil || safe <= w.marked {
+	if err != nil {
 		w.mu.Unlock()
-		return
+		return time.Time{}
 	}
-	w.marked = safe
+	w.accepted.dropBelow(safe) // keeps the log as short as the retained window
+	if tailOn {
+		w.rangeBuf = w.tracker.AppendCompleted(w.rangeBuf[:0])
+	}
+	prev := w.marked
+	w.marked = max(prev, safe)
 	w.mu.Unlock()
-	if w.marker != nil {
-		w.marker.MarkOffset(w.topic, w.partition, safe, "")
+
+	var meta string
+	if tailOn {
+		meta = w.encodeTail(safe)
 	}
+	switch {
+	case w.marker == nil:
+	case safe > prev:
+		w.marker.MarkOffset(w.topic, w.partition, safe, meta)
+	case safe == prev && meta != w.lastMeta:
+		// MarkOffset ignores a mark at the same offset, so a tail that
+		// grew behind an unchanged head is written with ResetOffset.
+		w.marker.ResetOffset(w.topic, w.partition, safe, meta)
+	}
+	w.lastMeta = meta
+	return time.Time{}
 }
+
+// encodeTail encodes the completed ranges in rangeBuf relative to safe,
+// within the metadata budget, and updates the pause state.
+func (w *partitionWorker) encodeTail(safe int64) string {
+	budget := w.sub.cfg.TailMetadataBudget
+	w.nextMarkAt = time.Now().Add(w.sub.cfg.commitInterval())
+	buf, bound, err := frontier.AppendTail(w.tailBuf[:0], safe, w.rangeBuf, budget)
+	if err != nil {
+		// The tracker's ranges are valid by construction; if not, commit
+		// plain offsets rather than anything doubtful.
+		w.sub.logger.Error("Cannot encode the completed tail; committing the offset alone", err, w.logFields)
+		buf = buf[:0]
+	}
+	w.tailBuf = buf
+	cut := err == nil && bound != math.MaxInt64
+	pause := false
+	if f := w.sub.cfg.PauseAtTailUsage; f > 0 && len(w.rangeBuf) > 0 {
+		pause = cut || float64(len(buf)) >= f*float64(budget)
+	}
+	now := time.Now()
+	w.mu.Lock()
+	w.tailBytes, w.tailCut = len(buf), cut
+	if pause != w.paused {
+		if pause {
+			w.pausedAt = now
+		} else {
+			w.pausedFor += now.Sub(w.pausedAt)
+		}
+		w.paused = pause
+	}
+	w.mu.Unlock()
+	return string(buf)
+}
+
+// tailPaused reports whether taking records waits for the tail to shrink.
+// Only run writes paused, so run reads it without the lock.
+func (w *partitionWorker) tailPaused() bool { return w.paused }
 
 // drain ends the assignment: nothing more is handed out, contexts of
 // unacked messages are cancelled, acks are awaited up to DrainTimeout, the
@@ -429,7 +580,7 @@ func (w *partitionWorker) drain(reason string) {
 			timedOut = true
 		}
 	}
-	w.markIfAdvanced()
+	w.markIfAdvanced(true)
 
 	w.mu.Lock()
 	left := w.inFlight
@@ -497,4 +648,61 @@ func (q *recordQueue) pop() *record {
 func (q *recordQueue) clear() {
 	clear(q.items)
 	q.items, q.head = q.items[:0], 0
+}
+
+func (w *partitionWorker) setConfirmed(offset int64) {
+	w.mu.Lock()
+	w.confirmed = offset
+	w.mu.Unlock()
+}
+
+func (w *partitionWorker) highWaterMark() int64 {
+	if w.hwm == nil {
+		return -1
+	}
+	return w.hwm()
+}
+
+// oldestAge returns how long the oldest unfinished record has been held.
+// Callers hold mu.
+func (w *partitionWorker) oldestAge(ts frontier.Stats) time.Duration {
+	if !ts.HasUnfinished {
+		w.accepted.dropBelow(ts.Delivered)
+		return 0
+	}
+	at, ok := w.accepted.dropBelow(ts.OldestUnfinished)
+	if !ok {
+		return 0
+	}
+	return time.Since(at)
+}
+
+// acceptLog remembers when records were taken from Kafka, in offset order,
+// so the age of the oldest unfinished one can be told without a map.
+type acceptLog struct {
+	offsets []int64
+	times   []time.Time
+	head    int
+}
+
+func (l *acceptLog) push(offset int64, at time.Time) {
+	if l.head > 0 && l.head >= len(l.offsets)/2 {
+		n := copy(l.offsets, l.offsets[l.head:])
+		copy(l.times, l.times[l.head:])
+		l.offsets, l.times, l.head = l.offsets[:n], l.times[:n], 0
+	}
+	l.offsets = append(l.offsets, offset)
+	l.times = append(l.times, at)
+}
+
+// dropBelow forgets records below offset and returns the time of the first
+// one left, if any.
+func (l *acceptLog) dropBelow(offset int64) (time.Time, bool) {
+	for l.head < len(l.offsets) && l.offsets[l.head] < offset {
+		l.head++
+	}
+	if l.head == len(l.offsets) {
+		return time.Time{}, false
+	}
+	return l.times[l.head], true
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+
+	"github.com/safeack/safeack/frontier"
 )
 
 // NoSleep can be set to SubscriberConfig.NackResendSleep and
@@ -115,6 +117,28 @@ type SubscriberConfig struct {
 	// example after publishing it to a dead-letter topic), and when it
 	// returns an error it is retried the same way. Never a silent skip.
 	OnUnmarshalError func(ctx context.Context, msg *sarama.ConsumerMessage, err error) error
+
+	// DisableCompletedTail turns off the completed tail in commit metadata.
+	// By default each commit carries, in its metadata, which records after
+	// the committed offset already completed (see frontier.EncodeTail), and
+	// a member that gets the partition skips them instead of handling them
+	// again. Disabled, commits carry plain offsets and empty metadata.
+	DisableCompletedTail bool
+
+	// TailMetadataBudget bounds the commit metadata in bytes. It must not
+	// exceed the broker's offset.metadata.max.bytes (4096 by default), or
+	// the broker rejects the commit. When the tail does not fit, its longest
+	// fitting prefix is kept. Default frontier.DefaultMetadataBudget.
+	TailMetadataBudget int
+
+	// PauseAtTailUsage, between 0 and 1, pauses taking records from a
+	// partition while its encoded tail uses at least this fraction of
+	// TailMetadataBudget (or no longer fits), as Confluent's Parallel
+	// Consumer does at 0.75, so that a slow head cannot make records
+	// completed behind it unrecorded. Zero (the default) never pauses: the
+	// tail is then truncated gracefully and only what does not fit may be
+	// handled twice after a crash.
+	PauseAtTailUsage float64
 }
 
 // Ordering selects how much of a partition's order a Subscriber keeps.
@@ -188,6 +212,9 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
 	}
+	if c.TailMetadataBudget == 0 {
+		c.TailMetadataBudget = frontier.DefaultMetadataBudget
+	}
 	return c
 }
 
@@ -232,6 +259,12 @@ func (c SubscriberConfig) Validate() error {
 	if c.CommitInterval < 0 {
 		return fieldError("CommitInterval", "negative duration %v", c.CommitInterval)
 	}
+	if c.TailMetadataBudget < 0 {
+		return fieldError("TailMetadataBudget", "negative size %d", c.TailMetadataBudget)
+	}
+	if c.PauseAtTailUsage < 0 || c.PauseAtTailUsage > 1 || c.PauseAtTailUsage != c.PauseAtTailUsage {
+		return fieldError("PauseAtTailUsage", "%v is not a fraction between 0 and 1", c.PauseAtTailUsage)
+	}
 	switch c.Ordering {
 	case OrderByKey, OrderByPartition, Unordered:
 	default:
@@ -249,4 +282,12 @@ func (c SubscriberConfig) Validate() error {
 		}
 	}
 	return nil
+}
+
+// commitInterval is how often Sarama commits what was marked.
+func (c *SubscriberConfig) commitInterval() time.Duration {
+	if oc := c.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit; oc.Enable {
+		return oc.Interval
+	}
+	return c.CommitInterval
 }

@@ -22,6 +22,13 @@ type PartitionStats struct {
 	SafeOffset int64
 	// MarkedOffset is the last offset handed to Sarama to commit.
 	MarkedOffset int64
+	// ConfirmedOffset is what the group coordinator holds as committed,
+	// read back after each commit interval; -1 when unknown or none. It
+	// lags MarkedOffset by up to two commit intervals.
+	ConfirmedOffset int64
+	// HighWaterMark is the partition's high-water mark as last fetched, and
+	// Lag the records between it and SafeOffset.
+	HighWaterMark, Lag int64
 	// Delivered is the position after the last record taken from Kafka.
 	Delivered int64
 	// Retained counts records held: running, waiting for their key, and
@@ -37,15 +44,35 @@ type PartitionStats struct {
 	// when HasUnfinished.
 	OldestUnfinished int64
 	HasUnfinished    bool
+	// OldestUnfinishedAge is how long the oldest unfinished record has
+	// been held, measured from when it was taken from Kafka.
+	OldestUnfinishedAge time.Duration
 	// Stuck reports that the partition waits on a record the unmarshaler
 	// rejected.
 	Stuck bool
+	// Paused reports that taking records waits for the completed tail to
+	// shrink (PauseAtTailUsage); PausedFor sums the time spent paused.
+	Paused    bool
+	PausedFor time.Duration
+	// TailBytes is the size of the last completed tail written to the
+	// commit metadata, and TailTruncated whether it did not fit whole.
+	TailBytes     int
+	TailTruncated bool
 	// Offered and Completed count records over the assignment's life.
 	Offered, Completed uint64
 	// Redeliveries counts nacks. UnmarshalFailures counts rejected
 	// unmarshal attempts.
 	Redeliveries      uint64
 	UnmarshalFailures uint64
+	// SkippedTail counts records not delivered because the commit metadata
+	// said a previous owner completed them. SkippedRevoked counts messages
+	// whose handler was not run because their assignment had ended.
+	SkippedTail, SkippedRevoked uint64
+	// IgnoredMetadata counts commit metadata found and not trusted
+	// (another client's, corrupt, or relative to another offset).
+	IgnoredMetadata uint64
+	// Deferred counts completions deferred with Defer.
+	Deferred uint64
 	// AssignedAt is when this member got the partition.
 	AssignedAt time.Time
 }
@@ -96,21 +123,38 @@ func (w *partitionWorker) stats() PartitionStats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ts := w.tracker.Stats()
+	pausedFor := w.pausedFor
+	if w.paused {
+		pausedFor += time.Since(w.pausedAt)
+	}
+	hwm := w.highWaterMark()
 	return PartitionStats{
-		TopicPartition:    TopicPartition{Topic: w.topic, Partition: w.partition},
-		SafeOffset:        ts.SafeOffset,
-		MarkedOffset:      w.marked,
-		Delivered:         ts.Delivered,
-		Retained:          ts.Retained,
-		Blocked:           ts.Blocked,
-		InFlight:          w.inFlight,
-		WaitingForKey:     w.gate.Waiting(),
-		OldestUnfinished:  ts.OldestUnfinished,
-		HasUnfinished:     ts.HasUnfinished,
-		Stuck:             w.stuckFlag,
-		Offered:           ts.Offered,
-		Completed:         ts.Completed,
-		Redeliveries:      w.counters.redeliveries,
-		UnmarshalFailures: w.counters.unmarshalFailures,
+		ConfirmedOffset:     w.confirmed,
+		HighWaterMark:       hwm,
+		Lag:                 max(hwm-ts.SafeOffset, 0),
+		OldestUnfinishedAge: w.oldestAge(ts),
+		Paused:              w.paused,
+		PausedFor:           pausedFor,
+		TailBytes:           w.tailBytes,
+		TailTruncated:       w.tailCut,
+		SkippedTail:         w.counters.skippedTail,
+		SkippedRevoked:      w.counters.skippedRevoked,
+		IgnoredMetadata:     w.counters.ignoredMetadata,
+		Deferred:            w.counters.deferred,
+		TopicPartition:      TopicPartition{Topic: w.topic, Partition: w.partition},
+		SafeOffset:          ts.SafeOffset,
+		MarkedOffset:        w.marked,
+		Delivered:           ts.Delivered,
+		Retained:            ts.Retained,
+		Blocked:             ts.Blocked,
+		InFlight:            w.inFlight,
+		WaitingForKey:       w.gate.Waiting(),
+		OldestUnfinished:    ts.OldestUnfinished,
+		HasUnfinished:       ts.HasUnfinished,
+		Stuck:               w.stuckFlag,
+		Offered:             ts.Offered,
+		Completed:           ts.Completed,
+		Redeliveries:        w.counters.redeliveries,
+		UnmarshalFailures:   w.counters.unmarshalFailures,
 	}
 }

@@ -230,7 +230,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		<-errsDone
 	}()
 
-	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx}
+	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client}
 	if sub.cfg.Tracer != nil {
 		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
 	}
@@ -248,44 +248,88 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 
 // groupHandler is the sarama.ConsumerGroupHandler of one subscription.
 type groupHandler struct {
-	sub *subscription
-	ctx context.Context
+	sub    *subscription
+	ctx    context.Context
+	client sarama.Client
 
-	commitStop chan struct{}
-	commitDone chan struct{}
+	// Per session, set in Setup and read by the claims it starts.
+	committed map[int32]committedOffset
+	mu        sync.Mutex
+	workers   map[int32]*partitionWorker
+	stop      chan struct{}
+	done      chan struct{}
 }
 
-// Setup starts the commit timer when Sarama's auto-commit is off.
+// Setup reads the committed offsets and metadata of the claimed partitions
+// (one OffsetFetch per session) and starts the session's commit loop.
 func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	claimed := sess.Claims()[h.sub.topic]
 	h.sub.logger.Debug("Consumer group session started", h.sub.logFields.Add(watermill.LogFields{
-		"generation": sess.GenerationID(), "member": sess.MemberID(),
+		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(claimed),
 	}))
-	if h.sub.autoCommit() {
-		return nil
-	}
-	h.commitStop, h.commitDone = make(chan struct{}), make(chan struct{})
-	go func(stop, done chan struct{}) {
-		defer close(done)
-		t := time.NewTicker(h.sub.cfg.CommitInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				sess.Commit()
-			case <-stop:
-				return
-			}
+	h.committed = nil
+	h.workers = make(map[int32]*partitionWorker, len(claimed))
+	if !h.sub.cfg.DisableCompletedTail {
+		committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
+		if err != nil {
+			// Without the tail every record after the committed offset is
+			// redelivered: more repeats, nothing lost.
+			h.sub.logger.Error("Cannot read committed metadata; completed tails are not skipped this session", err, h.sub.logFields)
 		}
-	}(h.commitStop, h.commitDone)
+		h.committed = committed
+	}
+	h.stop, h.done = make(chan struct{}), make(chan struct{})
+	go h.commitLoop(sess, h.stop, h.done)
 	return nil
 }
 
-// Cleanup stops the commit timer and commits what the claims marked.
+// commitLoop commits every CommitInterval when Sarama's auto-commit is off,
+// and after each commit interval reads back what the coordinator holds,
+// which Stats reports as the confirmed offset.
+func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(h.sub.cfg.commitInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			if !h.sub.autoCommit() {
+				sess.Commit()
+			}
+			h.confirm()
+		case <-stop:
+			return
+		}
+	}
+}
+
+// confirm reads the committed offsets of this session's partitions.
+func (h *groupHandler) confirm() {
+	h.mu.Lock()
+	parts := make([]int32, 0, len(h.workers))
+	for p := range h.workers {
+		parts = append(parts, p)
+	}
+	h.mu.Unlock()
+	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
+	if err != nil {
+		h.sub.logger.Debug("Cannot read back committed offsets", h.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for p, c := range committed {
+		if w := h.workers[p]; w != nil {
+			w.setConfirmed(c.offset)
+		}
+	}
+}
+
+// Cleanup stops the commit loop and commits what the claims marked.
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
-	if h.commitStop != nil {
-		close(h.commitStop)
-		<-h.commitDone
-		h.commitStop, h.commitDone = nil, nil
+	close(h.stop)
+	<-h.done
+	if !h.sub.autoCommit() {
 		sess.Commit()
 	}
 	return nil
@@ -296,12 +340,26 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	// InitialOffset is Consumer.Offsets.Initial (a negative sentinel) when
 	// the group has no commit yet; the tracker then starts at zero and only
 	// ever marks positions of records it saw completed.
-	w, err := newPartitionWorker(h.sub, sess.Context(), sess, claim.Topic(), claim.Partition(), max(claim.InitialOffset(), 0))
+	start := max(claim.InitialOffset(), 0)
+	w, err := newPartitionWorker(h.sub, sess.Context(), sess, claim.Topic(), claim.Partition(), start)
 	if err != nil {
 		return err
 	}
+	w.hwm = claim.HighWaterMarkOffset
+	if c, ok := h.committed[claim.Partition()]; ok {
+		w.skipCompleted(c, start)
+		w.setConfirmed(c.offset)
+	}
+	h.mu.Lock()
+	h.workers[claim.Partition()] = w
+	h.mu.Unlock()
 	h.sub.s.registry.attach(w)
-	defer h.sub.s.registry.detach(w)
+	defer func() {
+		h.sub.s.registry.detach(w)
+		h.mu.Lock()
+		delete(h.workers, claim.Partition())
+		h.mu.Unlock()
+	}()
 	w.run(claim.Messages(), h.sub.s.closing)
 	return nil
 }
@@ -342,6 +400,7 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 			wg.Wait()
 			return err
 		}
+		w.hwm = pc.HighWaterMarkOffset
 		wg.Add(2)
 		go func() {
 			defer wg.Done()

@@ -184,6 +184,10 @@ type tailEncoder struct {
 	best   *bytes.Buffer // compressed payload of bestK ranges
 	bestK  int
 	bestKd byte // raw kind inside best
+	full   []byte // bitmap of the first fullK ranges, cut into probes
+	fullK  int
+	hdr    []byte // probe header scratch
+	last   [1]byte
 	fw     *flate.Writer
 	out    []byte // EncodeTail's output scratch
 }
@@ -219,30 +223,29 @@ func (e *tailEncoder) encode(dst []byte, base int64, ranges []Range, budget int)
 	// kRaw: longest prefix whose smaller raw encoding fits. kTop: longest
 	// prefix the format allows at all (caps), the ceiling for compression.
 	kMax := min(n, MaxTailRanges)
-	pairs := 0
-	for i := range kMax {
-		pairs += e.pairLen(i)
-	}
-	full := e.rawLen(kMax, pairs)
+	full := e.minRawLen(kMax)
 	var kRaw, kTop, rawTop int
 	switch {
 	case full <= limit:
 		kRaw, kTop, rawTop = kMax, kMax, full
 	case full <= MaxTailPayload:
-		kRaw, _ = e.fitPrefix(limit, kMax)
+		kRaw = e.fitPrefix(limit, kMax)
 		kTop, rawTop = kMax, full
 	default:
-		kRaw, _ = e.fitPrefix(limit, kMax)
-		kTop, rawTop = e.fitPrefix(MaxTailPayload, kMax)
+		kRaw = e.fitPrefix(limit, kMax)
+		kTop = e.fitPrefix(MaxTailPayload, kMax)
+		if kTop > 0 {
+			rawTop = e.minRawLen(kTop)
+		}
 	}
 
-	e.bestK = -1
+	e.bestK, e.fullK = -1, 0
 	k := kRaw
 	tryCompress := true
 	if kRaw < kTop {
 		// Only a compressed encoding can cover more. Try the largest
 		// candidate first: compressible tails usually fit whole.
-		if enc, ok := e.probe(kTop, budget); ok {
+		if enc, ok := e.probe(kTop, kTop, budget); ok {
 			k = kTop
 		} else if enc*tailGateDen >= tailEncLen(rawTop)*tailGateNum {
 			tryCompress = false // incompressible: kRaw it is
@@ -257,7 +260,7 @@ func (e *tailEncoder) encode(dst []byte, base int64, ranges []Range, budget int)
 				mid := lo + (hi-lo)/2
 				if mid <= kRaw {
 					lo = mid
-				} else if _, ok := e.probe(mid, budget); ok {
+				} else if _, ok := e.probe(mid, kTop, budget); ok {
 					lo = mid
 				} else {
 					hi = mid
@@ -287,7 +290,7 @@ func (e *tailEncoder) encode(dst []byte, base int64, ranges []Range, budget int)
 				kind, payload = tailDeflated(e.bestKd), e.best.Bytes()
 			}
 		case tryCompress && len(e.raw) >= tailMinCompress:
-			e.deflate()
+			e.deflate(e.raw)
 			if tailEncLen(e.comp.Len()) < rawEnc {
 				kind, payload = tailDeflated(kind), e.comp.Bytes()
 			}
@@ -400,23 +403,53 @@ func (e *tailEncoder) bitmapLen(k int) int {
 	return e.headerLen(k) + tailUvarintLen(uint64(e.rs[0].From-e.base)) + tailUvarintLen(nbits) + int((nbits+7)/8)
 }
 
-func (e *tailEncoder) rawLen(k, pairs int) int { return min(e.runsLen(k, pairs), e.bitmapLen(k)) }
+// runsFloor is a lower bound of runsLen(k): every pair takes two bytes or more.
+func (e *tailEncoder) runsFloor(k int) int { return e.headerLen(k) + tailUvarintLen(uint64(k)) + 2*k }
+
+// bitmapWins reports whether the bitmap is the smaller raw encoding of the
+// first k ranges, decided in O(1) when it beats the runs' lower bound. Ties
+// go to the runs.
+func (e *tailEncoder) bitmapWins(k int) bool { return e.bitmapLen(k) < e.runsFloor(k) }
+
+// minRawLen is the smaller raw size of the first k ranges: O(1) when the
+// bitmap clearly wins, O(k) otherwise.
+func (e *tailEncoder) minRawLen(k int) int {
+	bm := e.bitmapLen(k)
+	if bm < e.runsFloor(k) {
+		return bm
+	}
+	pairs := 0
+	for i := range k {
+		pairs += e.pairLen(i)
+	}
+	return min(bm, e.runsLen(k, pairs))
+}
 
 // fitPrefix returns the longest prefix (at most kMax ranges) whose smaller raw
-// encoding is at most limit bytes, and that size. Both sizes grow strictly
-// with k (each range adds at least its own bound code's worth of bytes), so
-// the scan stops at the first prefix that does not fit: it costs O(answer).
-func (e *tailEncoder) fitPrefix(limit, kMax int) (k, size int) {
-	pairs := 0
+// encoding is at most limit bytes. Both sizes grow with k (a range adds more
+// bytes than any change of the bound code can save), so that prefix is the
+// longer of the longest fitting runs prefix, found by a scan that stops at
+// the first misfit (at most limit/2 steps), and the longest fitting bitmap
+// prefix, found by binary search.
+func (e *tailEncoder) fitPrefix(limit, kMax int) int {
+	kRuns, pairs := 0, 0
 	for i := 1; i <= kMax; i++ {
 		pairs += e.pairLen(i - 1)
-		m := e.rawLen(i, pairs)
-		if m > limit {
+		if e.runsLen(i, pairs) > limit {
 			break
 		}
-		k, size = i, m
+		kRuns = i
 	}
-	return k, size
+	lo, hi := 0, kMax+1 // bitmapLen(lo) fits (or lo == 0), hi does not
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if e.bitmapLen(mid) <= limit {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return max(kRuns, lo)
 }
 
 // buildRaw writes the smaller raw encoding of the first k ranges to e.raw
@@ -427,9 +460,7 @@ func (e *tailEncoder) buildRaw(k int) byte {
 	b = binary.AppendUvarint(b, e.boundCode(k))
 	hdr := len(b)
 	bm := e.bitmapLen(k)
-	// Each pair takes at least two bytes: skip building the runs when
-	// the bitmap beats that lower bound. Ties go to the runs.
-	if bm >= hdr+tailUvarintLen(uint64(k))+2*k {
+	if !e.bitmapWins(k) {
 		b = binary.AppendUvarint(b, uint64(k))
 		prev := e.base
 		for i, r := range e.rs[:k] {
@@ -447,52 +478,87 @@ func (e *tailEncoder) buildRaw(k int) byte {
 		}
 		b = b[:hdr]
 	}
-	start := e.rs[0].From
-	nbits := e.rs[k-1].To - start
-	b = binary.AppendUvarint(b, uint64(start-e.base))
-	b = binary.AppendUvarint(b, uint64(nbits))
+	b, nbits := e.bitmapHeader(b, k)
 	body := len(b)
 	b = append(b, make([]byte, (nbits+7)/8)...) // appending a make does not allocate beyond growth
-	bm2 := b[body:]
-	for _, r := range e.rs[:k] {
-		tailSetBits(bm2, uint64(r.From-start), uint64(r.To-start))
-	}
+	e.fillBitmap(b[body:], k)
 	e.raw = b
 	return tailKindBitmap
 }
 
-// tailSetBits sets bits [from, to) of bm (LSB-first within each byte).
-func tailSetBits(bm []byte, from, to uint64) {
-	for from < to && from%8 != 0 {
-		bm[from/8] |= 1 << (from % 8)
-		from++
-	}
-	for ; from+8 <= to; from += 8 {
-		bm[from/8] = 0xFF
-	}
-	for ; from < to; from++ {
-		bm[from/8] |= 1 << (from % 8)
+// fillBitmap sets the bits of the first k ranges in the zeroed bm.
+func (e *tailEncoder) fillBitmap(bm []byte, k int) {
+	start := e.rs[0].From
+	for _, r := range e.rs[:k] {
+		tailSetBits(bm, uint64(r.From-start), uint64(r.To-start))
 	}
 }
 
-// deflate compresses e.raw into e.comp.
-func (e *tailEncoder) deflate() {
+// tailSetBits sets bits [from, to) of bm (LSB-first within each byte); from < to.
+func tailSetBits(bm []byte, from, to uint64) {
+	first, last := from/8, (to-1)/8
+	fm := byte(0xFF) << (from % 8)
+	lm := byte(0xFF) >> (7 - (to-1)%8)
+	if first == last {
+		bm[first] |= fm & lm
+		return
+	}
+	bm[first] |= fm
+	mid := bm[first+1 : last]
+	for i := range mid {
+		mid[i] = 0xFF
+	}
+	bm[last] |= lm
+}
+
+// tailBitmapHeader appends the bitmap header (start and bit count) of the
+// first k ranges.
+func (e *tailEncoder) bitmapHeader(b []byte, k int) ([]byte, uint64) {
+	start := e.rs[0].From
+	nbits := uint64(e.rs[k-1].To - start)
+	b = binary.AppendUvarint(b, uint64(start-e.base))
+	return binary.AppendUvarint(b, nbits), nbits
+}
+
+// deflate compresses the concatenation of parts into e.comp. (Writes to a
+// bytes.Buffer cannot fail, and BestSpeed is a valid level.)
+func (e *tailEncoder) deflate(parts ...[]byte) {
 	e.comp.Reset()
 	if e.fw == nil {
-		e.fw, _ = flate.NewWriter(e.comp, flate.BestSpeed) // the level is valid: no error
+		e.fw, _ = flate.NewWriter(e.comp, flate.BestSpeed)
 	} else {
 		e.fw.Reset(e.comp)
 	}
-	_, _ = e.fw.Write(e.raw) // writes to a bytes.Buffer cannot fail
+	for _, p := range parts {
+		_, _ = e.fw.Write(p)
+	}
 	_ = e.fw.Close()
 }
 
-// probe compresses the smaller raw encoding of the first k ranges and reports
-// the string length it would give and whether that fits the budget; a
-// fitting result is kept in e.best.
-func (e *tailEncoder) probe(k, budget int) (int, bool) {
-	kind := e.buildRaw(k)
-	e.deflate()
+// probe compresses the smaller raw encoding of the first k ranges (k <= kTop)
+// and reports the string length it would give and whether that fits the
+// budget; a fitting result is kept in e.best. A bitmap prefix is cut from
+// one bitmap of the kTop ranges, built once, instead of being rebuilt.
+func (e *tailEncoder) probe(k, kTop, budget int) (int, bool) {
+	kind := byte(tailKindBitmap)
+	if e.bitmapWins(k) {
+		if e.fullK != kTop {
+			_, nbits := e.bitmapHeader(nil, kTop)
+			e.full = append(e.full[:0], make([]byte, (nbits+7)/8)...)
+			e.fillBitmap(e.full, kTop)
+			e.fullK = kTop
+		}
+		h := binary.AppendUvarint(e.hdr[:0], uint64(e.base))
+		h = binary.AppendUvarint(h, e.boundCode(k))
+		h, nbits := e.bitmapHeader(h, k)
+		e.hdr = h
+		nb := (nbits + 7) / 8
+		e.last[0] = e.full[nb-1] & (0xFF >> (7 - (nbits-1)%8))
+		e.deflate(h, e.full[:nb-1], e.last[:])
+	} else {
+		kind = e.buildRaw(k)
+		e.deflate(e.raw)
+	}
 	enc := tailEncLen(e.comp.Len())
 	if enc > budget {
 		return enc, false

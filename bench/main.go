@@ -1,0 +1,327 @@
+// Command bench measures safeack against watermill-kafka's subscriber, a
+// bare Sarama consumer-group loop and the computed ideal, on the same broker
+// and the same workloads, in one invocation.
+//
+//	go run ./bench                        # everything, embedded kfake, 3 reps
+//	go run ./bench -quick -reps 1         # smoke run
+//	go run ./bench -workloads issue3      # the two comparisons of issue 3
+//	go run ./bench -brokers host:9092     # a real cluster
+//
+// See bench/README.md for what each workload does and what is measured.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+type options struct {
+	brokers       []string
+	inprocBroker  bool
+	workloads     []string
+	contenders    []string
+	reps          int
+	quick         bool
+	markdown      string
+	chart         string
+	cpuprofile    string
+	safeackSet    map[string]string
+	restartWith   []variant
+	restartCrash  string
+	runTimeout    time.Duration
+	commitTimeout time.Duration
+	keepTopics    bool
+	pcKeys        []int
+	verbose       bool
+}
+
+var opt options
+
+func main() {
+	var (
+		brokers     = flag.String("brokers", "", "comma-separated bootstrap brokers of a real cluster; empty starts an embedded kfake broker")
+		inproc      = flag.Bool("inproc-broker", false, "run the embedded kfake broker inside this process instead of a child process (its CPU and memory then count in every measurement)")
+		workloads   = flag.String("workloads", "all", "comma-separated workloads: "+strings.Join(workloadNames(), ", ")+"; aliases: all, issue3 (= issue3a,zero-work)")
+		contenders  = flag.String("contenders", "", "comma-separated prefixes of contender labels to run (e.g. safeack/unordered,wm-kafka); empty runs all")
+		reps        = flag.Int("reps", 3, "repetitions of every run; the table shows the median and min–max")
+		quick       = flag.Bool("quick", false, "smaller record counts for a fast smoke run")
+		markdown    = flag.String("markdown", "", "also write the tables as Markdown to this file")
+		chart       = flag.String("chart", "", "draw a bar chart of records/s to this file (.svg or .png)")
+		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of each run's consume phase to FILE-stem.<workload>.<contender>.r<rep>.pprof")
+		safeackSet  = flag.String("safeack-set", "", "Field=value,... set on every safeack SubscriberConfig (by reflection, e.g. MaxPendingPerPartition=50000)")
+		restartWith = flag.String("restart-with", "no-tail:DisableCompletedTail=true", "extra safeack variants for restart-cost, name:Field=value,...; separate variants with ';'. Variants naming a field SubscriberConfig lacks are skipped")
+		crash       = flag.String("restart-crash", "close", "how restart-cost crashes the first consumer: close (Close with a 1 ms DrainTimeout, in-process) or kill (SIGKILL of a child process)")
+		runTimeout  = flag.Duration("run-timeout", 5*time.Minute, "give up on a run after this long")
+		commitTO    = flag.Duration("commit-timeout", 15*time.Second, "after the last ack, wait this long at most for the committed offsets to reach the end")
+		keepTopics  = flag.Bool("keep-topics", false, "do not delete the benchmark topics at the end (real clusters)")
+		pcKeys      = flag.String("pc-keys", "1,2,5,10,20,1000", "key counts for pc-published in by-key mode")
+		verbose     = flag.Bool("v", false, "log progress details to stderr")
+
+		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
+		restartChild = flag.String("restart-child", "", "internal: run the first consumer of restart-cost (JSON spec)")
+	)
+	flag.Parse()
+
+	if *serveKfake {
+		serveKfakeChild()
+		return
+	}
+	if *restartChild != "" {
+		runRestartChild(*restartChild)
+		return
+	}
+
+	opt = options{
+		inprocBroker:  *inproc,
+		reps:          *reps,
+		quick:         *quick,
+		markdown:      *markdown,
+		chart:         *chart,
+		cpuprofile:    *cpuprofile,
+		restartCrash:  *crash,
+		runTimeout:    *runTimeout,
+		commitTimeout: *commitTO,
+		keepTopics:    *keepTopics,
+		verbose:       *verbose,
+	}
+	opt.brokers = splitList(*brokers)
+	opt.contenders = splitList(*contenders)
+	var err error
+	if opt.workloads, err = resolveWorkloads(splitList(*workloads)); err != nil {
+		fatalf("%v", err)
+	}
+	if opt.safeackSet, err = parseSettings(*safeackSet); err != nil {
+		fatalf("-safeack-set: %v", err)
+	}
+	if opt.restartWith, err = parseVariants(*restartWith); err != nil {
+		fatalf("-restart-with: %v", err)
+	}
+	if opt.pcKeys, err = parseInts(*pcKeys); err != nil {
+		fatalf("-pc-keys: %v", err)
+	}
+	if opt.reps < 1 {
+		fatalf("-reps must be at least 1")
+	}
+	if opt.restartCrash != "close" && opt.restartCrash != "kill" {
+		fatalf("-restart-crash must be close or kill")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	env, err := setupBroker(ctx)
+	if err != nil {
+		fatalf("broker: %v", err)
+	}
+	code := run(ctx, env)
+	env.close()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, env *brokerEnv) int {
+	h := header(env)
+	fmt.Print(h)
+
+	var sections []*section
+	failed := false
+	for _, name := range opt.workloads {
+		if ctx.Err() != nil {
+			break
+		}
+		w := buildWorkload(name)
+		logf("== workload %s: %s", w.name, w.desc)
+		sec, err := w.run(ctx, env, w)
+		if err != nil {
+			logf("workload %s failed: %v", w.name, err)
+			failed = true
+		}
+		if sec != nil {
+			fmt.Print(sec.text())
+			sections = append(sections, sec)
+		}
+	}
+	if opt.markdown != "" {
+		if err := writeMarkdown(opt.markdown, h, sections); err != nil {
+			logf("markdown: %v", err)
+			failed = true
+		} else {
+			logf("wrote %s", opt.markdown)
+		}
+	}
+	if opt.chart != "" {
+		if err := drawChart(opt.chart, sections); err != nil {
+			logf("chart: %v", err)
+			failed = true
+		} else {
+			logf("wrote %s", opt.chart)
+		}
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// header states the machine and the broker.
+func header(env *brokerEnv) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "safeack bench  %s\n", time.Now().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&b, "machine: %d CPUs (%s), %s/%s, %s, GOMAXPROCS=%d\n",
+		runtime.NumCPU(), cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.Version(), runtime.GOMAXPROCS(0))
+	fmt.Fprintf(&b, "broker:  %s\n", env.desc)
+	fmt.Fprintf(&b, "reps:    %d per contender (median, min–max)%s\n", opt.reps, map[bool]string{true: "; -quick sizes", false: ""}[opt.quick])
+	b.WriteString("rec/s counts from the first delivery to the last ack; wall is consumer start to last ack;\n")
+	b.WriteString("commit is consumer start to the group's committed offsets reaching the end of every partition.\n")
+	if len(opt.safeackSet) > 0 {
+		fmt.Fprintf(&b, "safeack settings: %v\n", opt.safeackSet)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "?"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
+}
+
+// serveKfakeChild runs the embedded broker for the parent process: it prints
+// the listen addresses on one line and serves until its stdin closes (the
+// parent exited or closed the pipe).
+func serveKfakeChild() {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kfake: %v\n", err)
+		os.Exit(1)
+	}
+	fmt.Printf("ADDRS %s\n", strings.Join(c.ListenAddrs(), ","))
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	c.Close()
+}
+
+// startKfakeChild starts this binary as a kfake broker process.
+func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cmd = exec.Command(exe, "-kfake-serve")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "ADDRS ") {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, nil, nil, fmt.Errorf("kfake child did not report its address: %q %v", line, err)
+	}
+	addrs = splitList(strings.TrimSpace(strings.TrimPrefix(line, "ADDRS ")))
+	closeFn = func() {
+		_ = stdin.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}
+	return addrs, cmd, closeFn, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, p := range splitList(s) {
+		var n int
+		if _, err := fmt.Sscan(p, &n); err != nil || n < 1 {
+			return nil, fmt.Errorf("bad count %q", p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func resolveWorkloads(names []string) ([]string, error) {
+	var out []string
+	add := func(n string) {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	for _, n := range names {
+		switch n {
+		case "all":
+			for _, w := range workloadNames() {
+				add(w)
+			}
+		case "issue3":
+			add("issue3a")
+			add("zero-work")
+		case "issue3b":
+			add("zero-work")
+		default:
+			if !slices.Contains(workloadNames(), n) {
+				return nil, fmt.Errorf("unknown workload %q (have %s, all, issue3)", n, strings.Join(workloadNames(), ", "))
+			}
+			add(n)
+		}
+	}
+	return out, nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func vlogf(format string, args ...any) {
+	if opt.verbose {
+		logf(format, args...)
+	}
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	os.Exit(2)
+}
