@@ -40,9 +40,12 @@ type record struct {
 	deliveredAt  time.Time // of the current delivery; written before it is handed out
 	unmarshalErr error
 
-	// deferred is set by Defer before the handler returns: the router's
-	// Ack then leaves the ticket open until the Completion is resolved.
-	deferred atomic.Bool
+	// deferred is set by Defer before the handler returns: when it holds
+	// the Completion of the delivery being acked, the router's Ack leaves
+	// the ticket open until that Completion is resolved. It is compared
+	// per delivery, never reset: a Completion of an earlier, nacked
+	// delivery must not hold back (or complete) a later one.
+	deferred atomic.Pointer[Completion]
 	// skipped is set when the record's handler was not run because its
 	// assignment had ended; its Nack must not redeliver.
 	skipped atomic.Bool
@@ -382,7 +385,6 @@ func (w *partitionWorker) setStuck(r *record, err error) {
 // emitted is called once a record's message was taken by the consumer.
 func (w *partitionWorker) emitted(r *record) {
 	r.deliveries++
-	r.deliveredAt = time.Now()
 	w.mu.Lock()
 	w.inFlight++
 	w.mu.Unlock()
@@ -395,7 +397,7 @@ func (w *partitionWorker) await(r *record, wm *message.Message, cancel context.C
 	case <-wm.Acked():
 		cancel()
 		w.sub.releaseToken()
-		if r.deferred.Load() {
+		if c := r.deferred.Load(); c != nil && c.msg == wm {
 			// The handler handed the record to something asynchronous: the
 			// ticket completes when its Completion is resolved. It stays
 			// counted in flight so that a drain waits for it.
@@ -463,7 +465,6 @@ func (w *partitionWorker) nacked(r *record) {
 // redeliverable gives a nacked record a fresh delivery: a copy of its
 // message (Copy drops the ack state) with a new context.
 func (w *partitionWorker) redeliverable(r *record) *record {
-	r.deferred.Store(false)
 	w.setMessage(r, r.wm.Copy())
 	return r
 }
@@ -507,8 +508,13 @@ func (w *partitionWorker) markIfAdvanced(force bool) (due time.Time) {
 	case safe > prev:
 		w.marker.MarkOffset(w.topic, w.partition, safe, meta)
 	case safe == prev && meta != w.lastMeta:
-		// MarkOffset ignores a mark at the same offset, so a tail that
-		// grew behind an unchanged head is written with ResetOffset.
+		// MarkOffset ignores a mark at or below Sarama's current offset, so
+		// a tail that grew behind an unchanged head is written with
+		// ResetOffset, which applies at or below it. The MarkOffset first
+		// covers a group without any commit yet (Sarama's offset is then
+		// -1). Neither can move the offset back: Sarama's offset is the
+		// committed start or an earlier mark, both at most safe.
+		w.marker.MarkOffset(w.topic, w.partition, safe, meta)
 		w.marker.ResetOffset(w.topic, w.partition, safe, meta)
 	}
 	w.lastMeta = meta

@@ -17,22 +17,40 @@ var ErrNotSafeackMessage = errors.New("safeack: message was not delivered by a s
 var ErrAlreadyAnswered = errors.New("safeack: message already acked or nacked")
 
 // Completion is the handle of a record whose completion was deferred with
-// Defer. The record's offset is not committed past until Done is called;
-// Fail redelivers it. Resolving more than once is harmless: the first call
-// wins. A Completion that is never resolved keeps its record pending (it
-// shows in Stats as unfinished) and holds no goroutine.
+// Defer (or taken with CompletionFromCtx). The record's offset is not
+// committed past until Done is called; Fail redelivers it. Resolving more
+// than once is harmless: the first call wins. A Completion that is never
+// resolved keeps its record pending (it shows in Stats as in flight and
+// unfinished, and a revoked partition or Close waits DrainTimeout for it)
+// and holds no goroutine.
+//
+// A Completion belongs to one delivery of its record. Its resolution takes
+// effect once that delivery is acked (the handler returned nil): resolved
+// earlier, it waits for the router's answer. If the delivery is nacked
+// instead (the handler returned an error after deferring), the Nack
+// redelivers the record and the Completion changes nothing; after the
+// partition was revoked it changes nothing either, and the partition's
+// next owner handles the record again.
 type Completion struct {
-	r        *record
+	r        *record          // nil for a message of another subscriber
+	msg      *message.Message // the delivery whose completion is deferred
 	resolved atomic.Bool
+	// result carries the outcome for a message of another subscriber:
+	// DeferredCompletion waits on it before returning.
+	result chan error
 }
+
+// errFailedWithoutReason stands in for Fail(nil).
+var errFailedWithoutReason = errors.New("safeack: deferred completion failed")
 
 // Defer detaches the completion of msg from its Ack. Call it in the
 // handler before returning: the router's Ack then frees the handler slot
 // (MaxInFlight) but the record stays unfinished until the returned
 // Completion reports Done — for example once a batching writer made the
-// effect durable. A message not delivered by a safeack Subscriber gives
-// ErrNotSafeackMessage; one already acked or nacked gives
-// ErrAlreadyAnswered.
+// effect durable. Calling it again for the same delivery returns the same
+// Completion. A message not delivered by a safeack Subscriber gives
+// ErrNotSafeackMessage; one already acked or nacked (for example behind
+// middleware.InstantAck) gives ErrAlreadyAnswered.
 func Defer(msg *message.Message) (*Completion, error) {
 	r, ok := recordFromCtx(msg.Context())
 	if !ok {
@@ -45,37 +63,92 @@ func Defer(msg *message.Message) (*Completion, error) {
 		return nil, ErrAlreadyAnswered
 	default:
 	}
-	r.deferred.Store(true)
+	c := &Completion{r: r, msg: msg}
+	for {
+		prev := r.deferred.Load()
+		if prev != nil && prev.msg == msg {
+			return prev, nil // this delivery was deferred already
+		}
+		if r.deferred.CompareAndSwap(prev, c) {
+			break
+		}
+	}
 	r.owner.mu.Lock()
 	r.owner.counters.deferred++
 	r.owner.mu.Unlock()
-	return &Completion{r: r}, nil
+	return c, nil
 }
 
-// Done completes the record: the completed prefix may move past it. After
-// the partition was revoked it changes nothing.
+// Done completes the record: the completed prefix may move past it.
 func (c *Completion) Done() {
-	if c == nil || !c.resolved.CompareAndSwap(false, true) {
-		return
-	}
-	c.r.owner.complete(c.r, true)
+	c.resolve(nil)
 }
 
 // Fail redelivers the record after NackResendSleep, as a Nack would. The
-// error is not kept; log it where it happened. After the partition was
-// revoked it changes nothing.
-func (c *Completion) Fail(error) {
+// error is not kept; log it where it happened. (Under DeferredCompletion
+// with another subscriber, the handler returns it.)
+func (c *Completion) Fail(err error) {
+	if err == nil {
+		err = errFailedWithoutReason
+	}
+	c.resolve(err)
+}
+
+func (c *Completion) resolve(err error) {
 	if c == nil || !c.resolved.CompareAndSwap(false, true) {
+		return
+	}
+	if c.r == nil {
+		c.result <- err // capacity 1, sent once
+		return
+	}
+	select {
+	case <-c.msg.Acked():
+		c.apply(err)
+	case <-c.msg.Nacked():
+		// The Nack redelivers the record: nothing to add.
+	default:
+		// Resolved before the handler returned: take effect when the
+		// router answers. This goroutine ends with that answer or with
+		// the assignment.
+		go func() {
+			select {
+			case <-c.msg.Acked():
+				c.apply(err)
+			case <-c.msg.Nacked():
+			case <-c.r.owner.abandoned:
+			}
+		}()
+	}
+}
+
+// apply turns the resolution of an acked delivery into a completion or a
+// redelivery. The record is still counted in flight (see await).
+func (c *Completion) apply(err error) {
+	if err == nil {
+		c.r.owner.complete(c.r, true)
 		return
 	}
 	c.r.owner.nacked(c.r)
 }
 
-// Offset returns the Kafka offset of the deferred record.
-func (c *Completion) Offset() int64 { return c.r.msg.Offset }
+// Offset returns the Kafka offset of the deferred record, or -1 for a
+// message of another subscriber.
+func (c *Completion) Offset() int64 {
+	if c.r == nil {
+		return -1
+	}
+	return c.r.msg.Offset
+}
 
-// Partition returns the Kafka partition of the deferred record.
-func (c *Completion) Partition() int32 { return c.r.msg.Partition }
+// Partition returns the Kafka partition of the deferred record, or -1 for
+// a message of another subscriber.
+func (c *Completion) Partition() int32 {
+	if c.r == nil {
+		return -1
+	}
+	return c.r.msg.Partition
+}
 
 // AssignmentEnded reports whether the partition assignment that delivered
 // msg has ended (revoked in a rebalance, or the subscriber is closing).
@@ -93,6 +166,13 @@ func skipIfRevoked(msg *message.Message) bool {
 	r, ok := recordFromCtx(msg.Context())
 	if !ok || r.owner.ctx.Err() == nil {
 		return false
+	}
+	select {
+	case <-msg.Acked():
+		return false // answered already (e.g. behind InstantAck): too late
+	case <-msg.Nacked():
+		return false
+	default:
 	}
 	r.skipped.Store(true)
 	r.owner.mu.Lock()
@@ -114,5 +194,9 @@ func deliveredAt(msg *message.Message) (time.Time, bool) {
 // isDeferred reports whether the handler deferred msg's completion.
 func isDeferred(msg *message.Message) bool {
 	r, ok := recordFromCtx(msg.Context())
-	return ok && r.deferred.Load()
+	if !ok {
+		return false
+	}
+	c := r.deferred.Load()
+	return c != nil && c.msg == msg
 }

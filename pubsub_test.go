@@ -104,3 +104,30 @@ func TestPubSubNoConsumerGroup(t *testing.T) {
 		return env.publisher(t), env.subscriber(t, "")
 	}, nil)
 }
+
+func TestPubSubByKey(t *testing.T) {
+	env := newSuiteEnv(t, safeack.OrderByKey, kafka.DefaultMarshaler{})
+	pubSub, group := env.constructors()
+	tests.TestPubSub(t, tests.Features{
+		ConsumerGroups:  true,
+		Persistent:      true,
+		GuaranteedOrder: false,
+	}, pubSub, group)
+}
+
+// TestPubSubByPartition runs the suite with GuaranteedOrder, which enables
+// TestNoAck and TestPublishSubscribeInOrder. The latter needs all its
+// messages on one partition: the partitioning marshaler with an empty
+// partition key puts them there, as watermill-kafka's own ordered test does.
+func TestPubSubByPartition(t *testing.T) {
+	env := newSuiteEnv(t, safeack.OrderByPartition, kafka.NewWithPartitioningMarshaler(
+		func(topic string, msg *message.Message) (string, error) {
+			return msg.Metadata.Get("partition_key"), nil
+		}))
+	pubSub, group := env.constructors()
+	tests.TestPubSub(t, tests.Features{
+		ConsumerGroups:  true,
+		Persistent:      true,
+		GuaranteedOrder: true,
+	}, pubSub, group)
+}

@@ -87,6 +87,7 @@ func (s *Subscriber) Stats() []PartitionStats {
 type registry struct {
 	mu      sync.Mutex
 	workers map[*partitionWorker]time.Time
+	ended   map[TopicPartition]*PartitionTotals // for Totals: see totals.go
 }
 
 func (r *registry) attach(w *partitionWorker) {
@@ -96,11 +97,15 @@ func (r *registry) attach(w *partitionWorker) {
 		r.workers = make(map[*partitionWorker]time.Time)
 	}
 	r.workers[w] = time.Now()
+	r.assigned(w)
 }
 
 func (r *registry) detach(w *partitionWorker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if _, ok := r.workers[w]; ok {
+		r.retire(w)
+	}
 	delete(r.workers, w)
 }
 

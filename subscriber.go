@@ -267,17 +267,20 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.sub.logger.Debug("Consumer group session started", h.sub.logFields.Add(watermill.LogFields{
 		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(claimed),
 	}))
-	h.committed = nil
-	h.workers = make(map[int32]*partitionWorker, len(claimed))
+	var committed map[int32]committedOffset
 	if !h.sub.cfg.DisableCompletedTail {
-		committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
+		var err error
+		committed, err = fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
 		if err != nil {
 			// Without the tail every record after the committed offset is
 			// redelivered: more repeats, nothing lost.
 			h.sub.logger.Error("Cannot read committed metadata; completed tails are not skipped this session", err, h.sub.logFields)
 		}
-		h.committed = committed
 	}
+	h.mu.Lock()
+	h.committed = committed
+	h.workers = make(map[int32]*partitionWorker, len(claimed))
+	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
 	go h.commitLoop(sess, h.stop, h.done)
 	return nil
@@ -325,6 +328,29 @@ func (h *groupHandler) confirm() {
 	}
 }
 
+// committedOffset returns what Setup read for partition. A cooperative
+// rebalance can add a claim to a running session without a new Setup; such
+// a partition is read on its own.
+func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) {
+	if h.sub.cfg.DisableCompletedTail {
+		return committedOffset{}, false
+	}
+	h.mu.Lock()
+	c, ok := h.committed[partition]
+	h.mu.Unlock()
+	if ok {
+		return c, true
+	}
+	fetched, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
+	if err != nil {
+		h.sub.logger.Error("Cannot read committed metadata; the completed tail is not skipped", err,
+			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition}))
+		return committedOffset{}, false
+	}
+	c, ok = fetched[partition]
+	return c, ok
+}
+
 // Cleanup stops the commit loop and commits what the claims marked.
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	close(h.stop)
@@ -346,7 +372,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		return err
 	}
 	w.hwm = claim.HighWaterMarkOffset
-	if c, ok := h.committed[claim.Partition()]; ok {
+	if c, ok := h.committedOffset(claim.Partition()); ok {
 		w.skipCompleted(c, start)
 		w.setConfirmed(c.offset)
 	}

@@ -145,12 +145,15 @@ func tailUvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
 // math.MaxInt64 (plain offsets: nothing to say). A budget too small for even
 // one range also yields "", with bound = ranges[0].From.
 //
-// The encoder picks the shorter of a run-length and a bitmap encoding, and
-// deflates it only when that makes the string shorter. Prefix sizes of the
-// raw encodings are computed incrementally; when only a compressed encoding
-// could fit more, the prefix length is found by a deterministic binary search
-// (at most ~18 compressions), so a larger budget never covers less. At most
-// MaxTailRanges ranges and MaxTailPayload raw bytes are encoded.
+// The encoder writes the shorter of a run-length and a bitmap encoding, or a
+// deflated one when that is shorter still. Raw prefix sizes are computed
+// without building anything (O(1) per bitmap prefix, a scan bounded by the
+// budget for runs). When only a compressed encoding could fit more, the kind
+// that compresses better on the whole tail is chosen once, and the prefix
+// length is found by a deterministic binary search (at most ~18
+// compressions; none when the whole tail fits compressed, or when it does
+// not compress), so a larger budget never covers less. At most MaxTailRanges
+// ranges and MaxTailPayload raw bytes are encoded.
 func EncodeTail(base int64, ranges []Range, budget int) (meta string, bound int64, err error) {
 	e := tailEncoders.Get().(*tailEncoder)
 	defer e.release()
@@ -179,21 +182,31 @@ type tailEncoder struct {
 	base   int64
 	rs     []Range // the ranges being encoded: the caller's, or merged
 	merged []Range // scratch for coalescing adjacent ranges
-	raw    []byte  // raw payload of the candidate being built
-	comp   *bytes.Buffer
-	best   *bytes.Buffer // compressed payload of bestK ranges
-	bestK  int
-	bestKd byte // raw kind inside best
-	full   []byte // bitmap of the first fullK ranges, cut into probes
-	fullK  int
-	hdr    []byte // probe header scratch
-	last   [1]byte
-	fw     *flate.Writer
-	out    []byte // EncodeTail's output scratch
+	raw    []byte  // raw payload built by buildRaw
+
+	// Compression. comp receives each deflate; best holds the fitting
+	// result of the largest prefix so far (bestK ranges, kind bestKd); alt
+	// holds the loser while chooseDeflate compares the two kinds. zk is the
+	// kind compressed by probes, chosen once per encoding.
+	fw              *flate.Writer
+	comp, best, alt *bytes.Buffer
+	bestK           int
+	bestKd, zk      byte
+
+	// Bodies of the first bmK / runsK ranges, built once per encoding and
+	// cut into the prefixes that probes compress. runEnds[i] is the length
+	// of the runs body up to range i.
+	bm, runs   []byte
+	runEnds    []int
+	bmK, runsK int
+	hdr        []byte
+	last       [1]byte
+
+	out []byte // EncodeTail's output scratch
 }
 
 var tailEncoders = sync.Pool{New: func() any {
-	return &tailEncoder{comp: new(bytes.Buffer), best: new(bytes.Buffer)}
+	return &tailEncoder{comp: new(bytes.Buffer), best: new(bytes.Buffer), alt: new(bytes.Buffer)}
 }}
 
 func (e *tailEncoder) release() {
@@ -239,28 +252,35 @@ func (e *tailEncoder) encode(dst []byte, base int64, ranges []Range, budget int)
 		}
 	}
 
-	e.bestK, e.fullK = -1, 0
+	e.bestK, e.zk, e.bmK, e.runsK = -1, 0, 0, 0
 	k := kRaw
 	tryCompress := true
 	if kRaw < kTop {
 		// Only a compressed encoding can cover more. Try the largest
 		// candidate first: compressible tails usually fit whole.
-		if enc, ok := e.probe(kTop, kTop, budget); ok {
+		enc := e.chooseDeflate(kTop, rawTop)
+		switch {
+		case enc <= budget:
+			e.keep(kTop)
 			k = kTop
-		} else if enc*tailGateDen >= tailEncLen(rawTop)*tailGateNum {
+		case enc*tailGateDen >= tailEncLen(rawTop)*tailGateNum:
 			tryCompress = false // incompressible: kRaw it is
-		} else {
+		default:
 			// Deterministic binary search over [0, kTop): the probe
 			// sequence depends only on the answers, and every answer
-			// for a budget is also "fits" for a larger budget, so a
-			// larger budget never covers less. Prefixes up to kRaw
+			// "fits" for a budget is also "fits" for a larger one, so
+			// a larger budget never covers less. Prefixes up to kRaw
 			// fit without compressing anything.
 			lo, hi := 0, kTop
 			for step := 0; hi-lo > 1 && step < tailMaxSteps; step++ {
 				mid := lo + (hi-lo)/2
 				if mid <= kRaw {
 					lo = mid
-				} else if _, ok := e.probe(mid, kTop, budget); ok {
+					continue
+				}
+				e.deflatePrefix(e.zk, mid)
+				if tailEncLen(e.comp.Len()) <= budget {
+					e.keep(mid)
 					lo = mid
 				} else {
 					hi = mid
@@ -284,19 +304,19 @@ func (e *tailEncoder) encode(dst []byte, base int64, ranges []Range, budget int)
 		kind = e.buildRaw(k)
 		payload = e.raw
 		rawEnc := tailEncLen(len(e.raw))
-		switch {
-		case e.bestK == k:
-			if tailEncLen(e.best.Len()) < rawEnc {
-				kind, payload = tailDeflated(e.bestKd), e.best.Bytes()
+		if e.bestK != k && tryCompress && len(e.raw) >= tailMinCompress {
+			if e.zk != 0 {
+				e.deflatePrefix(e.zk, k)
+			} else {
+				e.chooseDeflate(k, len(e.raw))
 			}
-		case tryCompress && len(e.raw) >= tailMinCompress:
-			e.deflate(e.raw)
-			if tailEncLen(e.comp.Len()) < rawEnc {
-				kind, payload = tailDeflated(kind), e.comp.Bytes()
-			}
+			e.keep(k)
+		}
+		if e.bestK == k && tailEncLen(e.best.Len()) < rawEnc {
+			kind, payload = tailDeflated(e.bestKd), e.best.Bytes()
 		}
 	} else {
-		// k came from a successful probe, which left its result in best.
+		// k came from a fitting compression, which was kept in best.
 		kind, payload = tailDeflated(e.bestKd), e.best.Bytes()
 	}
 
@@ -393,6 +413,15 @@ func (e *tailEncoder) runsLen(k, pairs int) int {
 	return e.headerLen(k) + tailUvarintLen(uint64(k)) + pairs
 }
 
+// runsLenOf is runsLen computing the pair sizes: O(k).
+func (e *tailEncoder) runsLenOf(k int) int {
+	pairs := 0
+	for i := range k {
+		pairs += e.pairLen(i)
+	}
+	return e.runsLen(k, pairs)
+}
+
 // bitmapLen is the raw bitmap size of the first k ranges, or
 // MaxTailPayload+1 when the bitmap would exceed the payload cap.
 func (e *tailEncoder) bitmapLen(k int) int {
@@ -409,20 +438,18 @@ func (e *tailEncoder) runsFloor(k int) int { return e.headerLen(k) + tailUvarint
 // bitmapWins reports whether the bitmap is the smaller raw encoding of the
 // first k ranges, decided in O(1) when it beats the runs' lower bound. Ties
 // go to the runs.
-func (e *tailEncoder) bitmapWins(k int) bool { return e.bitmapLen(k) < e.runsFloor(k) }
+func (e *tailEncoder) bitmapWins(k int) bool {
+	bm := e.bitmapLen(k)
+	return bm <= MaxTailPayload && bm < e.runsFloor(k)
+}
 
 // minRawLen is the smaller raw size of the first k ranges: O(1) when the
 // bitmap clearly wins, O(k) otherwise.
 func (e *tailEncoder) minRawLen(k int) int {
-	bm := e.bitmapLen(k)
-	if bm < e.runsFloor(k) {
-		return bm
+	if e.bitmapWins(k) {
+		return e.bitmapLen(k)
 	}
-	pairs := 0
-	for i := range k {
-		pairs += e.pairLen(i)
-	}
-	return min(bm, e.runsLen(k, pairs))
+	return min(e.bitmapLen(k), e.runsLenOf(k))
 }
 
 // fitPrefix returns the longest prefix (at most kMax ranges) whose smaller raw
@@ -452,46 +479,47 @@ func (e *tailEncoder) fitPrefix(limit, kMax int) int {
 	return max(kRuns, lo)
 }
 
-// buildRaw writes the smaller raw encoding of the first k ranges to e.raw
-// and returns its kind.
-func (e *tailEncoder) buildRaw(k int) byte {
-	b := e.raw[:0]
+// appendHeader appends the raw header of the first k ranges for kind.
+func (e *tailEncoder) appendHeader(b []byte, kind byte, k int) []byte {
 	b = binary.AppendUvarint(b, uint64(e.base))
 	b = binary.AppendUvarint(b, e.boundCode(k))
-	hdr := len(b)
-	bm := e.bitmapLen(k)
-	if !e.bitmapWins(k) {
-		b = binary.AppendUvarint(b, uint64(k))
-		prev := e.base
-		for i, r := range e.rs[:k] {
-			gap := r.From - prev
-			if i > 0 {
-				gap--
-			}
-			b = binary.AppendUvarint(b, uint64(gap))
-			b = binary.AppendUvarint(b, uint64(r.To-r.From-1))
-			prev = r.To
-		}
-		if len(b) <= bm {
-			e.raw = b
-			return tailKindRuns
-		}
-		b = b[:hdr]
+	if kind == tailKindRuns {
+		return binary.AppendUvarint(b, uint64(k))
 	}
-	b, nbits := e.bitmapHeader(b, k)
-	body := len(b)
-	b = append(b, make([]byte, (nbits+7)/8)...) // appending a make does not allocate beyond growth
-	e.fillBitmap(b[body:], k)
-	e.raw = b
-	return tailKindBitmap
+	b = binary.AppendUvarint(b, uint64(e.rs[0].From-e.base))
+	return binary.AppendUvarint(b, uint64(e.rs[k-1].To-e.rs[0].From))
 }
 
-// fillBitmap sets the bits of the first k ranges in the zeroed bm.
-func (e *tailEncoder) fillBitmap(bm []byte, k int) {
+// appendPairs appends the runs body of the first k ranges and, when record
+// is set, appends to ends where each pair ends (relative to the body start).
+func (e *tailEncoder) appendPairs(b []byte, k int, ends []int, record bool) ([]byte, []int) {
+	prev, start := e.base, len(b)
+	for i, r := range e.rs[:k] {
+		gap := r.From - prev
+		if i > 0 {
+			gap--
+		}
+		b = binary.AppendUvarint(b, uint64(gap))
+		b = binary.AppendUvarint(b, uint64(r.To-r.From-1))
+		prev = r.To
+		if record {
+			ends = append(ends, len(b)-start)
+		}
+	}
+	return b, ends
+}
+
+// appendBitmap appends the bitmap body of the first k ranges.
+func (e *tailEncoder) appendBitmap(b []byte, k int) []byte {
 	start := e.rs[0].From
+	nbits := uint64(e.rs[k-1].To - start)
+	body := len(b)
+	b = append(b, make([]byte, (nbits+7)/8)...) // appending a make only grows b
+	bm := b[body:]
 	for _, r := range e.rs[:k] {
 		tailSetBits(bm, uint64(r.From-start), uint64(r.To-start))
 	}
+	return b
 }
 
 // tailSetBits sets bits [from, to) of bm (LSB-first within each byte); from < to.
@@ -511,13 +539,20 @@ func tailSetBits(bm []byte, from, to uint64) {
 	bm[last] |= lm
 }
 
-// tailBitmapHeader appends the bitmap header (start and bit count) of the
-// first k ranges.
-func (e *tailEncoder) bitmapHeader(b []byte, k int) ([]byte, uint64) {
-	start := e.rs[0].From
-	nbits := uint64(e.rs[k-1].To - start)
-	b = binary.AppendUvarint(b, uint64(start-e.base))
-	return binary.AppendUvarint(b, nbits), nbits
+// buildRaw writes the smaller raw encoding of the first k ranges to e.raw
+// and returns its kind.
+func (e *tailEncoder) buildRaw(k int) byte {
+	if !e.bitmapWins(k) {
+		b := e.appendHeader(e.raw[:0], tailKindRuns, k)
+		b, _ = e.appendPairs(b, k, nil, false)
+		e.raw = b
+		if len(b) <= e.bitmapLen(k) {
+			return tailKindRuns
+		}
+	}
+	b := e.appendHeader(e.raw[:0], tailKindBitmap, k)
+	e.raw = e.appendBitmap(b, k)
+	return tailKindBitmap
 }
 
 // deflate compresses the concatenation of parts into e.comp. (Writes to a
@@ -535,37 +570,61 @@ func (e *tailEncoder) deflate(parts ...[]byte) {
 	_ = e.fw.Close()
 }
 
-// probe compresses the smaller raw encoding of the first k ranges (k <= kTop)
-// and reports the string length it would give and whether that fits the
-// budget; a fitting result is kept in e.best. A bitmap prefix is cut from
-// one bitmap of the kTop ranges, built once, instead of being rebuilt.
-func (e *tailEncoder) probe(k, kTop, budget int) (int, bool) {
-	kind := byte(tailKindBitmap)
-	if e.bitmapWins(k) {
-		if e.fullK != kTop {
-			_, nbits := e.bitmapHeader(nil, kTop)
-			e.full = append(e.full[:0], make([]byte, (nbits+7)/8)...)
-			e.fillBitmap(e.full, kTop)
-			e.fullK = kTop
+// deflatePrefix compresses the raw encoding of kind of the first k ranges
+// into e.comp. The body is cut from one built for the largest k asked for
+// so far in this encoding (probes mostly shrink), instead of being rebuilt.
+func (e *tailEncoder) deflatePrefix(kind byte, k int) {
+	e.hdr = e.appendHeader(e.hdr[:0], kind, k)
+	if kind == tailKindRuns {
+		if e.runsK < k {
+			e.runs, e.runEnds = e.appendPairs(e.runs[:0], k, e.runEnds[:0], true)
+			e.runsK = k
 		}
-		h := binary.AppendUvarint(e.hdr[:0], uint64(e.base))
-		h = binary.AppendUvarint(h, e.boundCode(k))
-		h, nbits := e.bitmapHeader(h, k)
-		e.hdr = h
-		nb := (nbits + 7) / 8
-		e.last[0] = e.full[nb-1] & (0xFF >> (7 - (nbits-1)%8))
-		e.deflate(h, e.full[:nb-1], e.last[:])
-	} else {
-		kind = e.buildRaw(k)
-		e.deflate(e.raw)
+		e.deflate(e.hdr, e.runs[:e.runEnds[k-1]])
+		return
 	}
-	enc := tailEncLen(e.comp.Len())
-	if enc > budget {
-		return enc, false
+	if e.bmK < k {
+		e.bm = e.appendBitmap(e.bm[:0], k)
+		e.bmK = k
 	}
+	nbits := uint64(e.rs[k-1].To - e.rs[0].From)
+	nb := (nbits + 7) / 8
+	e.last[0] = e.bm[nb-1] & (0xFF >> (7 - (nbits-1)%8))
+	e.deflate(e.hdr, e.bm[:nb-1], e.last[:])
+}
+
+// chooseDeflate compresses the first k ranges in each raw encoding worth
+// trying (within 2× of the smaller raw size rawMin, and within the payload
+// cap), leaves the smaller result in e.comp, sets e.zk to its kind, and
+// returns its string length. Deflate can reverse the raw ranking: runs of
+// mostly equal lengths compress far better than the bitmap of the same
+// ranges.
+func (e *tailEncoder) chooseDeflate(k, rawMin int) int {
+	worth := min(MaxTailPayload, 2*rawMin)
+	e.zk = 0
+	if e.bitmapLen(k) <= worth {
+		e.deflatePrefix(tailKindBitmap, k)
+		e.zk = tailKindBitmap
+	}
+	if e.runsFloor(k) <= worth && e.runsLenOf(k) <= worth {
+		if e.zk != 0 {
+			e.comp, e.alt = e.alt, e.comp
+		}
+		e.deflatePrefix(tailKindRuns, k)
+		if e.zk == 0 || e.comp.Len() < e.alt.Len() {
+			e.zk = tailKindRuns
+		} else {
+			e.comp, e.alt = e.alt, e.comp
+		}
+	}
+	return tailEncLen(e.comp.Len())
+}
+
+// keep records e.comp, the compression of the first k ranges in kind e.zk,
+// as the best so far.
+func (e *tailEncoder) keep(k int) {
 	e.comp, e.best = e.best, e.comp
-	e.bestK, e.bestKd = k, kind
-	return enc, true
+	e.bestK, e.bestKd = k, e.zk
 }
 
 // Tail is a decoded completed tail: the offsets above Base known to be

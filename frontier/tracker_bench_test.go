@@ -93,8 +93,8 @@ func benchWindow(b *testing.B, n int, perm []int) {
 			b.Fatal(err)
 		}
 		tickets[slot] = tk
-		c := block*n + perm[pos]
-		if !tr.Complete(tickets[c%(2*n)]) {
+		// record block*n+perm[pos] lives at slot (block*n+perm[pos]) % 2n
+		if !tr.Complete(tickets[(block&1)*n+perm[pos]]) {
 			b.Fatal("complete refused")
 		}
 		maxRetained = max(maxRetained, tr.Retained())

@@ -30,6 +30,7 @@
 #   SAFEACK_KAFKA_JAVA             java binary (else $JAVA_HOME/bin/java, else java); needs 17+
 #   SAFEACK_KAFKA_START_TIMEOUT    seconds to wait for the broker      (90)
 #   SAFEACK_KAFKA_STOP_TIMEOUT     seconds between SIGTERM and SIGKILL (30)
+#   SAFEACK_KAFKA_JVM_OPTS         extra broker JVM flags, space-separated
 #   SAFEACK_KAFKA_EXTRA_PROPS      extra server.properties lines, newline-separated
 #   SAFEACK_KAFKA_MVN              maven binary                        (mvn)
 set -euo pipefail
@@ -93,8 +94,13 @@ pom_stamp() {
 }
 
 cache_complete() {
-  [[ -f "$CACHE/.complete" && -d "$LIBS" ]] || return 1
+  [[ -f "$CACHE/.complete" && -f "$CACHE/libs.list" && -d "$LIBS" ]] || return 1
   [[ "$(cat "$CACHE/.complete")" == "$(pom_stamp)" ]] || return 1
+  # every jar Maven copied must still be there
+  local jar
+  while IFS= read -r jar; do
+    [[ -f "$LIBS/$jar" ]] || return 1
+  done <"$CACHE/libs.list"
   [[ -f "$LIBS/kafka_2.13-$KAFKA_VERSION.jar" && -f "$LIBS/kafka-tools-$KAFKA_VERSION.jar" ]]
 }
 
@@ -124,6 +130,7 @@ resolve_jars() {
       die "maven succeeded but $tmp/kafka_2.13-$KAFKA_VERSION.jar is missing"
     rm -rf "$LIBS" "$CACHE/.complete"
     mv "$tmp" "$LIBS"
+    (cd "$LIBS" && ls -1 -- *.jar) >"$CACHE/libs.list"
     pom_stamp >"$CACHE/.complete"
     log "resolved $(find "$LIBS" -name '*.jar' | wc -l) jars in $((SECONDS - t0)) s"
   )
@@ -134,6 +141,7 @@ classpath() { printf '%s\n' "$LIBS/*"; }
 # ------------------------------------------------------------- process -------
 
 tcp_open() { # host port -> 0 when something accepts connections
+  # shellcheck disable=SC2016 # $1/$2 are expanded by the inner bash
   timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
 }
 
@@ -359,9 +367,15 @@ cmd_start() {
     "-Dkafka.logs.dir=$DATA_DIR"
     "$TAG"
   )
+  if [[ -n "${SAFEACK_KAFKA_JVM_OPTS:-}" ]]; then
+    local extra
+    read -r -a extra <<<"$SAFEACK_KAFKA_JVM_OPTS"
+    jvm+=("${extra[@]}")
+  fi
   # setsid + nohup: the broker outlives this script and its terminal / process
   # group; all its fds point at the log so it never holds a caller's pipe open.
   # The inner shell records its own pid, then execs java (same pid).
+  # shellcheck disable=SC2016 # expanded by the inner bash
   local launcher=(bash -c 'echo $$ >"$1"; shift; exec "$@"' safeack-kafka "$PID_FILE"
     "$JAVA" "${jvm[@]}" -cp "$(classpath)" kafka.Kafka "$CONFIG")
   if command -v setsid >/dev/null 2>&1; then

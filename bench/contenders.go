@@ -1,0 +1,283 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+
+	"github.com/safeack/safeack"
+)
+
+// ackTracker counts acks by record index. Times are offsets from base on the
+// monotonic clock.
+type ackTracker struct {
+	n     int
+	base  time.Time
+	seen  []atomic.Uint32
+	uniq  atomic.Int64
+	total atomic.Int64
+	first atomic.Int64 // ns after base of the first delivery, +1 (0 = none)
+	last  atomic.Int64 // ns after base when the last unique ack happened
+	done  chan struct{}
+}
+
+func newAckTracker(n int) *ackTracker {
+	return &ackTracker{n: n, seen: make([]atomic.Uint32, n), done: make(chan struct{})}
+}
+
+func (t *ackTracker) start() { t.base = time.Now() }
+
+func (t *ackTracker) delivered() {
+	if t.first.Load() == 0 {
+		t.first.CompareAndSwap(0, int64(time.Since(t.base))+1)
+	}
+}
+
+func (t *ackTracker) acked(i int) {
+	t.total.Add(1)
+	if i < 0 || i >= t.n {
+		return
+	}
+	if t.seen[i].Add(1) == 1 && t.uniq.Add(1) == int64(t.n) {
+		t.last.Store(int64(time.Since(t.base)))
+		close(t.done)
+	}
+}
+
+func recordIndex(payload []byte) int {
+	if len(payload) < 8 {
+		return -1
+	}
+	return int(binary.BigEndian.Uint64(payload))
+}
+
+// contender is a running consumer.
+type contender struct {
+	stop     func() error
+	retained func() int // nil unless safeack
+}
+
+// startContender starts c consuming t in group; every record it completes
+// is reported to tr.
+func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, group string, tr *ackTracker) (*contender, error) {
+	switch c.kind {
+	case kindSafeack:
+		cfg, err := safeackConfig(env, c, group)
+		if err != nil {
+			return nil, err
+		}
+		s, err := safeack.NewSubscriber(cfg, nil)
+		if err != nil {
+			return nil, err
+		}
+		ch, err := s.Subscribe(ctx, t.name)
+		if err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+		done := consumeChannel(ch, c.work, tr)
+		return &contender{
+			stop: func() error { err := s.Close(); <-done; return err },
+			retained: func() int {
+				n := 0
+				for _, ps := range s.Stats() {
+					n += ps.Retained
+				}
+				return n
+			},
+		}, nil
+	case kindWatermill:
+		s, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{
+			Brokers:               env.brokers,
+			Unmarshaler:           wmkafka.DefaultMarshaler{},
+			OverwriteSaramaConfig: consumerConfig(),
+			ConsumerGroup:         group,
+		}, nil)
+		if err != nil {
+			return nil, err
+		}
+		ch, err := s.Subscribe(ctx, t.name)
+		if err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+		done := consumeChannel(ch, c.work, tr)
+		return &contender{stop: func() error { err := s.Close(); <-done; return err }}, nil
+	case kindBare:
+		return startBare(ctx, env, t, group, func(m *sarama.ConsumerMessage) {
+			tr.delivered()
+			tr.acked(recordIndex(m.Value))
+		})
+	}
+	return nil, fmt.Errorf("unknown contender kind %d", c.kind)
+}
+
+func safeackConfig(env *brokerEnv, c *caseSpec, group string) (safeack.SubscriberConfig, error) {
+	cfg := safeack.SubscriberConfig{
+		Brokers:               env.brokers,
+		OverwriteSaramaConfig: consumerConfig(),
+		ConsumerGroup:         group,
+		MaxInFlight:           c.conc,
+		Ordering:              c.ordering,
+	}
+	if err := applySettings(&cfg, opt.safeackSet); err != nil {
+		return cfg, err
+	}
+	if err := applySettings(&cfg, c.settings); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// consumeChannel is the handler side, as Watermill's router runs it: a
+// goroutine per message that works, then acks.
+func consumeChannel(ch <-chan *message.Message, work []time.Duration, tr *ackTracker) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for msg := range ch {
+			tr.delivered()
+			go func(m *message.Message) {
+				i := recordIndex(m.Payload)
+				if work != nil && i >= 0 && i < len(work) {
+					if d := work[i]; d > 0 {
+						time.Sleep(d)
+					}
+				}
+				m.Ack()
+				tr.acked(i)
+			}(msg)
+		}
+	}()
+	return done
+}
+
+// bareHandler marks every record as it arrives: no concurrency, no work.
+type bareHandler struct {
+	onRecord func(*sarama.ConsumerMessage)
+}
+
+func (bareHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (bareHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+func (h bareHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	for m := range claim.Messages() {
+		h.onRecord(m)
+		sess.MarkMessage(m, "")
+	}
+	return nil
+}
+
+func startBare(ctx context.Context, env *brokerEnv, t *topic, group string, onRecord func(*sarama.ConsumerMessage)) (*contender, error) {
+	g, err := sarama.NewConsumerGroup(env.brokers, group, consumerConfig())
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for err := range g.Errors() {
+			vlogf("sarama-bare: %v", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			if err := g.Consume(ctx, []string{t.name}, bareHandler{onRecord: onRecord}); err != nil {
+				if !errors.Is(err, sarama.ErrClosedConsumerGroup) && ctx.Err() == nil {
+					vlogf("sarama-bare consume: %v", err)
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}
+	}()
+	return &contender{stop: func() error {
+		cancel()
+		err := g.Close()
+		wg.Wait()
+		return err
+	}}, nil
+}
+
+// applySettings sets SubscriberConfig fields by name, so the bench compiles
+// whatever fields the package has today and can switch on new ones from the
+// command line.
+func applySettings(cfg *safeack.SubscriberConfig, set map[string]string) error {
+	v := reflect.ValueOf(cfg).Elem()
+	for name, s := range set {
+		f := v.FieldByName(name)
+		if !f.IsValid() || !f.CanSet() {
+			return fmt.Errorf("safeack.SubscriberConfig has no field %s", name)
+		}
+		if err := setField(f, s); err != nil {
+			return fmt.Errorf("%s=%s: %w", name, s, err)
+		}
+	}
+	return nil
+}
+
+func hasField(name string) bool {
+	_, ok := reflect.TypeOf(safeack.SubscriberConfig{}).FieldByName(name)
+	return ok
+}
+
+func setField(f reflect.Value, s string) error {
+	if f.Type() == reflect.TypeOf(time.Duration(0)) {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		f.SetInt(int64(d))
+		return nil
+	}
+	if f.Type() == reflect.TypeOf(safeack.Ordering(0)) {
+		for _, o := range []safeack.Ordering{safeack.OrderByKey, safeack.OrderByPartition, safeack.Unordered} {
+			if o.String() == s {
+				f.SetInt(int64(o))
+				return nil
+			}
+		}
+	}
+	switch f.Kind() {
+	case reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return err
+		}
+		f.SetBool(b)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n, err := strconv.ParseInt(s, 0, 64)
+		if err != nil {
+			return err
+		}
+		f.SetInt(n)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		n, err := strconv.ParseUint(s, 0, 64)
+		if err != nil {
+			return err
+		}
+		f.SetUint(n)
+	case reflect.Float32, reflect.Float64:
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return err
+		}
+		f.SetFloat(x)
+	case reflect.String:
+		f.SetString(s)
+	default:
+		return fmt.Errorf("cannot set a %s from the command line", f.Type())
+	}
+	return nil
+}

@@ -1,0 +1,273 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// result is one run of one case.
+type result struct {
+	n        int
+	wall     time.Duration // consumer start → last ack
+	startup  time.Duration // consumer start → first delivery
+	active   time.Duration // first delivery → last ack
+	commit   time.Duration // consumer start → committed offsets at the end; <0: not reached
+	cpu      time.Duration // process user+sys CPU, consumer start → last ack
+	heapPeak uint64
+	rssPeak  uint64
+	retained int // peak sum of Retained; -1 when not applicable
+	dups     int64
+	err      error
+	extra    map[string]float64 // workload-specific (restart-cost)
+}
+
+func (r *result) rate() float64 {
+	if r.active <= 0 {
+		return 0
+	}
+	return float64(r.n) / r.active.Seconds()
+}
+
+// groupName is a fresh consumer group for one run.
+func groupName(env *brokerEnv, w, label string, rep int) string {
+	clean := regexp.MustCompile(`[^a-zA-Z0-9._-]+`).ReplaceAllString(label, "_")
+	return fmt.Sprintf("bench-%s-%s-%s-r%d-%d", env.runID, w, clean, rep, time.Now().UnixNano()%1e6)
+}
+
+func selected(label string) bool {
+	if len(opt.contenders) == 0 {
+		return true
+	}
+	for _, c := range opt.contenders {
+		if strings.HasPrefix(label, c) {
+			return true
+		}
+	}
+	return false
+}
+
+// runStandard runs every selected case of w, -reps times, interleaving the
+// cases within each repetition so drift hits them all alike.
+func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, error) {
+	sec := newSection(w)
+	var cases []*caseSpec
+	for _, c := range w.cases {
+		if selected(c.label) {
+			cases = append(cases, c)
+		}
+	}
+	// Produce every topic first, so producing never overlaps a measurement.
+	for _, c := range cases {
+		if _, err := env.topicFor(ctx, c.topic); err != nil {
+			return sec, err
+		}
+	}
+	var firstErr error
+	for rep := 1; rep <= opt.reps; rep++ {
+		for _, c := range cases {
+			if ctx.Err() != nil {
+				return sec, ctx.Err()
+			}
+			t, _ := env.topicFor(ctx, c.topic)
+			r := runCase(ctx, env, w, c, t, rep)
+			sec.add(c.label, r)
+			if r.err != nil {
+				logf("  %-26s rep %d: ERROR %v", c.label, rep, r.err)
+				if firstErr == nil {
+					firstErr = fmt.Errorf("%s: %w", c.label, r.err)
+				}
+				continue
+			}
+			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  cpu %.2fs  heap %s  dups %d",
+				c.label, rep, r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), r.cpu.Seconds(), fmtMB(r.heapPeak), r.dups)
+		}
+	}
+	return sec, firstErr
+}
+
+func fmtCommit(d time.Duration) string {
+	if d < 0 {
+		return "never"
+	}
+	return fmt.Sprintf("%.3fs", d.Seconds())
+}
+
+// runCase consumes t from the start with a fresh group and measures.
+func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *topic, rep int) *result {
+	r := &result{n: c.topic.n, retained: -1, commit: -1}
+	group := groupName(env, w.name, c.label, rep)
+	tr := newAckTracker(c.topic.n)
+
+	settle()
+	resetPeakRSS()
+	cpu0 := cpuTime()
+	stopProf := startProfile(w.name, c.label, rep)
+
+	tr.start()
+	con, err := startContender(ctx, env, c, t, group, tr)
+	if err != nil {
+		stopProf()
+		r.err = err
+		return r
+	}
+	smp := startSampler(con.retained)
+
+	timeout := time.NewTimer(opt.runTimeout)
+	select {
+	case <-tr.done:
+	case <-timeout.C:
+		r.err = fmt.Errorf("timed out after %v with %d of %d records acked", opt.runTimeout, tr.uniq.Load(), tr.n)
+	case <-ctx.Done():
+		r.err = ctx.Err()
+	}
+	timeout.Stop()
+	cpu1 := cpuTime()
+	stopProf()
+
+	if r.err == nil {
+		r.wall = time.Duration(tr.last.Load())
+		r.startup = time.Duration(tr.first.Load() - 1)
+		r.active = r.wall - r.startup
+		r.cpu = cpu1 - cpu0
+		if at, ok := env.waitCommitted(ctx, t, group, opt.commitTimeout); ok {
+			r.commit = at.Sub(tr.base)
+		}
+	}
+	if err := con.stop(); err != nil {
+		vlogf("%s: close: %v", c.label, err)
+	}
+	r.heapPeak, r.retained = smp.stop()
+	if con.retained == nil {
+		r.retained = -1
+	}
+	r.rssPeak = peakRSS()
+	r.dups = tr.total.Load() - tr.uniq.Load()
+	return r
+}
+
+// settle collects garbage left by the previous run so the heap peak is this
+// run's.
+func settle() {
+	runtime.GC()
+	debug.FreeOSMemory()
+}
+
+// sampler polls heap in use and safeack's retained records every 50 ms.
+type sampler struct {
+	stopC    chan struct{}
+	wg       sync.WaitGroup
+	heap     uint64
+	retained int
+}
+
+func startSampler(retained func() int) *sampler {
+	s := &sampler{stopC: make(chan struct{})}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			s.heap = max(s.heap, ms.HeapInuse)
+			if retained != nil {
+				s.retained = max(s.retained, retained())
+			}
+			select {
+			case <-t.C:
+			case <-s.stopC:
+				return
+			}
+		}
+	}()
+	return s
+}
+
+func (s *sampler) stop() (heap uint64, retained int) {
+	close(s.stopC)
+	s.wg.Wait()
+	return s.heap, s.retained
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+var rssResettable = func() bool {
+	return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+}()
+
+// resetPeakRSS resets the kernel's peak-RSS mark (Linux), so peakRSS
+// reports this run's peak rather than the process lifetime's.
+func resetPeakRSS() {
+	if rssResettable {
+		_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	}
+}
+
+// peakRSS is VmHWM when it can be reset, else getrusage's Maxrss (the
+// process lifetime peak).
+func peakRSS() uint64 {
+	if rssResettable {
+		if f, err := os.Open("/proc/self/status"); err == nil {
+			defer f.Close()
+			sc := bufio.NewScanner(f)
+			for sc.Scan() {
+				if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+					kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+					if err == nil {
+						return kb << 10
+					}
+				}
+			}
+		}
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return uint64(ru.Maxrss) << 10 // kB on Linux
+}
+
+// startProfile writes a CPU profile of one run's consume phase when
+// -cpuprofile is set.
+func startProfile(workload, label string, rep int) func() {
+	if opt.cpuprofile == "" {
+		return func() {}
+	}
+	stem := strings.TrimSuffix(opt.cpuprofile, filepath.Ext(opt.cpuprofile))
+	clean := regexp.MustCompile(`[^a-zA-Z0-9._=-]+`).ReplaceAllString(label, "_")
+	name := fmt.Sprintf("%s.%s.%s.r%d.pprof", stem, workload, clean, rep)
+	f, err := os.Create(name)
+	if err != nil {
+		logf("cpuprofile: %v", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		logf("cpuprofile: %v", err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		vlogf("wrote %s", name)
+	}
+}

@@ -1,0 +1,324 @@
+package safeack
+
+// Router middleware for handlers that run on a safeack Subscriber.
+//
+// Each middleware here is a message.HandlerMiddleware and composes with
+// Watermill's own. Its doc says what it does with messages of any other
+// subscriber. A chain that keeps the completed-prefix guarantee, outermost
+// first (Router.AddMiddleware runs the first one added outermost):
+//
+//	router.AddMiddleware(
+//		safeack.Telemetry(hook),          // sees every outcome, skips included
+//		safeack.SkipRevoked,              // no work for a revoked assignment
+//		safeack.KafkaMetadata,            // original topic/partition/offset for the DLQ
+//		poisonQueue,                      // middleware.PoisonQueue: publish, then ack
+//		middleware.Retry{...}.Middleware, // bounded retries inside the poison queue
+//		middleware.Timeout(d),            // per attempt
+//		middleware.Recoverer,             // a panic becomes an error Retry sees
+//		safeack.DeferredCompletion,       // CompletionFromCtx in the handler
+//	)
+//
+// middleware.InstantAck must not be used: it acks before the handler runs,
+// so the record counts as completed and may be committed while its handler
+// is still working, or after it failed.
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrNoDeferredCompletion is returned by CompletionFromCtx for a context
+// that did not come through the DeferredCompletion middleware.
+var ErrNoDeferredCompletion = errors.New("safeack: no deferred completion in context; add safeack.DeferredCompletion to the router or handler")
+
+type completionCtxKey struct{}
+
+// completionSlot is what DeferredCompletion puts into a message's context:
+// the delivery, and the Completion once the handler took it.
+type completionSlot struct {
+	msg     *message.Message
+	foreign bool // not delivered by a safeack Subscriber
+	taken   atomic.Pointer[Completion]
+}
+
+// DeferredCompletion is router middleware that lets a handler, or code it
+// calls with the message's context, take the message's completion with
+// CompletionFromCtx and return at once — typically after handing the
+// message's effect to an asynchronous batching writer. For a message of a
+// safeack Subscriber the handler's return then frees its slot, and the
+// record completes (the commit may pass it) only when the Completion
+// reports Done; Fail redelivers it, as a Nack would. It is Defer, reachable
+// from the context.
+//
+// With any other subscriber it works unchanged, at the cost of the slot:
+// after the handler returned nil having taken the Completion, the
+// middleware waits for it and returns nil on Done, the error on Fail, or
+// the context's error when the message's context ends first.
+//
+// A handler that takes the Completion and then returns an error gets the
+// error's usual treatment (retry, poison queue, Nack) and the Completion
+// changes nothing. Put DeferredCompletion inside Retry so that the
+// Completion belongs to the attempt that returns nil; deferring in every
+// attempt is fine, since every attempt of one delivery gets the same
+// Completion.
+func DeferredCompletion(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		_, ours := recordFromCtx(msg.Context())
+		slot := &completionSlot{msg: msg, foreign: !ours}
+		ctx := context.WithValue(msg.Context(), completionCtxKey{}, slot)
+		msg.SetContext(ctx)
+		events, err := h(msg)
+		if ours || err != nil {
+			return events, err
+		}
+		c := slot.taken.Load()
+		if c == nil {
+			return events, nil
+		}
+		select {
+		case err := <-c.result:
+			return events, err
+		case <-ctx.Done():
+			return events, ctx.Err()
+		}
+	}
+}
+
+// CompletionFromCtx returns the Completion of the message whose handler
+// runs with ctx (see DeferredCompletion); every call for one delivery
+// returns the same Completion, which is also the one Defer returns. It
+// gives ErrNoDeferredCompletion when ctx did not come through
+// DeferredCompletion, and ErrAlreadyAnswered when the message was acked or
+// nacked already.
+func CompletionFromCtx(ctx context.Context) (*Completion, error) {
+	slot, ok := ctx.Value(completionCtxKey{}).(*completionSlot)
+	if !ok {
+		return nil, ErrNoDeferredCompletion
+	}
+	if c := slot.taken.Load(); c != nil {
+		return c, nil
+	}
+	if !slot.foreign {
+		c, err := Defer(slot.msg)
+		if err != nil {
+			return nil, err
+		}
+		slot.taken.CompareAndSwap(nil, c)
+		return c, nil
+	}
+	select {
+	case <-slot.msg.Acked():
+		return nil, ErrAlreadyAnswered
+	case <-slot.msg.Nacked():
+		return nil, ErrAlreadyAnswered
+	default:
+	}
+	slot.taken.CompareAndSwap(nil, &Completion{msg: slot.msg, result: make(chan error, 1)})
+	return slot.taken.Load(), nil
+}
+
+// SkipRevoked is router middleware that does not run the handler for a
+// message whose partition assignment ended (revoked in a rebalance, or the
+// subscriber closing) after the message was delivered and before the
+// handler started — for example while it waited in a throttling or
+// concurrency-limiting middleware placed before SkipRevoked. Such a
+// message is nacked without redelivery: nothing is acked for it, the
+// committed offset stays before it, and the partition's next owner handles
+// it. It is counted in PartitionStats.SkippedRevoked and reported to
+// Telemetry as OutcomeSkipped. Place it after (inside) any middleware that
+// may delay the handler, and before (outside) any that does work.
+//
+// Messages of any other subscriber, and messages already acked or nacked,
+// pass through unchanged.
+func SkipRevoked(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if skipIfRevoked(msg) {
+			// The message is nacked already; the router's Ack after a nil
+			// return is a no-op, and nil keeps Retry and PoisonQueue out.
+			return nil, nil
+		}
+		return h(msg)
+	}
+}
+
+// Metadata keys set by KafkaMetadata. They match the log field names of
+// watermill-kafka.
+const (
+	MetadataTopic     = "kafka_topic"
+	MetadataPartition = "kafka_partition"
+	MetadataOffset    = "kafka_partition_offset"
+	MetadataKey       = "kafka_key"
+)
+
+// KafkaMetadata is router middleware that copies the Kafka topic,
+// partition, offset and key (when not empty) of a message into its
+// metadata, under MetadataTopic, MetadataPartition, MetadataOffset and
+// MetadataKey, overwriting values of the same names (which, arriving from
+// upstream, would describe another record). Placed outside
+// middleware.PoisonQueue, it makes the dead-lettered copy say where the
+// record came from. Partition and offset are decimal; the key is the raw
+// bytes.
+//
+// Messages of any other subscriber pass through unchanged.
+func KafkaMetadata(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if r, ok := recordFromCtx(msg.Context()); ok {
+			if msg.Metadata == nil {
+				msg.Metadata = make(message.Metadata)
+			}
+			msg.Metadata.Set(MetadataTopic, r.msg.Topic)
+			msg.Metadata.Set(MetadataPartition, strconv.FormatInt(int64(r.msg.Partition), 10))
+			msg.Metadata.Set(MetadataOffset, strconv.FormatInt(r.msg.Offset, 10))
+			if len(r.msg.Key) > 0 {
+				msg.Metadata.Set(MetadataKey, string(r.msg.Key))
+			}
+		}
+		return h(msg)
+	}
+}
+
+// Outcome is what became of a message in its handler, as Telemetry sees
+// it when the handler returns.
+type Outcome int
+
+const (
+	// OutcomeAck: the handler returned nil; the router acks.
+	OutcomeAck Outcome = iota + 1
+	// OutcomeNack: the handler returned an error or panicked, or nacked
+	// the message itself; the record is redelivered.
+	OutcomeNack
+	// OutcomeDeferred: the handler returned nil after deferring the
+	// completion (Defer, CompletionFromCtx); the record completes when
+	// the Completion is resolved.
+	OutcomeDeferred
+	// OutcomeSkipped: SkipRevoked did not run the handler; the partition's
+	// next owner handles the record.
+	OutcomeSkipped
+)
+
+// String names the outcome.
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeAck:
+		return "ack"
+	case OutcomeNack:
+		return "nack"
+	case OutcomeDeferred:
+		return "deferred"
+	case OutcomeSkipped:
+		return "skipped"
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// ErrHandlerPanicked is CompletionEvent.Err for a handler that panicked
+// through Telemetry (with middleware.Recoverer inside Telemetry, the
+// handler returns a RecoveredPanicError instead).
+var ErrHandlerPanicked = errors.New("safeack: handler panicked")
+
+// CompletionEvent describes one run of a handler, reported by Telemetry.
+type CompletionEvent struct {
+	// FromSafeack reports that a safeack Subscriber delivered the message.
+	// When false, Topic is the router's subscribe topic (empty outside a
+	// router), Partition and Offset are -1, and DeliveredAt and Wait are
+	// zero.
+	FromSafeack bool
+	Topic       string
+	Partition   int32
+	Offset      int64
+	// UUID is the Watermill message UUID, Handler the router handler's
+	// name (empty outside a router).
+	UUID    string
+	Handler string
+	// DeliveredAt is when the subscriber handed the message out, and Wait
+	// the time from then to the handler's start (time spent in the
+	// subscription channel and in the middleware before Telemetry).
+	DeliveredAt time.Time
+	Wait        time.Duration
+	// Duration is how long the handler (with the middleware inside
+	// Telemetry) ran.
+	Duration time.Duration
+	Outcome  Outcome
+	// Err is the handler's error, for OutcomeNack; nil when the handler
+	// nacked the message itself.
+	Err error
+}
+
+// Telemetry is router middleware that calls hook once per handler run,
+// after the handler returned (or panicked), with the message's Kafka
+// position, the time from delivery to handler start, the handler's
+// duration and its outcome. Add it once to the router to cover every
+// handler. hook runs on the handler's goroutine while the message's slot
+// is held: keep it quick, and do not let it panic.
+//
+// Outcomes are read as the handler returns: produced messages that then
+// fail to publish turn an OutcomeAck into a Nack by the router, unseen
+// here; and a PoisonQueue inside Telemetry turns failures into
+// OutcomeAck. Put Telemetry outermost to see skips (OutcomeSkipped) and
+// every failure; inside Retry it reports every attempt.
+//
+// Messages of any other subscriber are reported too, with FromSafeack
+// false (see CompletionEvent).
+func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
+	if hook == nil {
+		panic("safeack: Telemetry with a nil hook")
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) (events []*message.Message, err error) {
+			start := time.Now()
+			ev := CompletionEvent{
+				Topic:     message.SubscribeTopicFromCtx(msg.Context()),
+				Partition: -1,
+				Offset:    -1,
+				UUID:      msg.UUID,
+				Handler:   message.HandlerNameFromCtx(msg.Context()),
+			}
+			r, ours := recordFromCtx(msg.Context())
+			if ours {
+				ev.FromSafeack = true
+				ev.Topic, ev.Partition, ev.Offset = r.msg.Topic, r.msg.Partition, r.msg.Offset
+				if at, ok := deliveredAt(msg); ok {
+					ev.DeliveredAt, ev.Wait = at, max(start.Sub(at), 0)
+				}
+			}
+			returned := false
+			defer func() {
+				ev.Duration = time.Since(start)
+				switch {
+				case !returned:
+					// Panicking: report, and let the panic go on to the
+					// Recoverer or router that handles it.
+					ev.Outcome, ev.Err = OutcomeNack, ErrHandlerPanicked
+				case ours && r.skipped.Load() && answered(msg.Nacked()):
+					ev.Outcome = OutcomeSkipped
+				case err != nil:
+					ev.Outcome, ev.Err = OutcomeNack, err
+				case answered(msg.Nacked()):
+					ev.Outcome = OutcomeNack
+				case isDeferred(msg):
+					ev.Outcome = OutcomeDeferred
+				default:
+					ev.Outcome = OutcomeAck
+				}
+				hook(ev)
+			}()
+			events, err = h(msg)
+			returned = true
+			return events, err
+		}
+	}
+}
+
+func answered(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

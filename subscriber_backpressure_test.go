@@ -1,0 +1,127 @@
+package safeack_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// TestSubscriberBackPressure holds the first record of a partition for
+// longer than the group session timeout while everything after it is acked
+// at once. What the partition retains must stay within
+// MaxPendingPerPartition (delivery pauses at the bound), the member must
+// stay in the group throughout (no new generation, no reassignment), and
+// once the head is released every record is delivered and committed.
+func TestSubscriberBackPressure(t *testing.T) {
+	t.Parallel()
+	const (
+		records    = 2000
+		maxPending = 500
+	)
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	c.ProduceN(t, topic, 1, records, nil)
+
+	acks := newAckLog()
+	watch := newCommitWatch(t, c, group, topic, acks)
+	// Longer than the group session timeout: a member that stopped
+	// heartbeating while the partition is paused would be expelled.
+	holdFor := c.SaramaConfig().Consumer.Group.Session.Timeout + 500*time.Millisecond
+
+	hold := newHolder(po{0, 0})
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.MaxInFlight = 64
+		cfg.MaxPendingPerPartition = maxPending
+		cfg.Ordering = safeack.Unordered
+	})
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		if hold.take(m) {
+			return
+		}
+		acks.ack(m)
+	})
+
+	// The partition fills up to its bound behind the held head.
+	var assignedAt time.Time
+	maxRetained := 0
+	sample := func() bool {
+		ps, ok := statsOf(sub, topic, 0)
+		if !ok {
+			return false
+		}
+		if assignedAt.IsZero() {
+			assignedAt = ps.AssignedAt
+		}
+		if !ps.AssignedAt.Equal(assignedAt) {
+			t.Errorf("partition reassigned while the head was held (at %v, first %v): the member left the group",
+				ps.AssignedAt.Format("15:04:05.000"), assignedAt.Format("15:04:05.000"))
+			assignedAt = ps.AssignedAt
+		}
+		maxRetained = max(maxRetained, ps.Retained)
+		if ps.Retained > maxPending {
+			t.Errorf("Retained %d exceeds MaxPendingPerPartition %d", ps.Retained, maxPending)
+		}
+		if ps.Delivered > maxPending {
+			t.Errorf("records up to %d taken from Kafka with the head unfinished and a bound of %d", ps.Delivered, maxPending)
+		}
+		return ps.Retained == maxPending
+	}
+	kafkatest.WaitFor(t, 15*time.Second, "the partition to reach its bound", sample)
+	kafkatest.WaitFor(t, 5*time.Second, "the head to be held", func() bool { return hold.count() == 1 })
+	heldAt := hold.all()[po{0, 0}].at
+
+	// Keep it there past the session timeout, watching the bound.
+	waitCond(time.Until(heldAt.Add(holdFor)), func() bool {
+		sample()
+		return false
+	})
+	ps, ok := statsOf(sub, topic, 0)
+	require.True(t, ok, "the member lost its partition while the head was held")
+	require.Equal(t, assignedAt, ps.AssignedAt, "the partition was reassigned while the head was held")
+	require.Equal(t, maxPending, ps.Retained)
+	require.Equal(t, maxPending-1, ps.Blocked, "completed records blocked behind the head")
+	require.True(t, ps.HasUnfinished)
+	require.Equal(t, int64(0), ps.OldestUnfinished)
+	require.Equal(t, int64(0), ps.SafeOffset)
+	require.Equal(t, 0, len(acks.missing(c, topic))-(records-maxPending+1), "records past the bound were delivered")
+	genBefore := generations(watch, group)
+
+	// Release the head: everything flows and gets committed.
+	acks.ack(hold.all()[po{0, 0}].m)
+	acks.waitAllAcked(t, c, topic, 30*time.Second)
+	watch.waitCommitted(t, map[int32]int64{0: records}, 15*time.Second)
+	ps, ok = statsOf(sub, topic, 0)
+	require.True(t, ok)
+	require.Equal(t, assignedAt, ps.AssignedAt, "the partition was reassigned")
+	for k, n := range acks.snapshot() {
+		if n != 1 {
+			t.Errorf("record %v acked %d times: it was redelivered", k, n)
+		}
+	}
+	if watch.log != nil {
+		gens := generations(watch, group)
+		require.Len(t, gens, 1, "commits came from several generations: %v (before release: %v)", gens, genBefore)
+	}
+	require.Positive(t, watch.check(t), "no commit observed")
+	t.Logf("max Retained %d, held the head %v", maxRetained, holdFor)
+}
+
+// generations returns the generations of the group's observed commits.
+func generations(w *commitWatch, group string) map[int32]bool {
+	out := map[int32]bool{}
+	if w.log == nil {
+		return out
+	}
+	for _, o := range w.log.Commits() {
+		if o.Group == group {
+			out[o.Generation] = true
+		}
+	}
+	return out
+}

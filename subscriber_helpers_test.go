@@ -1,0 +1,415 @@
+package safeack_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// Shared helpers of the subscriber integration tests.
+
+// po names one record of a topic: its partition and offset.
+type po struct {
+	p int32
+	o int64
+}
+
+func (k po) String() string { return fmt.Sprintf("%d@%d", k.p, k.o) }
+
+// msgPO returns the partition and offset of a delivered message, read from
+// its context.
+func msgPO(m *message.Message) (po, bool) {
+	p, ok1 := safeack.MessagePartitionFromCtx(m.Context())
+	o, ok2 := safeack.MessagePartitionOffsetFromCtx(m.Context())
+	return po{p, o}, ok1 && ok2
+}
+
+// ackLog records acks: for each record, the times just before Ack() was
+// called. Counted acks are the ones the test expects the subscriber to
+// honour; late acks (after the message's assignment was abandoned) are kept
+// apart and must change nothing, so the commit check never credits them.
+type ackLog struct {
+	mu      sync.Mutex
+	acks    map[po][]time.Time
+	late    map[po][]time.Time
+	bad     []string // messages without partition/offset in their context
+	changed chan struct{}
+}
+
+func newAckLog() *ackLog {
+	return &ackLog{acks: make(map[po][]time.Time), late: make(map[po][]time.Time), changed: make(chan struct{})}
+}
+
+// ack records a counted ack of m and acks it.
+func (l *ackLog) ack(m *message.Message) {
+	k, ok := msgPO(m)
+	l.mu.Lock()
+	if !ok {
+		l.bad = append(l.bad, m.UUID)
+	} else {
+		l.acks[k] = append(l.acks[k], time.Now())
+	}
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.mu.Unlock()
+	m.Ack()
+}
+
+// ackLate records a late (uncounted) ack of m and acks it.
+func (l *ackLog) ackLate(m *message.Message) {
+	k, _ := msgPO(m)
+	l.mu.Lock()
+	l.late[k] = append(l.late[k], time.Now())
+	l.mu.Unlock()
+	m.Ack()
+}
+
+// first returns the time of the earliest counted ack of k.
+func (l *ackLog) first(k po) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := l.acks[k]
+	if len(ts) == 0 {
+		return time.Time{}, false
+	}
+	first := ts[0]
+	for _, at := range ts[1:] {
+		if at.Before(first) {
+			first = at
+		}
+	}
+	return first, true
+}
+
+func (l *ackLog) count(k po) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acks[k])
+}
+
+// snapshot returns how many counted acks each record got.
+func (l *ackLog) snapshot() map[po]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[po]int, len(l.acks))
+	for k, ts := range l.acks {
+		out[k] = len(ts)
+	}
+	return out
+}
+
+func (l *ackLog) badMessages() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.bad)
+}
+
+// missing returns the produced records of topic without a counted ack.
+func (l *ackLog) missing(c *kafkatest.Cluster, topic string) []po {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []po
+	for _, p := range c.ProducedRecords(topic) {
+		k := po{p.Partition, p.Offset}
+		if len(l.acks[k]) == 0 {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// waitAllAcked waits until every record produced to topic so far has a
+// counted ack.
+func (l *ackLog) waitAllAcked(t *testing.T, c *kafkatest.Cluster, topic string, timeout time.Duration) {
+	t.Helper()
+	var miss []po
+	ok := waitCond(timeout, func() bool {
+		miss = l.missing(c, topic)
+		return len(miss) == 0
+	})
+	if !ok {
+		if len(miss) > 10 {
+			miss = miss[:10]
+		}
+		t.Fatalf("timed out after %v waiting for every produced record to be acked; %d missing, first: %v",
+			timeout, len(l.missing(c, topic)), miss)
+	}
+}
+
+// waitCond polls cond every 5ms until it holds or timeout passes; cond gets
+// one last look after the deadline. It reports whether cond held.
+func waitCond(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		expired := time.Now().After(deadline)
+		if cond() {
+			return true
+		}
+		if expired {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// newTestSubscriber builds a Subscriber on c for group with test-friendly
+// defaults (short sleeps, short drain), lets mod adjust the config, and
+// closes it at the end of the test.
+func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
+	t.Helper()
+	sc := c.SaramaConfig()
+	sc.Consumer.Return.Errors = true
+	// Notice rebalances quickly.
+	sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+	cfg := safeack.SubscriberConfig{
+		Brokers:               c.Brokers(),
+		OverwriteSaramaConfig: sc,
+		ConsumerGroup:         group,
+		NackResendSleep:       10 * time.Millisecond,
+		ReconnectRetrySleep:   100 * time.Millisecond,
+		DrainTimeout:          time.Second,
+		CommitInterval:        50 * time.Millisecond,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	sub, err := safeack.NewSubscriber(cfg, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+// handleAll runs handler in its own goroutine for every message of msgs,
+// as a Watermill router does. The returned channel closes once msgs closed.
+func handleAll(msgs <-chan *message.Message, handler func(*message.Message)) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range msgs {
+			go handler(m)
+		}
+	}()
+	return done
+}
+
+// randomDelay simulates handler work of up to max.
+func randomDelay(max time.Duration) {
+	if max <= 0 {
+		return
+	}
+	time.Sleep(rand.N(max + 1))
+}
+
+// producedByPartition returns the produced offsets of topic per partition,
+// ascending.
+func producedByPartition(c *kafkatest.Cluster, topic string) map[int32][]int64 {
+	out := make(map[int32][]int64)
+	for _, p := range c.ProducedRecords(topic) {
+		out[p.Partition] = append(out[p.Partition], p.Offset)
+	}
+	for _, offs := range out {
+		slices.Sort(offs)
+	}
+	return out
+}
+
+// commitWatch checks invariant 1 — no commit passes a record that has not
+// been acked (counted acks only) — at the broker: on the embedded broker
+// against every observed OffsetCommit request, on a real cluster by polling
+// the committed offsets and checking them against the acks seen before the
+// read.
+type commitWatch struct {
+	c     *kafkatest.Cluster
+	log   *kafkatest.CommitLog // nil on a real cluster
+	group string
+	topic string
+	acks  *ackLog
+	polls int
+}
+
+// newCommitWatch must run before the consumers start, so that every commit
+// is observed.
+func newCommitWatch(t *testing.T, c *kafkatest.Cluster, group, topic string, acks *ackLog) *commitWatch {
+	t.Helper()
+	return &commitWatch{c: c, log: c.ObserveCommits(t), group: group, topic: topic, acks: acks}
+}
+
+// violation checks one commit of offsets at time at.
+func (w *commitWatch) violation(byPart map[int32][]int64, partition int32, committed int64, at time.Time) error {
+	for _, off := range byPart[partition] {
+		if off >= committed {
+			break
+		}
+		k := po{partition, off}
+		ackAt, ok := w.acks.first(k)
+		if !ok {
+			return fmt.Errorf("partition %d committed %d but record %v was never acked", partition, committed, k)
+		}
+		if !ackAt.Before(at) {
+			return fmt.Errorf("partition %d committed %d at %v but record %v was first acked %v later",
+				partition, committed, at.Format("15:04:05.000000"), k, ackAt.Sub(at))
+		}
+	}
+	return nil
+}
+
+// poll is the real-cluster fallback: read the committed offsets and check
+// them against the acks recorded before the read. A no-op on the embedded
+// broker, where check sees every request.
+func (w *commitWatch) poll(t *testing.T) map[int32]kafkatest.CommittedOffset {
+	t.Helper()
+	if w.log != nil {
+		return nil
+	}
+	co := w.c.CommittedOffsets(t, w.group, w.topic)
+	at := time.Now()
+	byPart := producedByPartition(w.c, w.topic)
+	for p, c := range co {
+		if c.Offset < 0 {
+			continue
+		}
+		if err := w.violation(byPart, p, c.Offset, at); err != nil {
+			t.Errorf("polled commit of group %s: %v", w.group, err)
+		}
+	}
+	w.polls++
+	return co
+}
+
+// check runs the invariant over every commit observed so far and returns
+// how many commits of the group touched the topic.
+func (w *commitWatch) check(t *testing.T) int {
+	t.Helper()
+	if w.log == nil {
+		w.poll(t)
+		return w.polls
+	}
+	byPart := producedByPartition(w.c, w.topic)
+	n := 0
+	w.log.CheckUntil(t, time.Now(), func(o kafkatest.ObservedCommit) error {
+		if o.Group != w.group {
+			return nil
+		}
+		touched := false
+		for tp, co := range o.Offsets {
+			if tp.Topic != w.topic {
+				continue
+			}
+			touched = true
+			if err := w.violation(byPart, tp.Partition, co.Offset, o.At); err != nil {
+				return err
+			}
+		}
+		if touched {
+			n++
+		}
+		return nil
+	})
+	return n
+}
+
+// committed returns the group's committed offsets on the topic, read from
+// the broker.
+func (w *commitWatch) committed(t *testing.T) map[int32]int64 {
+	t.Helper()
+	out := make(map[int32]int64)
+	for p, co := range w.c.CommittedOffsets(t, w.group, w.topic) {
+		out[p] = co.Offset
+	}
+	return out
+}
+
+// waitCommitted waits until the group's commit on every partition in want
+// reaches at least that offset (observed requests on the embedded broker,
+// polled offsets elsewhere, checking invariant 1 on every poll).
+func (w *commitWatch) waitCommitted(t *testing.T, want map[int32]int64, timeout time.Duration) {
+	t.Helper()
+	if w.log != nil {
+		w.log.WaitForOffsets(t, timeout, w.group, w.topic, want)
+		return
+	}
+	kafkatest.WaitFor(t, timeout, fmt.Sprintf("group %s to commit %v on %s", w.group, want, w.topic), func() bool {
+		co := w.poll(t)
+		for p, off := range want {
+			if co[p].Offset < off {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// statsOf returns the Stats entry of topic/partition, if the subscriber
+// owns it.
+func statsOf(s *safeack.Subscriber, topic string, partition int32) (safeack.PartitionStats, bool) {
+	for _, ps := range s.Stats() {
+		if ps.Topic == topic && ps.Partition == partition {
+			return ps, true
+		}
+	}
+	return safeack.PartitionStats{}, false
+}
+
+// ownedPartitions returns the partitions of topic in the subscriber's Stats.
+func ownedPartitions(s *safeack.Subscriber, topic string) map[int32]safeack.PartitionStats {
+	out := make(map[int32]safeack.PartitionStats)
+	for _, ps := range s.Stats() {
+		if ps.Topic == topic {
+			out[ps.Partition] = ps
+		}
+	}
+	return out
+}
+
+// mustSubscribe subscribes with a context cancelled at the end of the test.
+func mustSubscribe(t *testing.T, s *safeack.Subscriber, topic string) <-chan *message.Message {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	msgs, err := s.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	return msgs
+}
+
+// inFlightMeter tracks how many handlers run at once.
+type inFlightMeter struct {
+	mu       sync.Mutex
+	cur, top int
+}
+
+func (m *inFlightMeter) enter() {
+	m.mu.Lock()
+	m.cur++
+	m.top = max(m.top, m.cur)
+	m.mu.Unlock()
+}
+
+func (m *inFlightMeter) leave() {
+	m.mu.Lock()
+	m.cur--
+	m.mu.Unlock()
+}
+
+func (m *inFlightMeter) max() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.top
+}
+
+// addAt records a counted ack of k at time at, for acks made elsewhere
+// (another process).
+func (l *ackLog) addAt(k po, at time.Time) {
+	l.mu.Lock()
+	l.acks[k] = append(l.acks[k], at)
+	l.mu.Unlock()
+}

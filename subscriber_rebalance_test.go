@@ -1,0 +1,295 @@
+package safeack_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// holder keeps the first delivery of chosen records unacked.
+type holder struct {
+	mu     sync.Mutex
+	toHold map[po]bool
+	held   map[po]heldMsg
+}
+
+type heldMsg struct {
+	m  *message.Message
+	at time.Time // when the handler got it
+}
+
+func newHolder(keys ...po) *holder {
+	h := &holder{toHold: make(map[po]bool), held: make(map[po]heldMsg)}
+	for _, k := range keys {
+		h.toHold[k] = true
+	}
+	return h
+}
+
+// take holds m if it is the first delivery of a chosen record.
+func (h *holder) take(m *message.Message) bool {
+	k, ok := msgPO(m)
+	if !ok {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.toHold[k] {
+		return false
+	}
+	delete(h.toHold, k)
+	h.held[k] = heldMsg{m: m, at: time.Now()}
+	return true
+}
+
+func (h *holder) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held)
+}
+
+func (h *holder) all() map[po]heldMsg {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[po]heldMsg, len(h.held))
+	for k, v := range h.held {
+		out[k] = v
+	}
+	return out
+}
+
+// TestSubscriberRebalance runs member A mid-stream, lets member B join while
+// records keep being produced, then B leaves. A holds one record per
+// partition unacked across the rebalance, well past DrainTimeout, and acks
+// it afterwards. Nothing may be lost, a late ack of a revoked assignment
+// must change nothing (no commit passes the record until its new owner
+// acked it; nothing of the revoked partition stays in A's Stats or in A's
+// commits), and the rebalance must complete well within Rebalance.Timeout.
+//
+// The at-capacity variants hold a record near the head with a small
+// MaxPendingPerPartition, so each partition of A is paused at its bound
+// when the rebalance comes: the revocation must still be noticed.
+func TestSubscriberRebalance(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name        string
+		cooperative bool
+		capacity    int
+		holdAt      int64
+	}{
+		{name: "eager", holdAt: 30},
+		{name: "cooperative", cooperative: true, holdAt: 30},
+		{name: "eager-at-capacity", capacity: 20, holdAt: 5},
+		{name: "cooperative-at-capacity", cooperative: true, capacity: 20, holdAt: 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testRebalance(t, tc.cooperative, tc.capacity, tc.holdAt)
+		})
+	}
+}
+
+func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64) {
+	const (
+		partitions   = 4
+		drainTimeout = 500 * time.Millisecond
+		// The harness's Rebalance.Timeout is 10 s; a rebalance that waits
+		// for it has missed a revocation.
+		settleWithin = 6 * time.Second
+	)
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, partitions)
+	group := c.NewGroup(t)
+	acks := newAckLog()
+	watch := newCommitWatch(t, c, group, topic, acks)
+
+	member := func(clientID string) *safeack.Subscriber {
+		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+			cfg.MaxInFlight = 64
+			cfg.Ordering = safeack.Unordered
+			cfg.DrainTimeout = drainTimeout
+			cfg.MaxPendingPerPartition = capacity
+			cfg.OverwriteSaramaConfig.ClientID = clientID
+			if cooperative {
+				cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+					sarama.NewBalanceStrategyCooperativeSticky(),
+				}
+			}
+		})
+	}
+	produce := func(n int) { c.ProduceN(t, topic, partitions, n, nil) }
+	ackAll := func(m *message.Message) {
+		randomDelay(2 * time.Millisecond)
+		acks.ack(m)
+	}
+	// keepProducing produces a few records per partition every few
+	// milliseconds until cond holds or timeout passes.
+	keepProducing := func(timeout time.Duration, cond func() bool) bool {
+		return waitCond(timeout, func() bool {
+			produce(partitions)
+			return cond()
+		})
+	}
+
+	// Member A, mid-stream, holding one record per partition.
+	produce(partitions * 100)
+	var toHold []po
+	for p := int32(0); p < partitions; p++ {
+		toHold = append(toHold, po{p, holdAt})
+	}
+	hold := newHolder(toHold...)
+	a := member("member-a")
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		if hold.take(m) {
+			return
+		}
+		ackAll(m)
+	})
+	want := make(map[int32]int64)
+	for p := int32(0); p < partitions; p++ {
+		want[p] = holdAt
+	}
+	watch.waitCommitted(t, want, 15*time.Second)
+	kafkatest.WaitFor(t, 10*time.Second, "A to hold one record per partition", func() bool { return hold.count() == partitions })
+	if capacity > 0 {
+		kafkatest.WaitFor(t, 10*time.Second, "every partition of A at its bound", func() bool {
+			own := ownedPartitions(a, topic)
+			if len(own) != partitions {
+				return false
+			}
+			for _, ps := range own {
+				if ps.Retained != capacity {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	aMembers := map[string]bool{}
+	if watch.log != nil {
+		for _, o := range watch.log.Commits() {
+			if o.Group == group {
+				aMembers[o.MemberID] = true
+			}
+		}
+		require.NotEmpty(t, aMembers, "no commit of A observed")
+	}
+	beforeB := ownedPartitions(a, topic)
+
+	// Member B joins while records keep coming.
+	bJoin := time.Now()
+	b := member("member-b")
+	handleAll(mustSubscribe(t, b, topic), ackAll)
+	settled := func() bool {
+		ao, bo := ownedPartitions(a, topic), ownedPartitions(b, topic)
+		if len(bo) == 0 || len(ao)+len(bo) != partitions {
+			return false
+		}
+		for p := range bo {
+			if _, both := ao[p]; both {
+				return false
+			}
+		}
+		return true
+	}
+	if !keepProducing(20*time.Second, settled) {
+		t.Fatalf("the group did not settle after B joined: A owns %v, B owns %v",
+			keys(ownedPartitions(a, topic)), keys(ownedPartitions(b, topic)))
+	}
+	settleTook := time.Since(bJoin)
+	aOwns, bOwns := ownedPartitions(a, topic), ownedPartitions(b, topic)
+	t.Logf("B joined: settled after %v; A owns %v, B owns %v", settleTook.Round(time.Millisecond), keys(aOwns), keys(bOwns))
+	// Not fatal: the safety checks below still apply after a slow rebalance.
+	if settleTook >= settleWithin {
+		t.Errorf("the rebalance took %v: a revoked partition of A was not let go until Sarama's Rebalance.Timeout expired", settleTook)
+	}
+	if cooperative {
+		for p, ps := range aOwns {
+			if !ps.AssignedAt.Equal(beforeB[p].AssignedAt) {
+				t.Errorf("cooperative: partition %d kept by A was reassigned at %v (first assigned %v): A's session was torn down",
+					p, ps.AssignedAt.Format("15:04:05.000"), beforeB[p].AssignedAt.Format("15:04:05.000"))
+			}
+		}
+	}
+
+	// Ack the held records. Those of revoked assignments are late: the
+	// drain gave up on them long ago, so their acks must change nothing.
+	var revoked []po
+	for k, h := range hold.all() {
+		if h.m.Context().Err() == nil {
+			ps, ok := aOwns[k.p]
+			require.True(t, ok && !ps.AssignedAt.After(h.at),
+				"held %v has a live context but A no longer has the assignment that delivered it", k)
+			acks.ack(h.m)
+			continue
+		}
+		if ps, ok := aOwns[k.p]; ok {
+			require.True(t, ps.AssignedAt.After(h.at),
+				"held %v was revoked, but A's Stats still show the assignment that delivered it", k)
+		}
+		revoked = append(revoked, k)
+		acks.ackLate(h.m)
+	}
+	lateAt := time.Now()
+	require.NotEmpty(t, revoked, "B's arrival revoked none of A's partitions")
+	t.Logf("late acks for revoked records %v", revoked)
+
+	// Records keep coming; everything so far gets acked by its owner.
+	produce(partitions * 20)
+	acks.waitAllAcked(t, c, topic, 20*time.Second)
+	aOwns, bOwns = ownedPartitions(a, topic), ownedPartitions(b, topic)
+	for p := range bOwns {
+		_, both := aOwns[p]
+		require.False(t, both, "partition %d is in the Stats of both members", p)
+	}
+	for _, k := range revoked {
+		if _, ok := bOwns[k.p]; ok {
+			_, inA := aOwns[k.p]
+			require.False(t, inA, "A's Stats show partition %d, which B owns", k.p)
+		}
+	}
+	if watch.log != nil {
+		// A's member commits nothing for partitions it no longer owns.
+		for _, o := range watch.log.Commits() {
+			if o.Group != group || !aMembers[o.MemberID] || o.At.Before(lateAt) {
+				continue
+			}
+			for tp := range o.Offsets {
+				if _, ok := bOwns[tp.Partition]; ok && tp.Topic == topic {
+					t.Errorf("after the late acks, A (member %s, generation %d) committed partition %d, owned by B",
+						o.MemberID, o.Generation, tp.Partition)
+				}
+			}
+		}
+	}
+
+	// B leaves; A takes everything back while records keep coming.
+	closeStart := time.Now()
+	require.NoError(t, b.Close())
+	require.Less(t, time.Since(closeStart), drainTimeout+5*time.Second, "B's Close took too long")
+	if !keepProducing(20*time.Second, func() bool { return len(ownedPartitions(a, topic)) == partitions }) {
+		t.Fatalf("A did not take back every partition after B left: A owns %v", keys(ownedPartitions(a, topic)))
+	}
+	produce(partitions * 20)
+	acks.waitAllAcked(t, c, topic, 20*time.Second)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), 15*time.Second)
+	require.Positive(t, watch.check(t), "no commit observed")
+	require.Empty(t, acks.badMessages())
+}
+
+func keys[V any](m map[int32]V) []int32 {
+	out := make([]int32, 0, len(m))
+	for p := int32(0); len(out) < len(m); p++ {
+		if _, ok := m[p]; ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,339 @@
+package safeack_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// Environment of the child process TestTailCrashChild runs as.
+const (
+	envTailChild   = "SAFEACK_TAIL_CHILD"
+	envTailBrokers = "SAFEACK_TAIL_CHILD_BROKERS"
+	envTailTopic   = "SAFEACK_TAIL_CHILD_TOPIC"
+	envTailGroup   = "SAFEACK_TAIL_CHILD_GROUP"
+)
+
+func tailSubscriber(t testing.TB, brokers []string, cfg *sarama.Config, group string, mutate func(*safeack.SubscriberConfig)) *safeack.Subscriber {
+	c := safeack.SubscriberConfig{
+		Brokers:                brokers,
+		OverwriteSaramaConfig:  cfg,
+		ConsumerGroup:          group,
+		Ordering:               safeack.Unordered,
+		MaxInFlight:            256,
+		MaxPendingPerPartition: 20_000,
+		DrainTimeout:           200 * time.Millisecond,
+	}
+	if mutate != nil {
+		mutate(&c)
+	}
+	sub, err := safeack.NewSubscriber(c, testLogger())
+	require.NoError(t, err)
+	return sub
+}
+
+// TestTailCrashChild is not a test of its own: TestCompletedTailSurvivesCrash
+// runs the test binary with it as a consumer process that holds the first
+// record of the topic, acks every other one, reports each ack on stdout, and
+// waits to be killed.
+func TestTailCrashChild(t *testing.T) {
+	if os.Getenv(envTailChild) == "" {
+		t.Skip("child process of TestCompletedTailSurvivesCrash")
+	}
+	cfg := sarama.NewConfig()
+	cfg.Version = kafkatest.DefaultVersion
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
+	cfg.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
+	cfg.Consumer.Group.Heartbeat.Interval = kafkatest.EmbeddedSessionTimeout / 3
+	cfg.Consumer.Group.Rebalance.Timeout = 10 * time.Second
+	sub := tailSubscriber(t, strings.Split(os.Getenv(envTailBrokers), ","), cfg, os.Getenv(envTailGroup), nil)
+	msgs, err := sub.Subscribe(context.Background(), os.Getenv(envTailTopic))
+	require.NoError(t, err)
+	out := bufio.NewWriter(os.Stdout)
+	for msg := range msgs {
+		off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
+		if off == 0 {
+			continue // held until the process is killed
+		}
+		msg.Ack()
+		fmt.Fprintf(out, "acked %d\n", off)
+		out.Flush()
+	}
+}
+
+// TestCompletedTailSurvivesCrash: one record held, 10,000 completed behind
+// it, the consumer process is killed with SIGKILL after a commit carried
+// the tail; the next owner handles the held record and nothing else again.
+func TestCompletedTailSurvivesCrash(t *testing.T) {
+	t.Parallel()
+	cluster := kafkatest.Start(t)
+	const n = 10_001
+	topic := cluster.NewTopic(t, 1)
+	group := cluster.NewGroup(t)
+	produceSequential(t, cluster, topic, 0, n)
+	log := cluster.ObserveCommits(t)
+
+	child := exec.Command(os.Args[0], "-test.run=^TestTailCrashChild$", "-test.count=1")
+	child.Env = append(os.Environ(),
+		envTailChild+"=1",
+		envTailBrokers+"="+strings.Join(cluster.Brokers(), ","),
+		envTailTopic+"="+topic,
+		envTailGroup+"="+group,
+	)
+	stdout, err := child.StdoutPipe()
+	require.NoError(t, err)
+	child.Stderr = os.Stderr
+	require.NoError(t, child.Start())
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+
+	var mu sync.Mutex
+	ackedByChild := map[int64]bool{}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "acked "); ok {
+				off, _ := strconv.ParseInt(v, 10, 64)
+				mu.Lock()
+				ackedByChild[off] = true
+				mu.Unlock()
+			}
+		}
+	}()
+
+	// Wait for a commit at offset 0 whose tail covers every other record.
+	waitForTail(t, cluster, log, group, topic, 0, func(tail frontier.Tail) bool {
+		return tail.Contains(1) && tail.Contains(n-1)
+	})
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	_ = child.Wait()
+
+	handled := consumeUntil(t, cluster, group, topic, func(seen map[int64]int) bool { return seen[0] > 0 })
+	// Anything else the new owner got is a repeat: the tail must prevent it.
+	// Give it the time of a few more fetches to show up.
+	require.Never(t, func() bool { return len(handled()) > 1 }, 2*time.Second, 50*time.Millisecond,
+		"records other than the held one were handled again")
+	require.Equal(t, map[int64]int{0: 1}, handled())
+	mu.Lock()
+	require.Len(t, ackedByChild, n-1, "the crashed consumer acked every record but the held one")
+	mu.Unlock()
+}
+
+// TestCompletedTailSurvivesCooperativeRevoke: a member holds the head of
+// each of two partitions with everything behind it completed; a second
+// member joins with the cooperative-sticky strategy and takes one
+// partition; it handles that partition's held record and nothing else.
+func TestCompletedTailSurvivesCooperativeRevoke(t *testing.T) {
+	t.Parallel()
+	cluster := kafkatest.Start(t)
+	const perPartition = 2_000
+	topic := cluster.NewTopic(t, 2)
+	group := cluster.NewGroup(t)
+	for p := range int32(2) {
+		recs := make([]kafkatest.Record, perPartition)
+		for i := range recs {
+			recs[i] = kafkatest.Record{Partition: p, Value: fmt.Appendf(nil, "%d-%d", p, i)}
+		}
+		cluster.Produce(t, topic, recs...)
+	}
+	log := cluster.ObserveCommits(t)
+	cooperative := func() *sarama.Config {
+		cfg := cluster.SaramaConfig()
+		cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+		return cfg
+	}
+
+	a := tailSubscriber(t, cluster.Brokers(), cooperative(), group, nil)
+	t.Cleanup(func() { _ = a.Close() })
+	aMsgs, err := a.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	go func() {
+		for msg := range aMsgs {
+			if off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context()); off != 0 {
+				msg.Ack()
+			}
+		}
+	}()
+	for p := range int32(2) {
+		waitForTailOn(t, cluster, log, group, topic, p, 0, func(tail frontier.Tail) bool {
+			return tail.Contains(1) && tail.Contains(perPartition-1)
+		})
+	}
+
+	b := tailSubscriber(t, cluster.Brokers(), cooperative(), group, nil)
+	t.Cleanup(func() { _ = b.Close() })
+	bMsgs, err := b.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	seen := map[string]int{}
+	go func() {
+		for msg := range bMsgs {
+			p, _ := safeack.MessagePartitionFromCtx(msg.Context())
+			off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
+			mu.Lock()
+			seen[fmt.Sprintf("%d@%d", p, off)]++
+			mu.Unlock()
+			msg.Ack()
+		}
+	}()
+	kafkatest.WaitFor(t, 30*time.Second, "the new member handles the moved partition's held record", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen["0@0"]+seen["1@0"] > 0
+	})
+	require.Never(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) > 1
+	}, 2*time.Second, 50*time.Millisecond, "the new member handled completed records again")
+	mu.Lock()
+	require.Len(t, seen, 1, "handled by the new member: %v", seen)
+	mu.Unlock()
+	var skipped uint64
+	for _, ps := range b.Stats() {
+		skipped += ps.SkippedTail
+	}
+	require.Equal(t, uint64(perPartition-1), skipped, "the new member skips the completed tail")
+}
+
+// TestForeignMetadataIsIgnored: metadata written by another client, or a
+// tail relative to another offset, is ignored and every record after the
+// committed offset is redelivered.
+func TestForeignMetadataIsIgnored(t *testing.T) {
+	t.Parallel()
+	cluster := kafkatest.Start(t)
+	topic := cluster.NewTopic(t, 1)
+	produceSequential(t, cluster, topic, 0, 20)
+
+	mismatched, _, err := frontier.EncodeTail(3, []frontier.Range{{From: 6, To: 20}}, frontier.DefaultMetadataBudget)
+	require.NoError(t, err)
+	for name, meta := range map[string]string{
+		"other client":  `{"app":"someone else","done":[6,7,8]}`,
+		"garbage":       "sa1:r%%%not-base64",
+		"mismatch base": mismatched, // says 6..19 are done, relative to offset 3
+	} {
+		t.Run(name, func(t *testing.T) {
+			group := cluster.NewGroup(t)
+			commitRaw(t, cluster, group, topic, 5, meta)
+			handled := consumeUntil(t, cluster, group, topic, func(seen map[int64]int) bool { return len(seen) == 15 })
+			got := handled()
+			for off := int64(5); off < 20; off++ {
+				require.Equal(t, 1, got[off], "offset %d must be redelivered", off)
+			}
+		})
+	}
+}
+
+// produceSequential writes n records to partition 0 of topic.
+func produceSequential(t *testing.T, cluster *kafkatest.Cluster, topic string, partition int32, n int) {
+	t.Helper()
+	const batch = 2_000
+	for i := 0; i < n; i += batch {
+		recs := make([]kafkatest.Record, 0, batch)
+		for j := i; j < min(i+batch, n); j++ {
+			recs = append(recs, kafkatest.Record{Partition: partition, Value: []byte(strconv.Itoa(j))})
+		}
+		cluster.Produce(t, topic, recs...)
+	}
+}
+
+// commitRaw commits offset with metadata for group, as another client
+// would: a commit outside any generation, straight to the coordinator.
+func commitRaw(t *testing.T, cluster *kafkatest.Cluster, group, topic string, offset int64, metadata string) {
+	t.Helper()
+	client, err := sarama.NewClient(cluster.Brokers(), cluster.SaramaConfig())
+	require.NoError(t, err)
+	defer client.Close()
+	coordinator, err := client.Coordinator(group)
+	require.NoError(t, err)
+	req := &sarama.OffsetCommitRequest{Version: 2, ConsumerGroup: group, ConsumerGroupGeneration: -1, RetentionTime: -1}
+	req.AddBlock(topic, 0, offset, 0, metadata)
+	resp, err := coordinator.CommitOffset(req)
+	require.NoError(t, err)
+	require.Equal(t, sarama.ErrNoError, resp.Errors[topic][0])
+	got := cluster.CommittedOffsets(t, group, topic)[0]
+	require.Equal(t, offset, got.Offset)
+	require.Equal(t, metadata, got.Metadata)
+}
+
+// consumeUntil runs a fresh subscriber in group until done holds for the
+// offsets it handled (acking each), and returns a function reading them.
+func consumeUntil(t *testing.T, cluster *kafkatest.Cluster, group, topic string, done func(map[int64]int) bool) func() map[int64]int {
+	t.Helper()
+	sub := tailSubscriber(t, cluster.Brokers(), cluster.SaramaConfig(), group, nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	seen := map[int64]int{}
+	go func() {
+		for msg := range msgs {
+			off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
+			mu.Lock()
+			seen[off]++
+			mu.Unlock()
+			msg.Ack()
+		}
+	}()
+	snapshot := func() map[int64]int {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make(map[int64]int, len(seen))
+		for k, v := range seen {
+			out[k] = v
+		}
+		return out
+	}
+	kafkatest.WaitFor(t, 30*time.Second, "the expected records handled", func() bool { return done(snapshot()) })
+	return snapshot
+}
+
+// waitForTail waits for a commit of partition 0 at offset whose metadata
+// decodes to a tail satisfying ok; on a real cluster it polls.
+func waitForTail(t *testing.T, cluster *kafkatest.Cluster, log *kafkatest.CommitLog, group, topic string, offset int64, ok func(frontier.Tail) bool) {
+	t.Helper()
+	waitForTailOn(t, cluster, log, group, topic, 0, offset, ok)
+}
+
+// waitForTailOn is waitForTail for any partition.
+func waitForTailOn(t *testing.T, cluster *kafkatest.Cluster, log *kafkatest.CommitLog, group, topic string, partition int32, offset int64, ok func(frontier.Tail) bool) {
+	t.Helper()
+	if log == nil {
+		kafkatest.WaitFor(t, 30*time.Second, "a commit carrying the completed tail", func() bool {
+			c := cluster.CommittedOffsets(t, group, topic)[partition]
+			tail, err := frontier.DecodeTail(c.Metadata, offset)
+			return c.Offset == offset && err == nil && ok(tail)
+		})
+		return
+	}
+	kafkatest.WaitFor(t, 30*time.Second, fmt.Sprintf("a commit of partition %d carrying the completed tail", partition), func() bool {
+		for _, c := range log.Commits() {
+			if c.Group != group {
+				continue
+			}
+			co, found := c.Offset(topic, partition)
+			if !found || co.Offset != offset {
+				continue
+			}
+			if tail, err := frontier.DecodeTail(co.Metadata, offset); err == nil && ok(tail) {
+				return true
+			}
+		}
+		return false
+	})
+}

@@ -1,0 +1,97 @@
+package safeack
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// PartitionTotals are the counters of one topic-partition summed over every
+// assignment of it this Subscriber has had. PartitionStats counts over one
+// assignment and starts again from zero when the partition is reassigned (a
+// rebalance, a reconnect); PartitionTotals never go down, so they suit
+// monitoring counters. An ended assignment's counters are added when it
+// ends; anything it counts after that (a late nack of an abandoned message)
+// is not.
+type PartitionTotals struct {
+	TopicPartition
+	// Assignments counts the assignments of the partition to this
+	// Subscriber, the current one included.
+	Assignments uint64
+	// Owned reports whether the Subscriber owns the partition now.
+	Owned bool
+	// The sums of PartitionStats' fields of the same names.
+	Offered, Completed          uint64
+	Redeliveries                uint64
+	UnmarshalFailures           uint64
+	SkippedTail, SkippedRevoked uint64
+	IgnoredMetadata             uint64
+	Deferred                    uint64
+	PausedFor                   time.Duration
+}
+
+func (t *PartitionTotals) add(ps PartitionStats) {
+	t.Offered += ps.Offered
+	t.Completed += ps.Completed
+	t.Redeliveries += ps.Redeliveries
+	t.UnmarshalFailures += ps.UnmarshalFailures
+	t.SkippedTail += ps.SkippedTail
+	t.SkippedRevoked += ps.SkippedRevoked
+	t.IgnoredMetadata += ps.IgnoredMetadata
+	t.Deferred += ps.Deferred
+	t.PausedFor += ps.PausedFor
+}
+
+// Totals returns the cumulative counters of every topic-partition the
+// Subscriber has owned since it was created, ordered by topic and
+// partition. Partitions it no longer owns stay in the list with Owned
+// false.
+func (s *Subscriber) Totals() []PartitionTotals {
+	r := &s.registry
+	r.mu.Lock()
+	sums := make(map[TopicPartition]PartitionTotals, len(r.ended))
+	for tp, t := range r.ended {
+		sums[tp] = *t
+	}
+	for w := range r.workers {
+		tp := TopicPartition{Topic: w.topic, Partition: w.partition}
+		t := sums[tp]
+		t.add(w.stats())
+		t.Owned = true
+		sums[tp] = t
+	}
+	r.mu.Unlock()
+	out := make([]PartitionTotals, 0, len(sums))
+	for tp, t := range sums {
+		t.TopicPartition = tp
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b PartitionTotals) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
+}
+
+// assigned counts a new assignment. The caller holds r.mu.
+func (r *registry) assigned(w *partitionWorker) {
+	r.totalsOf(w).Assignments++
+}
+
+// retire adds the counters of an ending assignment to its partition's
+// totals. The caller holds r.mu, and w is still in r.workers.
+func (r *registry) retire(w *partitionWorker) {
+	r.totalsOf(w).add(w.stats())
+}
+
+func (r *registry) totalsOf(w *partitionWorker) *PartitionTotals {
+	if r.ended == nil {
+		r.ended = make(map[TopicPartition]*PartitionTotals)
+	}
+	tp := TopicPartition{Topic: w.topic, Partition: w.partition}
+	t := r.ended[tp]
+	if t == nil {
+		t = &PartitionTotals{TopicPartition: tp}
+		r.ended[tp] = t
+	}
+	return t
+}
