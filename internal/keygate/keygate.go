@@ -40,6 +40,13 @@ func (g *Gate[T]) Admit(key uint64, item T) bool {
 		g.busy[key] = g.newLane()
 		return true
 	}
+	if l.head > 0 && l.head >= len(l.items)/2 {
+		// Slide the live items down rather than grow: a key that always
+		// has someone waiting must not make its queue grow forever.
+		n := copy(l.items, l.items[l.head:])
+		clear(l.items[n:])
+		l.items, l.head = l.items[:n], 0
+	}
 	l.items = append(l.items, item)
 	g.waiting++
 	return false
