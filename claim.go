@@ -25,6 +25,13 @@ type offsetMarker interface {
 	Commit()
 }
 
+// fetchPauser pauses and resumes fetching of partitions: a Sarama consumer
+// or consumer group.
+type fetchPauser interface {
+	Pause(map[string][]int32)
+	Resume(map[string][]int32)
+}
+
 // record is one delivered Kafka record on its way through a handler.
 type record struct {
 	msg    *sarama.ConsumerMessage
@@ -93,17 +100,20 @@ type partitionWorker struct {
 	hwm       func() int64 // the claim's high-water mark; nil when unknown
 
 	// Owned by run.
-	ready      recordQueue
-	hasToken   bool
-	stuck      *record // a record the unmarshaler rejected; the partition waits on it
-	stuckErr   error
-	seed       maphash.Seed
-	skip       frontier.Tail // completed tail read back from the last commit
-	tailBuf    []byte
-	rangeBuf   []frontier.Range
-	lastMeta   string
-	nextMarkAt time.Time // the tail is encoded at most once per commit interval
-	pausedAt   time.Time
+	pauser      fetchPauser // nil: fetching is never paused
+	fetchPaused bool
+	fetched     messageQueue // taken from the claim, not yet accepted
+	ready       recordQueue
+	hasToken    bool
+	stuck       *record // a record the unmarshaler rejected; the partition waits on it
+	stuckErr    error
+	seed        maphash.Seed
+	skip        frontier.Tail // completed tail read back from the last commit
+	tailBuf     []byte
+	rangeBuf    []frontier.Range
+	lastMeta    string
+	nextMarkAt  time.Time // the tail is encoded at most once per commit interval
+	pausedAt    time.Time
 }
 
 type partitionCounters struct {
@@ -191,11 +201,15 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 
 		// Take a record only when nothing is ready to hand out (so the
 		// in-flight bound also bounds fetching), the tracker has room, and
-		// the tail is not near its budget.
-		var in <-chan *sarama.ConsumerMessage
-		if room && w.ready.len() == 0 && w.stuck == nil && !w.tailPaused() {
-			in = messages
+		// the tail is not near its budget. Otherwise records wait in the
+		// fetched queue, and fetching pauses once it holds a few.
+		accepting := room && w.ready.len() == 0 && w.stuck == nil && !w.tailPaused()
+		for accepting && w.fetched.len() > 0 {
+			w.accept(w.fetched.pop())
+			accepting = w.ready.len() == 0 && w.stuck == nil && w.hasRoom()
 		}
+		w.fetchControl(accepting)
+
 		var out chan<- *message.Message
 		var acquire chan<- struct{}
 		var next *message.Message
@@ -212,13 +226,20 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 			retryC = retry.C
 		}
 
+		// The claim is always read, even when nothing can be accepted: a
+		// cooperative rebalance revokes a claim only by closing its
+		// channel, and that must be seen at once.
 		select {
-		case m, ok := <-in:
+		case m, ok := <-messages:
 			if !ok {
 				w.drain("claim closed")
 				return
 			}
-			w.accept(m)
+			if accepting && w.fetched.len() == 0 {
+				w.accept(m)
+			} else {
+				w.fetched.push(m)
+			}
 		case acquire <- struct{}{}:
 			w.hasToken = true
 		case out <- next:
@@ -239,6 +260,32 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 			return
 		}
 	}
+}
+
+// pauseAfter is how many fetched records may wait unaccepted before the
+// partition's fetching is paused. Pausing at once would toggle the
+// partition on every record while MaxInFlight is saturated.
+const pauseAfter = 64
+
+// fetchControl pauses fetching while records wait unaccepted, and resumes
+// it once they have all been taken. The fetched queue is bounded by what
+// the client had fetched before the pause took effect.
+func (w *partitionWorker) fetchControl(accepting bool) {
+	switch {
+	case w.pauser == nil:
+	case !w.fetchPaused && w.fetched.len() >= pauseAfter:
+		w.pauser.Pause(map[string][]int32{w.topic: {w.partition}})
+		w.fetchPaused = true
+	case w.fetchPaused && accepting && w.fetched.len() == 0:
+		w.pauser.Resume(map[string][]int32{w.topic: {w.partition}})
+		w.fetchPaused = false
+	}
+}
+
+func (w *partitionWorker) hasRoom() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.tracker.Retained() < w.tracker.Capacity()
 }
 
 // collect moves records that acks and nacks made ready into the run
@@ -569,6 +616,13 @@ func (w *partitionWorker) drain(reason string) {
 		w.sub.releaseToken()
 	}
 	w.ready.clear()
+	w.fetched.clear()
+	if w.fetchPaused {
+		// Sarama keeps a partition paused across reassignment: a later
+		// owner of this partition in this member must find it fetching.
+		w.pauser.Resume(map[string][]int32{w.topic: {w.partition}})
+		w.fetchPaused = false
+	}
 
 	deadline := time.NewTimer(w.sub.cfg.DrainTimeout)
 	defer deadline.Stop()
@@ -711,4 +765,29 @@ func (l *acceptLog) dropBelow(offset int64) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return l.times[l.head], true
+}
+
+// messageQueue is a FIFO of fetched records.
+type messageQueue struct {
+	items []*sarama.ConsumerMessage
+	head  int
+}
+
+func (q *messageQueue) len() int { return len(q.items) - q.head }
+
+func (q *messageQueue) push(m *sarama.ConsumerMessage) { q.items = append(q.items, m) }
+
+func (q *messageQueue) pop() *sarama.ConsumerMessage {
+	m := q.items[q.head]
+	q.items[q.head] = nil
+	q.head++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+	return m
+}
+
+func (q *messageQueue) clear() {
+	clear(q.items)
+	q.items, q.head = q.items[:0], 0
 }

@@ -230,7 +230,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		<-errsDone
 	}()
 
-	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client}
+	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client, group: group}
 	if sub.cfg.Tracer != nil {
 		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
 	}
@@ -251,6 +251,7 @@ type groupHandler struct {
 	sub    *subscription
 	ctx    context.Context
 	client sarama.Client
+	group  sarama.ConsumerGroup
 
 	// Per session, set in Setup and read by the claims it starts.
 	committed map[int32]committedOffset
@@ -372,6 +373,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		return err
 	}
 	w.hwm = claim.HighWaterMarkOffset
+	w.pauser = h.group
 	if c, ok := h.committedOffset(claim.Partition()); ok {
 		w.skipCompleted(c, start)
 		w.setConfirmed(c.offset)
@@ -427,6 +429,7 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 			return err
 		}
 		w.hwm = pc.HighWaterMarkOffset
+		w.pauser = consumer
 		wg.Add(2)
 		go func() {
 			defer wg.Done()

@@ -1,6 +1,8 @@
 package safeack_test
 
 import (
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,9 +23,11 @@ func TestSubscriberCommitNeverPassesUnacked(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		autoCommit bool
+		byKey      bool
 	}{
-		{"sarama-auto-commit", true},
-		{"manual-commit-interval", false},
+		{"sarama-auto-commit", true, false},
+		{"manual-commit-interval", false, false},
+		{"by-key", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -31,25 +35,40 @@ func TestSubscriberCommitNeverPassesUnacked(t *testing.T) {
 			c := kafkatest.Start(t)
 			topic := c.NewTopic(t, partitions)
 			group := c.NewGroup(t)
-			c.ProduceN(t, topic, partitions, records, nil)
+			var keyFn func(int) string
+			if tc.byKey {
+				// 10 keys per partition, so same-key records queue up.
+				keyFn = func(i int) string { return fmt.Sprintf("k%d", i%40) }
+			}
+			c.ProduceN(t, topic, partitions, records, keyFn)
 
 			acks := newAckLog()
 			watch := newCommitWatch(t, c, group, topic, acks)
 			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 				cfg.MaxInFlight = 100
 				cfg.Ordering = safeack.Unordered
+				if tc.byKey {
+					cfg.Ordering = safeack.OrderByKey
+				}
 				cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = tc.autoCommit
 				cfg.CommitInterval = 30 * time.Millisecond
 			})
 			msgs := mustSubscribe(t, sub, topic)
 
 			var maxInFlight inFlightMeter
+			keys := newKeyWatch()
 			handleAll(msgs, func(m *message.Message) {
 				maxInFlight.enter()
+				if tc.byKey {
+					keys.start(m)
+				}
 				randomDelay(20 * time.Millisecond)
-				// Leave before Ack: the subscriber frees the slot only after
-				// it, so the meter never runs ahead of the real bound.
+				// Leave before Ack: the subscriber frees the slot (and the
+				// key) only after it, so the meters never run ahead.
 				maxInFlight.leave()
+				if tc.byKey {
+					keys.end(m)
+				}
 				acks.ack(m)
 			})
 
@@ -57,6 +76,9 @@ func TestSubscriberCommitNeverPassesUnacked(t *testing.T) {
 			acks.waitAllAcked(t, c, topic, 30*time.Second)
 			watch.waitCommitted(t, hwm, 15*time.Second)
 
+			for _, e := range keys.errors() {
+				t.Error(e)
+			}
 			n := watch.check(t)
 			require.Positive(t, n, "no commit of the group was observed")
 			require.Empty(t, acks.badMessages(), "messages without partition/offset in their context")
@@ -66,4 +88,47 @@ func TestSubscriberCommitNeverPassesUnacked(t *testing.T) {
 			t.Logf("%d commits checked, %d records, max %d handlers at once", n, records, maxInFlight.max())
 		})
 	}
+}
+
+// keyWatch checks invariant 6 from the handlers: two records with the same
+// key never run at once, and they start in offset order.
+type keyWatch struct {
+	mu        sync.Mutex
+	busy      map[string]int64
+	lastStart map[string]int64
+	errs      []string
+}
+
+func newKeyWatch() *keyWatch {
+	return &keyWatch{busy: make(map[string]int64), lastStart: make(map[string]int64)}
+}
+
+func (w *keyWatch) start(m *message.Message) {
+	key, _ := safeack.MessageKeyFromCtx(m.Context())
+	k, _ := msgPO(m)
+	id := fmt.Sprintf("%d/%s", k.p, key)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if other, ok := w.busy[id]; ok {
+		w.errs = append(w.errs, fmt.Sprintf("key %s: offset %d started while %d was running", id, k.o, other))
+	}
+	if last, ok := w.lastStart[id]; ok && last >= k.o {
+		w.errs = append(w.errs, fmt.Sprintf("key %s: offset %d started after %d", id, k.o, last))
+	}
+	w.busy[id] = k.o
+	w.lastStart[id] = k.o
+}
+
+func (w *keyWatch) end(m *message.Message) {
+	key, _ := safeack.MessageKeyFromCtx(m.Context())
+	k, _ := msgPO(m)
+	w.mu.Lock()
+	delete(w.busy, fmt.Sprintf("%d/%s", k.p, key))
+	w.mu.Unlock()
+}
+
+func (w *keyWatch) errors() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.errs...)
 }

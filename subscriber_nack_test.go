@@ -104,7 +104,7 @@ func TestSubscriberNackRedelivers(t *testing.T) {
 		require.NoError(t, d.ctxErr, "delivery %d arrived with a done context", i)
 		if i > 0 {
 			prev := deliveries[i-1]
-			require.NotEqual(t, prev.ctx, d.ctx, "delivery %d reused the previous context", i)
+			require.True(t, prev.ctx != d.ctx, "delivery %d reused the previous context", i)
 			require.Error(t, prev.ctx.Err(), "the context of nacked delivery %d was not cancelled", i-1)
 			require.GreaterOrEqual(t, d.at.Sub(prev.at), sleep, "delivery %d came before NackResendSleep", i)
 		}

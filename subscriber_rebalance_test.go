@@ -1,6 +1,8 @@
 package safeack_test
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -282,6 +284,21 @@ func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64) {
 	watch.waitCommitted(t, c.HighWaterMarks(t, topic), 15*time.Second)
 	require.Positive(t, watch.check(t), "no commit observed")
 	require.Empty(t, acks.badMessages())
+
+	// Every handover here is orderly (revocation with a drain, or Close),
+	// and the completed tail is on: a record completed by one member is in
+	// the commit metadata the next owner reads, so it is not handled again.
+	var replayed []po
+	for k, n := range acks.snapshot() {
+		if n > 1 {
+			replayed = append(replayed, k)
+		}
+	}
+	if len(replayed) > 0 {
+		slices.SortFunc(replayed, func(x, y po) int { return cmp.Or(cmp.Compare(x.p, y.p), cmp.Compare(x.o, y.o)) })
+		t.Errorf("%d completed records were handled again after an orderly handover, first: %v",
+			len(replayed), replayed[:min(10, len(replayed))])
+	}
 }
 
 func keys[V any](m map[int32]V) []int32 {

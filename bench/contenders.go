@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
@@ -76,7 +77,7 @@ func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, 
 		if err != nil {
 			return nil, err
 		}
-		s, err := safeack.NewSubscriber(cfg, nil)
+		s, err := safeack.NewSubscriber(cfg, wmLogger(c.label))
 		if err != nil {
 			return nil, err
 		}
@@ -102,7 +103,7 @@ func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, 
 			Unmarshaler:           wmkafka.DefaultMarshaler{},
 			OverwriteSaramaConfig: consumerConfig(),
 			ConsumerGroup:         group,
-		}, nil)
+		}, wmLogger(c.label))
 		if err != nil {
 			return nil, err
 		}
@@ -137,6 +138,15 @@ func safeackConfig(env *brokerEnv, c *caseSpec, group string) (safeack.Subscribe
 		return cfg, err
 	}
 	return cfg, nil
+}
+
+// wmLogger is Watermill's standard logger at Info level with -v, else nil
+// (no logging).
+func wmLogger(label string) watermill.LoggerAdapter {
+	if !opt.verbose {
+		return nil
+	}
+	return watermill.NewStdLogger(false, false).With(watermill.LogFields{"contender": label})
 }
 
 // consumeChannel is the handler side, as Watermill's router runs it: a

@@ -41,6 +41,7 @@ type options struct {
 	safeackSet    map[string]string
 	restartWith   []variant
 	restartCrash  string
+	restartLead   int
 	runTimeout    time.Duration
 	commitTimeout time.Duration
 	keepTopics    bool
@@ -64,6 +65,7 @@ func main() {
 		safeackSet  = flag.String("safeack-set", "", "Field=value,... set on every safeack SubscriberConfig (by reflection, e.g. MaxPendingPerPartition=50000)")
 		restartWith = flag.String("restart-with", "no-tail:DisableCompletedTail=true", "extra safeack variants for restart-cost, name:Field=value,...; separate variants with ';'. Variants naming a field SubscriberConfig lacks are skipped")
 		crash       = flag.String("restart-crash", "close", "how restart-cost crashes the first consumer: close (Close with a 1 ms DrainTimeout, in-process) or kill (SIGKILL of a child process)")
+		restartLead = flag.Int("restart-lead", 0, "restart-cost: records acked before the head (0: the head is the partition's first record)")
 		runTimeout  = flag.Duration("run-timeout", 5*time.Minute, "give up on a run after this long")
 		commitTO    = flag.Duration("commit-timeout", 15*time.Second, "after the last ack, wait this long at most for the committed offsets to reach the end")
 		keepTopics  = flag.Bool("keep-topics", false, "do not delete the benchmark topics at the end (real clusters)")
@@ -92,6 +94,7 @@ func main() {
 		chart:         *chart,
 		cpuprofile:    *cpuprofile,
 		restartCrash:  *crash,
+		restartLead:   *restartLead,
 		runTimeout:    *runTimeout,
 		commitTimeout: *commitTO,
 		keepTopics:    *keepTopics,
@@ -143,7 +146,9 @@ func run(ctx context.Context, env *brokerEnv) int {
 		}
 		w := buildWorkload(name)
 		logf("== workload %s: %s", w.name, w.desc)
+		load0 := loadAvg()
 		sec, err := w.run(ctx, env, w)
+		w.notes = append(w.notes, fmt.Sprintf("load average (1/5/15 min) %s before, %s after this workload, on %d CPUs.", load0, loadAvg(), runtime.NumCPU()))
 		if err != nil {
 			logf("workload %s failed: %v", w.name, err)
 			failed = true
@@ -182,6 +187,7 @@ func header(env *brokerEnv) string {
 	fmt.Fprintf(&b, "machine: %d CPUs (%s), %s/%s, %s, GOMAXPROCS=%d\n",
 		runtime.NumCPU(), cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.Version(), runtime.GOMAXPROCS(0))
 	fmt.Fprintf(&b, "broker:  %s\n", env.desc)
+	fmt.Fprintf(&b, "load:    %s at start (other processes on this machine skew every figure)\n", loadAvg())
 	fmt.Fprintf(&b, "reps:    %d per contender (median, min–max)%s\n", opt.reps, map[bool]string{true: "; -quick sizes", false: ""}[opt.quick])
 	b.WriteString("rec/s counts from the first delivery to the last ack; wall is consumer start to last ack;\n")
 	b.WriteString("commit is consumer start to the group's committed offsets reaching the end of every partition.\n")
@@ -190,6 +196,19 @@ func header(env *brokerEnv) string {
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// loadAvg is the 1/5/15-minute load average (Linux), or "?".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func cpuModel() string {

@@ -109,8 +109,10 @@ func TestTailAllocs(t *testing.T) {
 	}
 	for _, c := range tailBenchCases() {
 		buf := make([]byte, 0, DefaultMetadataBudget)
-		runtime.GC() // no collection in the loop to empty the pool
-		buf, _, _ = AppendTail(buf, c.base, c.rs, DefaultMetadataBudget) // warm the pool
+		// Collect now, so that no collection empties the pool in the loop,
+		// then warm the pool.
+		runtime.GC()
+		buf, _, _ = AppendTail(buf, c.base, c.rs, DefaultMetadataBudget)
 		allocs := testing.AllocsPerRun(50, func() {
 			buf, _, _ = AppendTail(buf[:0], c.base, c.rs, DefaultMetadataBudget)
 		})

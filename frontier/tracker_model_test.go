@@ -541,7 +541,7 @@ func TestModel(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("seed %d (rerun with -frontier.seed=%d)", seed, seed)
-	runs, ops := 40, 2500
+	runs, ops := 24, 2500
 	if testing.Short() {
 		runs = 8
 	}

@@ -8,8 +8,10 @@
 #   start      resolve jars (first time only), format fresh storage, start the
 #              broker in the background and wait until it answers. On success
 #              prints `SAFEACK_KAFKA_BROKERS=127.0.0.1:PORT` on stdout (all
-#              other messages go to stderr), so `eval "$(scripts/kafka.sh start)"`
-#              works. Already running -> prints the same line, exit 0.
+#              other messages go to stderr), so
+#                eval "export $(scripts/kafka.sh start)"
+#              exports it. Already running -> prints the same line, exit 0.
+#              On failure: last 50 broker log lines on stderr, exit 1.
 #   stop       SIGTERM, SIGKILL after $SAFEACK_KAFKA_STOP_TIMEOUT s, then remove
 #              the data dir. Idempotent (exit 0 when nothing runs).
 #   status     exit 0 when the broker runs and its port accepts connections,
@@ -451,9 +453,9 @@ cmd_status() {
   return 1
 }
 
-usage() {
+usage() { # exit code
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
-  exit 2
+  exit "${1:-2}"
 }
 
 main() {
@@ -477,7 +479,7 @@ main() {
       resolve_jars
       run_tool "$@"
       ;;
-    -h | --help | help) usage ;;
+    -h | --help | help) usage 0 ;;
     *) log "unknown command '$cmd'"; usage ;;
   esac
 }

@@ -1,0 +1,197 @@
+package safeack_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// TestSubscriberCloseWhileHandlersRun closes a subscriber while handlers
+// hold messages: their contexts are cancelled, Close returns within
+// DrainTimeout plus a margin, the output channel closes, a later Ack does
+// nothing, Close may be called concurrently and again, and the final commit
+// is exactly the completed prefix at close time. Held messages acked in
+// answer to the cancellation (within DrainTimeout) are covered by it.
+func TestSubscriberCloseWhileHandlersRun(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name        string
+		autoCommit  bool
+		ackOnCancel bool // held handlers ack when their context is cancelled
+	}{
+		{name: "auto-commit", autoCommit: true},
+		{name: "manual-commit", autoCommit: false},
+		{name: "acked-during-drain", autoCommit: true, ackOnCancel: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testCloseWhileHandlersRun(t, tc.autoCommit, tc.ackOnCancel)
+		})
+	}
+}
+
+func testCloseWhileHandlersRun(t *testing.T, autoCommit, ackOnCancel bool) {
+	const (
+		partitions   = 2
+		perPartition = 50
+		holdAt       = 20
+		drainTimeout = 700 * time.Millisecond
+		margin       = 3 * time.Second
+	)
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, partitions)
+	group := c.NewGroup(t)
+	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
+
+	acks := newAckLog()
+	watch := newCommitWatch(t, c, group, topic, acks)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.MaxInFlight = 20
+		cfg.Ordering = safeack.Unordered
+		cfg.DrainTimeout = drainTimeout
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = autoCommit
+	})
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+
+	hold := newHolder(po{0, holdAt}, po{1, holdAt})
+	var handlersWG sync.WaitGroup
+	handlersWG.Add(partitions)
+	outputClosed := handleAll(msgs, func(m *message.Message) {
+		if !hold.take(m) {
+			acks.ack(m)
+			return
+		}
+		defer handlersWG.Done()
+		<-m.Context().Done() // the handler runs until Close cancels it
+		if ackOnCancel {
+			acks.ack(m)
+		}
+	})
+
+	// Everything but the held records is acked and committed as far as
+	// the completed prefix allows.
+	kafkatest.WaitFor(t, 20*time.Second, "every record but the held ones to be acked", func() bool {
+		return len(acks.missing(c, topic)) == partitions && hold.count() == partitions
+	})
+	want := map[int32]int64{0: holdAt, 1: holdAt}
+	watch.waitCommitted(t, want, 10*time.Second)
+	for p := int32(0); p < partitions; p++ {
+		ps, ok := statsOf(sub, topic, p)
+		require.True(t, ok)
+		require.Equal(t, int64(holdAt), ps.SafeOffset)
+		require.Equal(t, 1, ps.InFlight)
+	}
+
+	// Close twice at once while the handlers hold their messages.
+	start := time.Now()
+	closed := make(chan error, 2)
+	for range 2 {
+		go func() { closed <- sub.Close() }()
+	}
+	handlersDone := make(chan struct{})
+	go func() { handlersWG.Wait(); close(handlersDone) }()
+	select {
+	case <-handlersDone:
+	case <-time.After(drainTimeout + margin):
+		t.Fatal("Close did not cancel the contexts of the held messages")
+	}
+	for range 2 {
+		select {
+		case err := <-closed:
+			require.NoError(t, err)
+		case <-time.After(drainTimeout + margin):
+			t.Fatalf("Close did not return within DrainTimeout %v + %v", drainTimeout, margin)
+		}
+	}
+	took := time.Since(start)
+	t.Logf("Close returned after %v", took.Round(time.Millisecond))
+	if !ackOnCancel {
+		// It waited for the held acks up to DrainTimeout.
+		require.GreaterOrEqual(t, took, drainTimeout, "Close returned before DrainTimeout with messages unacked")
+	}
+	select {
+	case <-outputClosed:
+	case <-time.After(time.Second):
+		t.Fatal("the output channel is still open after Close returned")
+	}
+	require.Empty(t, sub.Stats(), "partitions still listed after Close")
+
+	// Late acks do nothing; Close again is fine; Subscribe is refused.
+	for k, h := range hold.all() {
+		if !ackOnCancel {
+			require.NotPanics(t, func() { acks.ackLate(h.m) }, "late ack of %v", k)
+		}
+	}
+	require.NoError(t, sub.Close())
+	_, err = sub.Subscribe(context.Background(), topic)
+	require.ErrorIs(t, err, safeack.ErrSubscriberClosed)
+
+	// The final commit is the completed prefix at close time.
+	if ackOnCancel {
+		want = map[int32]int64{0: perPartition, 1: perPartition}
+	}
+	require.Equal(t, want, watch.committed(t), "committed offsets after Close")
+	require.Positive(t, watch.check(t), "no commit observed")
+}
+
+// TestSubscriberContextCancelClosesChannel cancels the context given to
+// Subscribe: that output channel closes (after the held message's context
+// is cancelled and the drain ends), what was acked is committed, and the
+// subscriber can still be closed.
+func TestSubscriberContextCancelClosesChannel(t *testing.T) {
+	t.Parallel()
+	const drainTimeout = 500 * time.Millisecond
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 2)
+	group := c.NewGroup(t)
+	c.ProduceN(t, topic, 2, 40, nil)
+
+	acks := newAckLog()
+	watch := newCommitWatch(t, c, group, topic, acks)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.DrainTimeout = drainTimeout
+		cfg.Ordering = safeack.Unordered
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	hold := newHolder(po{1, 5})
+	outputClosed := handleAll(msgs, func(m *message.Message) {
+		if !hold.take(m) {
+			acks.ack(m)
+		}
+	})
+	kafkatest.WaitFor(t, 20*time.Second, "all records but one to be acked", func() bool {
+		return len(acks.missing(c, topic)) == 1 && hold.count() == 1
+	})
+	watch.waitCommitted(t, map[int32]int64{0: 20, 1: 5}, 10*time.Second)
+
+	cancel()
+	select {
+	case <-outputClosed:
+	case <-time.After(drainTimeout + 5*time.Second):
+		t.Fatal("cancelling the Subscribe context did not close the output channel")
+	}
+	require.Error(t, hold.all()[po{1, 5}].m.Context().Err(), "the held message's context outlived its subscription")
+	require.Empty(t, sub.Stats())
+
+	closeDone := make(chan error, 1)
+	go func() { closeDone <- sub.Close() }()
+	select {
+	case err := <-closeDone:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hung after the Subscribe context was cancelled")
+	}
+	require.Equal(t, map[int32]int64{0: 20, 1: 5}, watch.committed(t))
+	require.Positive(t, watch.check(t))
+}
