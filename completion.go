@@ -28,9 +28,11 @@ var ErrAlreadyAnswered = errors.New("safeack: message already acked or nacked")
 // effect once that delivery is acked (the handler returned nil): resolved
 // earlier, it waits for the router's answer. If the delivery is nacked
 // instead (the handler returned an error after deferring), the Nack
-// redelivers the record and the Completion changes nothing; after the
-// partition was revoked it changes nothing either, and the partition's
-// next owner handles the record again.
+// redelivers the record and the Completion changes nothing. When the
+// partition is revoked (or the Subscriber closes), its drain waits up to
+// DrainTimeout for unresolved Completions and commits what they completed
+// meanwhile; after that they change nothing, and the partition's next
+// owner handles their records again.
 type Completion struct {
 	r        *record          // nil for a message of another subscriber
 	msg      *message.Message // the delivery whose completion is deferred
@@ -48,7 +50,9 @@ var errFailedWithoutReason = errors.New("safeack: deferred completion failed")
 // (MaxInFlight) but the record stays unfinished until the returned
 // Completion reports Done — for example once a batching writer made the
 // effect durable. Calling it again for the same delivery returns the same
-// Completion. A message not delivered by a safeack Subscriber gives
+// Completion; once deferred, the delivery's ack waits for it, even if a
+// later retry of the handler (middleware.Retry) did not defer again. A
+// message not delivered by a safeack Subscriber gives
 // ErrNotSafeackMessage; one already acked or nacked (for example behind
 // middleware.InstantAck) gives ErrAlreadyAnswered.
 func Defer(msg *message.Message) (*Completion, error) {
@@ -84,9 +88,10 @@ func (c *Completion) Done() {
 	c.resolve(nil)
 }
 
-// Fail redelivers the record after NackResendSleep, as a Nack would. The
-// error is not kept; log it where it happened. (Under DeferredCompletion
-// with another subscriber, the handler returns it.)
+// Fail redelivers the record after NackResendSleep, as a Nack would; it
+// does not block. The error is not kept (log it where it happened),
+// except under DeferredCompletion with another subscriber, where the
+// handler returns it.
 func (c *Completion) Fail(err error) {
 	if err == nil {
 		err = errFailedWithoutReason
@@ -123,13 +128,16 @@ func (c *Completion) resolve(err error) {
 }
 
 // apply turns the resolution of an acked delivery into a completion or a
-// redelivery. The record is still counted in flight (see await).
+// redelivery. The record is still counted in flight (see await). A
+// redelivery waits NackResendSleep (or for the assignment's end) on a
+// goroutine of its own, so that Fail never blocks the caller, typically a
+// batching writer.
 func (c *Completion) apply(err error) {
 	if err == nil {
 		c.r.owner.complete(c.r, true)
 		return
 	}
-	c.r.owner.nacked(c.r)
+	go c.r.owner.nacked(c.r)
 }
 
 // Offset returns the Kafka offset of the deferred record, or -1 for a

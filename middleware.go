@@ -61,11 +61,16 @@ type completionSlot struct {
 // the context's error when the message's context ends first.
 //
 // A handler that takes the Completion and then returns an error gets the
-// error's usual treatment (retry, poison queue, Nack) and the Completion
-// changes nothing. Put DeferredCompletion inside Retry so that the
-// Completion belongs to the attempt that returns nil; deferring in every
-// attempt is fine, since every attempt of one delivery gets the same
-// Completion.
+// error's usual treatment (retry, poison queue, Nack); if the delivery ends
+// nacked, the Completion changes nothing. Once taken, the Completion
+// decides for its delivery: when a later attempt of the same delivery
+// (under middleware.Retry) returns nil, the record still waits for it.
+// Every attempt of one delivery gets the same Completion. Put
+// DeferredCompletion inside Retry.
+//
+// Behind middleware.InstantAck the message is acked before the handler
+// runs, so CompletionFromCtx gives ErrAlreadyAnswered: InstantAck defeats
+// the completed-prefix guarantee and must not be used with safeack.
 func DeferredCompletion(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		_, ours := recordFromCtx(msg.Context())
@@ -235,9 +240,10 @@ type CompletionEvent struct {
 	// name (empty outside a router).
 	UUID    string
 	Handler string
-	// DeliveredAt is when the subscriber handed the message out, and Wait
-	// the time from then to the handler's start (time spent in the
-	// subscription channel and in the middleware before Telemetry).
+	// DeliveredAt is when the subscriber handed the message out (as the
+	// router took it from the subscription), and Wait the time from then
+	// to the start of Telemetry's handler: time spent in the router and
+	// in the middleware before Telemetry.
 	DeliveredAt time.Time
 	Wait        time.Duration
 	// Duration is how long the handler (with the middleware inside

@@ -640,7 +640,7 @@ func TestMiddlewareRetryPoisonQueue(t *testing.T) {
 		return nil
 	}, safeack.KafkaMetadata, poison, retry.Middleware)
 
-	produced := c.ProduceN(t, topic, 1, 5, nil)
+	produced := c.ProduceN(t, topic, 1, 5, func(i int) string { return fmt.Sprintf("key-%d", i) })
 	select {
 	case <-pub.blocked:
 	case <-time.After(mwWait):
@@ -678,6 +678,7 @@ func TestMiddlewareRetryPoisonQueue(t *testing.T) {
 		assert.Equal(t, topic, m.Metadata.Get(safeack.MetadataTopic))
 		assert.Equal(t, "0", m.Metadata.Get(safeack.MetadataPartition))
 		assert.Equal(t, "2", m.Metadata.Get(safeack.MetadataOffset))
+		assert.Equal(t, "key-2", m.Metadata.Get(safeack.MetadataKey))
 		assert.Equal(t, topic, m.Metadata.Get(middleware.PoisonedTopicKey))
 		assert.Equal(t, "h", m.Metadata.Get(middleware.PoisonedHandlerKey))
 		assert.Contains(t, m.Metadata.Get(middleware.ReasonForPoisonedKey), "cannot process record 2")

@@ -144,8 +144,9 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, ackOnCancel bool) {
 
 // TestSubscriberContextCancelClosesChannel cancels the context given to
 // Subscribe: that output channel closes (after the held message's context
-// is cancelled and the drain ends), what was acked is committed, and the
-// subscriber can still be closed.
+// is cancelled and the drain ends), what was acked is committed, another
+// subscription of the same Subscriber goes on, and the Subscriber can still
+// be closed.
 func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 	t.Parallel()
 	const drainTimeout = 500 * time.Millisecond
@@ -165,14 +166,29 @@ func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 	msgs, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
 	hold := newHolder(po{1, 5})
+	// The second subscription below joins the same group and may move the
+	// held record to a new assignment: hold its redeliveries too.
+	hold.always = true
 	outputClosed := handleAll(msgs, func(m *message.Message) {
 		if !hold.take(m) {
 			acks.ack(m)
 		}
 	})
-	kafkatest.WaitFor(t, 20*time.Second, "all records but one to be acked", func() bool {
-		return len(acks.missing(c, topic)) == 1 && hold.count() == 1
-	})
+	// A second subscription of the same Subscriber, to another topic, with
+	// its own context: it must outlive the first.
+	topic2 := c.NewTopic(t, 1)
+	acks2 := newAckLog()
+	msgs2, err := sub.Subscribe(context.Background(), topic2)
+	require.NoError(t, err)
+	output2Closed := handleAll(msgs2, acks2.ack)
+	c.ProduceN(t, topic2, 1, 5, nil)
+
+	if !waitCond(20*time.Second, func() bool {
+		return len(acks.missing(c, topic)) == 1 && hold.count() == 1 && len(acks2.missing(c, topic2)) == 0
+	}) {
+		t.Fatalf("timed out: missing on the first topic %v (held %d), on the second %v; stats %+v",
+			acks.missing(c, topic), hold.count(), acks2.missing(c, topic2), sub.Stats())
+	}
 	watch.waitCommitted(t, map[int32]int64{0: 20, 1: 5}, 10*time.Second)
 
 	cancel()
@@ -182,7 +198,18 @@ func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 		t.Fatal("cancelling the Subscribe context did not close the output channel")
 	}
 	require.Error(t, hold.all()[po{1, 5}].m.Context().Err(), "the held message's context outlived its subscription")
-	require.Empty(t, sub.Stats())
+	for _, ps := range sub.Stats() {
+		require.NotEqual(t, topic, ps.Topic, "partition %d of the cancelled subscription still listed", ps.Partition)
+	}
+
+	// The other subscription goes on.
+	select {
+	case <-output2Closed:
+		t.Fatal("cancelling one Subscribe context closed another subscription's channel")
+	default:
+	}
+	c.ProduceN(t, topic2, 1, 5, nil)
+	acks2.waitAllAcked(t, c, topic2, 20*time.Second)
 
 	closeDone := make(chan error, 1)
 	go func() { closeDone <- sub.Close() }()
@@ -192,6 +219,12 @@ func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close hung after the Subscribe context was cancelled")
 	}
+	select {
+	case <-output2Closed:
+	case <-time.After(time.Second):
+		t.Fatal("Close left the other subscription's channel open")
+	}
+	require.Empty(t, sub.Stats())
 	require.Equal(t, map[int32]int64{0: 20, 1: 5}, watch.committed(t))
 	require.Positive(t, watch.check(t))
 }

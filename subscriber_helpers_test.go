@@ -39,15 +39,14 @@ func msgPO(m *message.Message) (po, bool) {
 // honour; late acks (after the message's assignment was abandoned) are kept
 // apart and must change nothing, so the commit check never credits them.
 type ackLog struct {
-	mu      sync.Mutex
-	acks    map[po][]time.Time
-	late    map[po][]time.Time
-	bad     []string // messages without partition/offset in their context
-	changed chan struct{}
+	mu   sync.Mutex
+	acks map[po][]time.Time
+	late map[po][]time.Time
+	bad  []string // messages without partition/offset in their context
 }
 
 func newAckLog() *ackLog {
-	return &ackLog{acks: make(map[po][]time.Time), late: make(map[po][]time.Time), changed: make(chan struct{})}
+	return &ackLog{acks: make(map[po][]time.Time), late: make(map[po][]time.Time)}
 }
 
 // ack records a counted ack of m and acks it.
@@ -59,8 +58,6 @@ func (l *ackLog) ack(m *message.Message) {
 	} else {
 		l.acks[k] = append(l.acks[k], time.Now())
 	}
-	close(l.changed)
-	l.changed = make(chan struct{})
 	l.mu.Unlock()
 	m.Ack()
 }

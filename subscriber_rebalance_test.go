@@ -19,7 +19,8 @@ import (
 type holder struct {
 	mu     sync.Mutex
 	toHold map[po]bool
-	held   map[po]heldMsg
+	held   map[po]heldMsg // the latest held delivery of each record
+	always bool           // hold every delivery, not only the first
 }
 
 type heldMsg struct {
@@ -35,7 +36,8 @@ func newHolder(keys ...po) *holder {
 	return h
 }
 
-// take holds m if it is the first delivery of a chosen record.
+// take holds m if it is the first delivery of a chosen record (any
+// delivery, with always).
 func (h *holder) take(m *message.Message) bool {
 	k, ok := msgPO(m)
 	if !ok {
@@ -46,7 +48,9 @@ func (h *holder) take(m *message.Message) bool {
 	if !h.toHold[k] {
 		return false
 	}
-	delete(h.toHold, k)
+	if !h.always {
+		delete(h.toHold, k)
+	}
 	h.held[k] = heldMsg{m: m, at: time.Now()}
 	return true
 }
@@ -203,11 +207,11 @@ func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64) {
 	}
 	if !keepProducing(20*time.Second, settled) {
 		t.Fatalf("the group did not settle after B joined: A owns %v, B owns %v",
-			keys(ownedPartitions(a, topic)), keys(ownedPartitions(b, topic)))
+			sortedPartitions(ownedPartitions(a, topic)), sortedPartitions(ownedPartitions(b, topic)))
 	}
 	settleTook := time.Since(bJoin)
 	aOwns, bOwns := ownedPartitions(a, topic), ownedPartitions(b, topic)
-	t.Logf("B joined: settled after %v; A owns %v, B owns %v", settleTook.Round(time.Millisecond), keys(aOwns), keys(bOwns))
+	t.Logf("B joined: settled after %v; A owns %v, B owns %v", settleTook.Round(time.Millisecond), sortedPartitions(aOwns), sortedPartitions(bOwns))
 	// Not fatal: the safety checks below still apply after a slow rebalance.
 	if settleTook >= settleWithin {
 		t.Errorf("the rebalance took %v: a revoked partition of A was not let go until Sarama's Rebalance.Timeout expired", settleTook)
@@ -277,7 +281,7 @@ func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64) {
 	require.NoError(t, b.Close())
 	require.Less(t, time.Since(closeStart), drainTimeout+5*time.Second, "B's Close took too long")
 	if !keepProducing(20*time.Second, func() bool { return len(ownedPartitions(a, topic)) == partitions }) {
-		t.Fatalf("A did not take back every partition after B left: A owns %v", keys(ownedPartitions(a, topic)))
+		t.Fatalf("A did not take back every partition after B left: A owns %v", sortedPartitions(ownedPartitions(a, topic)))
 	}
 	produce(partitions * 20)
 	acks.waitAllAcked(t, c, topic, 20*time.Second)
@@ -301,7 +305,7 @@ func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64) {
 	}
 }
 
-func keys[V any](m map[int32]V) []int32 {
+func sortedPartitions[V any](m map[int32]V) []int32 {
 	out := make([]int32, 0, len(m))
 	for p := int32(0); len(out) < len(m); p++ {
 		if _, ok := m[p]; ok {

@@ -14,9 +14,10 @@ import (
 // partition back.
 type PartitionWindow struct {
 	TopicPartition
-	// SafeOffset and Delivered are PartitionStats' fields of the same
-	// names, read in the same instant as Runs.
+	// SafeOffset, Delivered, Retained and Blocked are PartitionStats'
+	// fields of the same names, read in the same instant as Runs.
 	SafeOffset, Delivered int64
+	Retained, Blocked     int
 	// Runs are the retained records, oldest first (see
 	// frontier.Tracker.AppendWindow): the first run is unfinished and
 	// starts at the oldest unfinished record.
@@ -54,6 +55,8 @@ func (w *partitionWorker) window(maxEntries int) PartitionWindow {
 		TopicPartition: TopicPartition{Topic: w.topic, Partition: w.partition},
 		SafeOffset:     ts.SafeOffset,
 		Delivered:      ts.Delivered,
+		Retained:       ts.Retained,
+		Blocked:        ts.Blocked,
 		Runs:           runs,
 		Truncated:      more,
 	}

@@ -13,8 +13,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/safeack/safeack"
 )
@@ -114,6 +114,8 @@ func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, 
 		}
 		done := consumeChannel(ch, c.work, tr)
 		return &contender{stop: func() error { err := s.Close(); <-done; return err }}, nil
+	case kindLocal:
+		return startLocal(ctx, c, tr), nil
 	case kindBare:
 		return startBare(ctx, env, t, group, func(m *sarama.ConsumerMessage) {
 			tr.delivered()
@@ -170,6 +172,39 @@ func consumeChannel(ch <-chan *message.Message, work []time.Duration, tr *ackTra
 		}
 	}()
 	return done
+}
+
+// startLocal runs the same handler on records 0..n-1 from memory, with at
+// most c.conc at once: what this machine's scheduler and timers allow
+// without any Kafka client in the way.
+func startLocal(ctx context.Context, c *caseSpec, tr *ackTracker) *contender {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sem := make(chan struct{}, c.conc)
+		var wg sync.WaitGroup
+		for i := range c.topic.n {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				wg.Wait()
+				return
+			}
+			tr.delivered()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if d := c.work[i]; d > 0 {
+					time.Sleep(d)
+				}
+				<-sem
+				tr.acked(i)
+			}()
+		}
+		wg.Wait()
+	}()
+	return &contender{stop: func() error { cancel(); <-done; return nil }}
 }
 
 // bareHandler marks every record as it arrives: no concurrency, no work.

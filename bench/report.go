@@ -164,6 +164,9 @@ func (s *section) cell(col, label string, rs []*result) string {
 	case "xbare":
 		return ratio(s.medianRate(label), s.medianRate("sarama-bare"))
 	case "commit":
+		if rs[0].noKafka {
+			return ""
+		}
 		never := 0
 		var vals []float64
 		for _, r := range rs {

@@ -38,6 +38,7 @@ const (
 	kindSafeack contenderKind = iota
 	kindWatermill
 	kindBare
+	kindLocal // no Kafka: the work alone, at the same concurrency
 )
 
 // caseSpec is one row of a workload's table: a contender on a topic.
@@ -97,13 +98,17 @@ func quick[T any](full, q T) T {
 
 // The standard contenders of a workload on one topic.
 func standardCases(t *topicSpec, conc int, work []time.Duration) []*caseSpec {
-	return []*caseSpec{
+	cases := []*caseSpec{
 		{label: "safeack/partition", kind: kindSafeack, ordering: safeack.OrderByPartition, topic: t, conc: conc, work: work},
 		{label: "safeack/key", kind: kindSafeack, ordering: safeack.OrderByKey, topic: t, conc: conc, work: work},
 		{label: "safeack/unordered", kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: conc, work: work},
 		{label: "wm-kafka", kind: kindWatermill, topic: t, conc: conc, work: work},
 		{label: "sarama-bare", kind: kindBare, topic: t},
 	}
+	if work != nil {
+		cases = append(cases, &caseSpec{label: "ideal (measured, no Kafka)", kind: kindLocal, topic: t, conc: conc, work: work})
+	}
+	return cases
 }
 
 // setIdeal computes the ideal for IO-bound work: concurrency / mean work

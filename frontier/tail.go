@@ -966,21 +966,26 @@ func tailParseBitmap(rd *tailReader, base int64) ([]Range, error) {
 	open := false
 	var from int64
 	for i, x := range bm {
-		switch {
-		case x == 0 && !open, x == 0xFF && open:
-			continue
-		}
-		for j := range 8 {
-			set := x&(1<<j) != 0
-			if set != open {
-				at := start + int64(i)*8 + int64(j)
-				if set {
-					from = at
-				} else {
-					ranges = append(ranges, Range{from, at})
-				}
-				open = set
+		// Jump from one transition to the next within the byte: the next
+		// set bit while closed, the next clear bit while open.
+		for pos := 0; pos < 8; {
+			m := x
+			if open {
+				m = ^x
 			}
+			m &= 0xFF << pos
+			if m == 0 {
+				break
+			}
+			p := bits.TrailingZeros8(m)
+			at := start + int64(i)*8 + int64(p)
+			if open {
+				ranges = append(ranges, Range{from, at})
+			} else {
+				from = at
+			}
+			open = !open
+			pos = p + 1
 		}
 	}
 	if open {

@@ -31,10 +31,10 @@ func tailBenchCases() []tailBenchCase {
 			base, rs := mk()
 			cs = append(cs, tailBenchCase{fmt.Sprintf("%s/%d", shape, n), base, rs})
 		}
-		add("oneGap", func() (int64, []Range) { return shapeTail(r, n, 1) })
-		add("random50", func() (int64, []Range) { return shapeTail(r, n, 0.5) })
-		add("alternating", func() (int64, []Range) { return alternatingTail(n) })
-		add("random90", func() (int64, []Range) { return shapeTail(r, n, 0.9) })
+		add("oneGap", func() (int64, []Range) { return tailShaped(r, n, 1) })
+		add("random50", func() (int64, []Range) { return tailShaped(r, n, 0.5) })
+		add("alternating", func() (int64, []Range) { return tailAlternating(n) })
+		add("random90", func() (int64, []Range) { return tailShaped(r, n, 0.9) })
 	}
 	return cs
 }
@@ -139,10 +139,10 @@ func TestTailCapacityAtDefaultBudget(t *testing.T) {
 	add := func(name string, dense bool, base int64, rs []Range) {
 		rows = append(rows, row{name, base, rs, dense})
 	}
-	b, rs := alternatingTail(n)
+	b, rs := tailAlternating(n)
 	add("alternating", true, b, rs)
 	for _, p := range []float64{0.99, 0.9, 0.75, 0.5, 0.25, 0.1, 1.0 / 16, 1.0 / 32, 1.0 / 64} {
-		b, rs := shapeTail(r, n, p)
+		b, rs := tailShaped(r, n, p)
 		add(fmt.Sprintf("random p=%.3g", p), true, b, rs)
 	}
 	// Single completed offsets with uniform random gaps.

@@ -31,11 +31,11 @@ func peekTailBase(meta string) (int64, bool) {
 	return int64(b), true
 }
 
-// checkDecoded decodes meta and checks the decoder's contract: one sentinel
+// checkTailDecoded decodes meta and checks the decoder's contract: one sentinel
 // per error and an empty Tail with it; otherwise ranges that are sorted,
 // maximal, non-empty, within [base, Bound), and that re-encode to the same
 // tail, no longer than meta when meta is a complete raw tail.
-func checkDecoded(t *testing.T, meta string, base int64) {
+func checkTailDecoded(t *testing.T, meta string, base int64) {
 	tail, err := DecodeTail(meta, base)
 	if err != nil {
 		n := 0
@@ -107,9 +107,9 @@ func FuzzDecodeTail(f *testing.F) {
 	enc(0, []Range{{1, 100_000}}, DefaultMetadataBudget)
 	enc(7, []Range{{7, 8}, {1 << 40, 1<<40 + 3}}, DefaultMetadataBudget)
 	enc(0, []Range{{1, 2}, {3, 4}, {5, 6}, {9, 10}}, 12)
-	base, alt := alternatingTail(2000)
+	base, alt := tailAlternating(2000)
 	enc(base, alt, DefaultMetadataBudget)
-	base, r90 := shapeTail(newTestRand(1), 3000, 0.9)
+	base, r90 := tailShaped(tailRand(1), 3000, 0.9)
 	enc(base, r90, 300)
 	enc(base, r90, DefaultMetadataBudget)
 	for _, s := range []string{"", "{}", "sa1:", "sa1:r", "sa2:rAA", "sa1:RAAAA", "sa1:bZAABB08", "sa1:rAAEBAg"} {
@@ -117,9 +117,9 @@ func FuzzDecodeTail(f *testing.F) {
 		f.Add(s, int64(100))
 	}
 	f.Fuzz(func(t *testing.T, meta string, base int64) {
-		checkDecoded(t, meta, base)
+		checkTailDecoded(t, meta, base)
 		if b, ok := peekTailBase(meta); ok && b != base {
-			checkDecoded(t, meta, b)
+			checkTailDecoded(t, meta, b)
 		}
 	})
 }

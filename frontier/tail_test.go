@@ -13,10 +13,10 @@ import (
 	"testing"
 )
 
-// --- reference implementation and helpers (independent of tail.go) ---
+// --- a reference encoder, written from the format comment alone, and helpers ---
 
-// refMerge coalesces adjacent ranges, as the encoder promises to.
-func refMerge(rs []Range) []Range {
+// tailRefMerge coalesces adjacent ranges, as the encoder promises to.
+func tailRefMerge(rs []Range) []Range {
 	var m []Range
 	for _, r := range rs {
 		if len(m) > 0 && m[len(m)-1].To == r.From {
@@ -28,10 +28,10 @@ func refMerge(rs []Range) []Range {
 	return m
 }
 
-// refRaw builds the raw version-1 payload of the first k (maximal) ranges,
+// tailRefRaw builds the raw version-1 payload of the first k (maximal) ranges,
 // straight from the format description. It returns nil for a bitmap that
 // would exceed MaxTailPayload.
-func refRaw(base int64, m []Range, k int, bitmap bool) []byte {
+func tailRefRaw(base int64, m []Range, k int, bitmap bool) []byte {
 	b := binary.AppendUvarint(nil, uint64(base))
 	bc := uint64(0)
 	if k < len(m) {
@@ -68,20 +68,20 @@ func refRaw(base int64, m []Range, k int, bitmap bool) []byte {
 	return append(b, bm...)
 }
 
-// refMinLen is the smaller raw size of the first k ranges.
-func refMinLen(base int64, m []Range, k int) int {
-	n := len(refRaw(base, m, k, false))
-	if bm := refRaw(base, m, k, true); bm != nil {
+// tailRefMinLen is the smaller raw size of the first k ranges.
+func tailRefMinLen(base int64, m []Range, k int) int {
+	n := len(tailRefRaw(base, m, k, false))
+	if bm := tailRefRaw(base, m, k, true); bm != nil {
 		n = min(n, len(bm))
 	}
 	return n
 }
 
-func mkMeta(kind byte, raw []byte) string {
+func tailMeta(kind byte, raw []byte) string {
 	return "sa1:" + string(kind) + base64.RawURLEncoding.EncodeToString(raw)
 }
 
-func deflateBytes(t testing.TB, raw []byte) []byte {
+func tailDeflateBytes(t testing.TB, raw []byte) []byte {
 	var buf bytes.Buffer
 	w, err := flate.NewWriter(&buf, flate.BestCompression)
 	if err != nil {
@@ -92,7 +92,7 @@ func deflateBytes(t testing.TB, raw []byte) []byte {
 	return buf.Bytes()
 }
 
-func uv(xs ...uint64) []byte {
+func tailUV(xs ...uint64) []byte {
 	var b []byte
 	for _, x := range xs {
 		b = binary.AppendUvarint(b, x)
@@ -100,8 +100,8 @@ func uv(xs ...uint64) []byte {
 	return b
 }
 
-// payloadOf returns the kind letter and raw (inflated) payload of meta.
-func payloadOf(t testing.TB, meta string) (byte, []byte) {
+// tailPayloadOf returns the kind letter and raw (inflated) payload of meta.
+func tailPayloadOf(t testing.TB, meta string) (byte, []byte) {
 	t.Helper()
 	kind := meta[4]
 	p, err := base64.RawURLEncoding.DecodeString(meta[5:])
@@ -135,7 +135,7 @@ func checkTail(t testing.TB, base int64, rs []Range, budget int) int64 {
 	if ab, ab2, err := AppendTail([]byte("x"), base, rs, budget); err != nil || string(ab) != "x"+meta || ab2 != bound {
 		t.Fatalf("AppendTail disagrees with EncodeTail: %q %d %v vs %q %d", ab, ab2, err, meta, bound)
 	}
-	m := refMerge(rs)
+	m := tailRefMerge(rs)
 
 	// The bound names the first range left out, or MaxInt64.
 	k := len(m)
@@ -153,7 +153,7 @@ func checkTail(t testing.TB, base int64, rs []Range, budget int) int64 {
 	}
 	// Longest raw prefix: one more range does not fit raw.
 	if k < len(m) && k+1 <= MaxTailRanges {
-		if n := refMinLen(base, m, k+1); tailEncLen(n) <= budget {
+		if n := tailRefMinLen(base, m, k+1); tailEncLen(n) <= budget {
 			t.Fatalf("prefix of %d ranges fits raw (%d bytes) in %d, but only %d encoded", k+1, tailEncLen(n), budget, k)
 		}
 	}
@@ -178,8 +178,8 @@ func checkTail(t testing.TB, base int64, rs []Range, budget int) int64 {
 		}
 		// The payload is exactly the reference encoding: the smaller one
 		// when raw, and shorter than that when deflated.
-		kind, raw := payloadOf(t, meta)
-		runs, bm := refRaw(base, m, k, false), refRaw(base, m, k, true)
+		kind, raw := tailPayloadOf(t, meta)
+		runs, bm := tailRefRaw(base, m, k, false), tailRefRaw(base, m, k, true)
 		want := runs
 		if kind == 'b' || kind == 'B' {
 			want = bm
@@ -241,14 +241,14 @@ func checkTail(t testing.TB, base int64, rs []Range, budget int) int64 {
 	return bound
 }
 
-type tailShape struct {
+type tailGenShape struct {
 	maxGap, maxLen int64
 	holes          bool // occasional huge gaps (compaction)
 	adjacent       bool // occasional adjacent ranges
 }
 
-// randTail makes a random valid tail.
-func randTail(r *rand.Rand) (int64, []Range) {
+// tailRandom makes a random valid tail.
+func tailRandom(r *rand.Rand) (int64, []Range) {
 	var base int64
 	switch r.IntN(4) {
 	case 0:
@@ -264,16 +264,16 @@ func randTail(r *rand.Rand) (int64, []Range) {
 	n := sizes[r.IntN(len(sizes))]
 	gaps := []int64{1, 2, 4, 16, 200, 20_000}
 	lens := []int64{1, 2, 8, 100, 5000}
-	sh := tailShape{
+	sh := tailGenShape{
 		maxGap:   gaps[r.IntN(len(gaps))],
 		maxLen:   lens[r.IntN(len(lens))],
 		holes:    r.IntN(4) == 0,
 		adjacent: r.IntN(4) == 0,
 	}
-	return base, genTail(r, base, n, sh)
+	return base, tailGen(r, base, n, sh)
 }
 
-func genTail(r *rand.Rand, base int64, n int, sh tailShape) []Range {
+func tailGen(r *rand.Rand, base int64, n int, sh tailGenShape) []Range {
 	rs := make([]Range, 0, n)
 	pos := base + r.Int64N(sh.maxGap+1) // may start at base
 	var covered int64
@@ -314,9 +314,9 @@ func tailFromDone(base int64, done []bool) []Range {
 	return rs
 }
 
-// shapeTail is a tracker's retained window of n entries at a realistic
+// tailShaped is a tracker's retained window of n entries at a realistic
 // base: the head (base) unfinished, each later entry done with probability p.
-func shapeTail(r *rand.Rand, n int, p float64) (int64, []Range) {
+func tailShaped(r *rand.Rand, n int, p float64) (int64, []Range) {
 	const base = 1_234_567_890
 	done := make([]bool, n)
 	for i := 1; i < n; i++ {
@@ -325,11 +325,11 @@ func shapeTail(r *rand.Rand, n int, p float64) (int64, []Range) {
 	return base, tailFromDone(base, done)
 }
 
-func newTestRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed)) }
+func tailRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed)) }
 
-// alternatingTail is the head unfinished, then done / not done alternating:
+// tailAlternating is the head unfinished, then done / not done alternating:
 // n/2 ranges of length one.
-func alternatingTail(n int) (int64, []Range) {
+func tailAlternating(n int) (int64, []Range) {
 	const base = 1_234_567_890
 	done := make([]bool, n)
 	for i := 1; i < n; i += 2 {
@@ -348,7 +348,7 @@ func TestTailRoundTripProperty(t *testing.T) {
 	}
 	budgets := []int{0, 6, 8, 10, 12, 16, 24, 40, 64, 100, 300, 1000, DefaultMetadataBudget, 1 << 16}
 	for i := range iters {
-		base, rs := randTail(r)
+		base, rs := tailRandom(r)
 		picked := []int{budgets[r.IntN(len(budgets))], budgets[r.IntN(len(budgets))], r.IntN(5000), r.IntN(200)}
 		slices.Sort(picked)
 		prev := int64(math.MinInt64)
@@ -367,7 +367,7 @@ func TestTailRoundTripProperty(t *testing.T) {
 // single unfinished records, too long to fit whole.
 func TestTailCompressedTruncation(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	base, rs := shapeTail(r, 100_000, 0.9)
+	base, rs := tailShaped(r, 100_000, 0.9)
 	var sawTruncatedDeflate bool
 	prev := int64(math.MinInt64)
 	for budget := 0; budget <= 12_000; budget += 487 {
@@ -386,10 +386,10 @@ func TestTailCompressedTruncation(t *testing.T) {
 	}
 	// Compression covers more than the raw encodings would at 4096.
 	_, bound, _ := EncodeTail(base, rs, DefaultMetadataBudget)
-	m := refMerge(rs)
+	m := tailRefMerge(rs)
 	k := slices.IndexFunc(m, func(r Range) bool { return r.From == bound })
 	kRaw := 0
-	for kRaw < len(m) && tailEncLen(refMinLen(base, m, kRaw+1)) <= DefaultMetadataBudget {
+	for kRaw < len(m) && tailEncLen(tailRefMinLen(base, m, kRaw+1)) <= DefaultMetadataBudget {
 		kRaw++
 	}
 	if k <= kRaw {
@@ -401,7 +401,7 @@ func TestTailCompressedTruncation(t *testing.T) {
 func TestTailBudgetNeverCoversLess(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for range 25 {
-		base, rs := randTail(r)
+		base, rs := tailRandom(r)
 		prev := int64(math.MinInt64)
 		for budget := 0; budget < 700; budget += 1 + r.IntN(9) {
 			_, bound, err := EncodeTail(base, rs, budget)
@@ -449,8 +449,8 @@ func TestTailSmallExamples(t *testing.T) {
 		want string
 	}{
 		{100, []Range{{101, 105}, {107, 108}}, "sa1:b" + base64.RawURLEncoding.EncodeToString([]byte{100, 0, 1, 7, 0x4f})},
-		{0, []Range{{1, 100_000}}, "sa1:r" + base64.RawURLEncoding.EncodeToString(uv(0, 0, 1, 1, 99_998))},
-		{5, []Range{{5, 6}}, "sa1:r" + base64.RawURLEncoding.EncodeToString(uv(5, 0, 1, 0, 0))},
+		{0, []Range{{1, 100_000}}, "sa1:r" + base64.RawURLEncoding.EncodeToString(tailUV(0, 0, 1, 1, 99_998))},
+		{5, []Range{{5, 6}}, "sa1:r" + base64.RawURLEncoding.EncodeToString(tailUV(5, 0, 1, 0, 0))},
 	}
 	for _, tt := range tests {
 		meta, bound, err := EncodeTail(tt.base, tt.rs, DefaultMetadataBudget)
@@ -568,14 +568,14 @@ func TestDecodeTailForeign(t *testing.T) {
 }
 
 func TestDecodeTailCorrupt(t *testing.T) {
-	ok := uv(7, 0, 1, 1, 2) // base 7, complete, one range [8, 11)
-	if tail, err := DecodeTail(mkMeta('r', ok), 7); err != nil || !slices.Equal(tail.Ranges, []Range{{8, 11}}) {
+	ok := tailUV(7, 0, 1, 1, 2) // base 7, complete, one range [8, 11)
+	if tail, err := DecodeTail(tailMeta('r', ok), 7); err != nil || !slices.Equal(tail.Ranges, []Range{{8, 11}}) {
 		t.Fatalf("control: %+v, %v", tail, err)
 	}
-	valid := mkMeta('r', ok)
-	bomb := append(uv(7, 0, 1), make([]byte, 2<<20)...)
-	alternating := append(uv(7, 0, 1, 8<<17-1), bytes.Repeat([]byte{0x55}, 1<<17)...) // 2^19 ranges
-	comp := deflateBytes(t, ok)
+	valid := tailMeta('r', ok)
+	bomb := append(tailUV(7, 0, 1), make([]byte, 2<<20)...)
+	alternating := append(tailUV(7, 0, 1, 8<<17-1), bytes.Repeat([]byte{0x55}, 1<<17)...) // 2^19 ranges
+	comp := tailDeflateBytes(t, ok)
 	tests := []struct {
 		name, meta, msg string
 	}{
@@ -591,38 +591,38 @@ func TestDecodeTailCorrupt(t *testing.T) {
 		{"line break", valid[:7] + "\n" + valid[7:], "line breaks"},
 		{"too long", "sa1:r" + strings.Repeat("A", tailMaxEncoded+4), "exceeds the limit"},
 		{"empty payload", "sa1:r", "truncated base offset"},
-		{"truncated base", mkMeta('r', []byte{0x87}), "truncated base offset"},
-		{"base overflows int64", mkMeta('r', uv(1<<63)), "base offset 9223372036854775808 overflows int64"},
-		{"varint over 64 bits", mkMeta('r', bytes.Repeat([]byte{0xff}, 11)), "overflows 64 bits"},
-		{"non-minimal varint", mkMeta('r', append([]byte{0x87, 0x00}, ok[1:]...)), "not a minimal varint"},
-		{"truncated bound", mkMeta('r', uv(7)), "truncated bound"},
-		{"truncated count", mkMeta('r', uv(7, 0)), "truncated range count"},
-		{"zero ranges", mkMeta('r', uv(7, 0, 0)), "no ranges"},
-		{"count beyond payload", mkMeta('r', uv(7, 0, 3, 1, 2)), "3 ranges cannot fit in the 2 bytes left"},
-		{"count beyond limit", mkMeta('r', uv(7, 0, MaxTailRanges+1)), "exceed the limit"},
-		{"truncated gap", mkMeta('r', append(uv(7, 0, 2, 1, 2), 0x80, 0x80)), "truncated gap (range 1)"},
-		{"truncated length", mkMeta('r', append(uv(7, 0, 1, 1), 0x80, 0x80)), "truncated"},
-		{"offset overflow in gap", mkMeta('r', uv(7, 0, 1, math.MaxInt64-7, 0)), "range 0: offset overflows int64"},
-		{"offset overflow in length", mkMeta('r', uv(7, 0, 1, 1, math.MaxInt64-8)), "range 0: offset overflows int64"},
-		{"offset wraps to negative", mkMeta('r', uv(7, 0, 2, 0, math.MaxInt64-9, 0, 0)), "range 1: offset overflows int64"},
-		{"trailing bytes", mkMeta('r', append(slices.Clone(ok), 0)), "1 trailing bytes"},
-		{"bound overflows", mkMeta('r', uv(7, math.MaxInt64-10, 1, 1, 2)), "overflows int64"},
-		{"bitmap truncated start", mkMeta('b', uv(7, 0)), "truncated bitmap start"},
-		{"bitmap truncated length", mkMeta('b', uv(7, 0, 1)), "truncated bitmap length"},
-		{"bitmap empty", mkMeta('b', uv(7, 0, 1, 0)), "empty bitmap"},
-		{"bitmap truncated", mkMeta('b', append(uv(7, 0, 1, 20), 0xff, 0xff)), "bitmap truncated: 2 of 3 bytes"},
-		{"bitmap starts with a hole", mkMeta('b', append(uv(7, 0, 1, 4), 0x0e)), "does not start with a completed offset"},
-		{"bitmap ends with a hole", mkMeta('b', append(uv(7, 0, 1, 4), 0x07)), "does not end with a completed offset"},
-		{"bitmap padding", mkMeta('b', append(uv(7, 0, 1, 4), 0x1f)), "nonzero padding bits"},
-		{"bitmap trailing bytes", mkMeta('b', append(uv(7, 0, 1, 8), 0xff, 0)), "1 trailing bytes"},
-		{"bitmap overflow", mkMeta('b', append(uv(7, 0, math.MaxInt64-9, 8), 0xff)), "overflows int64"},
-		{"bitmap too many ranges", mkMeta('B', deflateBytes(t, alternating)), "more than the limit"},
-		{"decompression bomb", mkMeta('R', deflateBytes(t, bomb)), "inflates past"},
-		{"bad deflate stream", mkMeta('R', []byte{0xff, 0xff, 0xff, 0xff}), "bad deflate stream"},
-		{"truncated deflate stream", mkMeta('R', comp[:len(comp)-2]), "bad deflate stream"},
-		{"trailing bytes after deflate", mkMeta('R', append(slices.Clone(comp), 0, 0)), "2 trailing bytes after the deflate stream"},
+		{"truncated base", tailMeta('r', []byte{0x87}), "truncated base offset"},
+		{"base overflows int64", tailMeta('r', tailUV(1<<63)), "base offset 9223372036854775808 overflows int64"},
+		{"varint over 64 bits", tailMeta('r', bytes.Repeat([]byte{0xff}, 11)), "overflows 64 bits"},
+		{"non-minimal varint", tailMeta('r', append([]byte{0x87, 0x00}, ok[1:]...)), "not a minimal varint"},
+		{"truncated bound", tailMeta('r', tailUV(7)), "truncated bound"},
+		{"truncated count", tailMeta('r', tailUV(7, 0)), "truncated range count"},
+		{"zero ranges", tailMeta('r', tailUV(7, 0, 0)), "no ranges"},
+		{"count beyond payload", tailMeta('r', tailUV(7, 0, 3, 1, 2)), "3 ranges cannot fit in the 2 bytes left"},
+		{"count beyond limit", tailMeta('r', tailUV(7, 0, MaxTailRanges+1)), "exceed the limit"},
+		{"truncated gap", tailMeta('r', append(tailUV(7, 0, 2, 1, 2), 0x80, 0x80)), "truncated gap (range 1)"},
+		{"truncated length", tailMeta('r', append(tailUV(7, 0, 1, 1), 0x80, 0x80)), "truncated"},
+		{"offset overflow in gap", tailMeta('r', tailUV(7, 0, 1, math.MaxInt64-7, 0)), "range 0: offset overflows int64"},
+		{"offset overflow in length", tailMeta('r', tailUV(7, 0, 1, 1, math.MaxInt64-8)), "range 0: offset overflows int64"},
+		{"offset wraps to negative", tailMeta('r', tailUV(7, 0, 2, 0, math.MaxInt64-9, 0, 0)), "range 1: offset overflows int64"},
+		{"trailing bytes", tailMeta('r', append(slices.Clone(ok), 0)), "1 trailing bytes"},
+		{"bound overflows", tailMeta('r', tailUV(7, math.MaxInt64-10, 1, 1, 2)), "overflows int64"},
+		{"bitmap truncated start", tailMeta('b', tailUV(7, 0)), "truncated bitmap start"},
+		{"bitmap truncated length", tailMeta('b', tailUV(7, 0, 1)), "truncated bitmap length"},
+		{"bitmap empty", tailMeta('b', tailUV(7, 0, 1, 0)), "empty bitmap"},
+		{"bitmap truncated", tailMeta('b', append(tailUV(7, 0, 1, 20), 0xff, 0xff)), "bitmap truncated: 2 of 3 bytes"},
+		{"bitmap starts with a hole", tailMeta('b', append(tailUV(7, 0, 1, 4), 0x0e)), "does not start with a completed offset"},
+		{"bitmap ends with a hole", tailMeta('b', append(tailUV(7, 0, 1, 4), 0x07)), "does not end with a completed offset"},
+		{"bitmap padding", tailMeta('b', append(tailUV(7, 0, 1, 4), 0x1f)), "nonzero padding bits"},
+		{"bitmap trailing bytes", tailMeta('b', append(tailUV(7, 0, 1, 8), 0xff, 0)), "1 trailing bytes"},
+		{"bitmap overflow", tailMeta('b', append(tailUV(7, 0, math.MaxInt64-9, 8), 0xff)), "overflows int64"},
+		{"bitmap too many ranges", tailMeta('B', tailDeflateBytes(t, alternating)), "more than the limit"},
+		{"decompression bomb", tailMeta('R', tailDeflateBytes(t, bomb)), "inflates past"},
+		{"bad deflate stream", tailMeta('R', []byte{0xff, 0xff, 0xff, 0xff}), "bad deflate stream"},
+		{"truncated deflate stream", tailMeta('R', comp[:len(comp)-2]), "bad deflate stream"},
+		{"trailing bytes after deflate", tailMeta('R', append(slices.Clone(comp), 0, 0)), "2 trailing bytes after the deflate stream"},
 		{"empty deflate stream", "sa1:R", "bad deflate stream"},
-		{"deflated garbage", mkMeta('B', deflateBytes(t, append(uv(7), "garbage"...))), "bitmap truncated"},
+		{"deflated garbage", tailMeta('B', tailDeflateBytes(t, append(tailUV(7), "garbage"...))), "bitmap truncated"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -698,7 +698,7 @@ func TestTailLimits(t *testing.T) {
 	if err != nil || bound == math.MaxInt64 {
 		t.Fatalf("bound %d, %v", bound, err)
 	}
-	if _, raw := payloadOf(t, meta); len(raw) > MaxTailPayload {
+	if _, raw := tailPayloadOf(t, meta); len(raw) > MaxTailPayload {
 		t.Fatalf("raw payload %d over the cap", len(raw))
 	}
 	if _, err := DecodeTail(meta, 0); err != nil {

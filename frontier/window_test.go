@@ -98,7 +98,7 @@ func (m *windowModel) runs(limit int) ([]frontier.WindowRun, bool) {
 }
 
 func TestAppendWindowModel(t *testing.T) {
-	for seed := uint64(1); seed <= 200; seed++ {
+	for seed := uint64(1); seed <= 100; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			start := rng.Int64N(1000)

@@ -69,7 +69,9 @@ type partitionView struct {
 	Partition int32 `json:"partition"`
 	// Committed is what the group coordinator confirmed (-1: nothing
 	// yet); Safe the completed prefix; Delivered the position after the
-	// last record taken; HWM the end of the log (-1: unknown).
+	// last record taken; HWM the end of the log (-1: unknown). Safe,
+	// Delivered, Retained, Blocked, Unfinished and Runs are one snapshot;
+	// the other fields are read just before it.
 	Committed int64 `json:"committed"`
 	Marked    int64 `json:"marked"`
 	Safe      int64 `json:"safe"`
@@ -122,11 +124,14 @@ func (a *app) frontier() frontierView {
 		SlowRuns:       a.slowRuns.Load(),
 		Partitions:     []partitionView{},
 	}
+	// Stats first, then the windows: a window's safe offset is then never
+	// behind the committed offset read with the stats.
+	stats := a.sub.Stats()
 	windows := make(map[safeack.TopicPartition]safeack.PartitionWindow)
 	for _, w := range a.sub.Windows(maxWindowEntries) {
 		windows[w.TopicPartition] = w
 	}
-	for _, s := range a.sub.Stats() {
+	for _, s := range stats {
 		w, ok := windows[s.TopicPartition]
 		if !ok || s.Topic != a.cfg.Topic {
 			continue // assigned or revoked between the two reads
@@ -139,9 +144,9 @@ func (a *app) frontier() frontierView {
 			Delivered:        w.Delivered,
 			HWM:              s.HighWaterMark,
 			Lag:              s.Lag,
-			Retained:         s.Retained,
-			Blocked:          s.Blocked,
-			Unfinished:       s.Retained - s.Blocked,
+			Retained:         w.Retained,
+			Blocked:          w.Blocked,
+			Unfinished:       w.Retained - w.Blocked,
 			InFlight:         s.InFlight,
 			WaitingForKey:    s.WaitingForKey,
 			OldestUnfinished: -1,
@@ -204,7 +209,7 @@ func (m *rateMeter) get() (float64, float64) {
 
 // progress samples the rates every second and prints one line:
 //
-//	  12s  in 301/s  done 299/s  dlq 3  in flight 41 | p0 3412/3400  p1 3398/3390 b37 ...
+//	12s  in 301/s  done 299/s  dlq 3  in flight 41 | p0 3412/3400  p1 3398/3390 b37 ...
 //
 // per partition: the safe offset (completed prefix) / the committed offset
 // confirmed by the broker, and bN when N completed records are blocked

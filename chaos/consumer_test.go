@@ -1,0 +1,451 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// memberSpec describes one consumer of a scenario, in-process or a child
+// process (which gets it as JSON).
+type memberSpec struct {
+	ID          int
+	Brokers     []string
+	Topic       string
+	Group       string
+	Session     time.Duration
+	Cooperative bool
+	Work        workSpec
+}
+
+// workSpec is what a handler does with a record: sleep up to Max; one
+// record in SlowEvery sleeps between SlowMin and SlowMax instead (a slow
+// head that holds the committed prefix back while later records complete);
+// one delivery in NackEvery is nacked (and redelivered).
+type workSpec struct {
+	Max              time.Duration
+	SlowEvery        int
+	SlowMin, SlowMax time.Duration
+	NackEvery        int
+}
+
+var defaultWork = workSpec{
+	Max:       4 * time.Millisecond,
+	SlowEvery: 300,
+	SlowMin:   100 * time.Millisecond,
+	SlowMax:   600 * time.Millisecond,
+	NackEvery: 100,
+}
+
+func (w workSpec) sleep() {
+	d := rand.N(w.Max + 1)
+	if w.SlowEvery > 0 && rand.IntN(w.SlowEvery) == 0 {
+		d = w.SlowMin + rand.N(w.SlowMax-w.SlowMin+1)
+	}
+	time.Sleep(d)
+}
+
+func (w workSpec) nack() bool { return w.NackEvery > 0 && rand.IntN(w.NackEvery) == 0 }
+
+// newMember builds the Subscriber of one member. base is a harness Sarama
+// config (kafkatest.Cluster.SaramaConfig).
+func newMember(spec memberSpec, base *sarama.Config, logger watermill.LoggerAdapter) (*safeack.Subscriber, error) {
+	sc := base
+	sc.ClientID = fmt.Sprintf("chaos-member-%d", spec.ID)
+	sc.Consumer.Return.Errors = true
+	sc.Consumer.Group.Session.Timeout = spec.Session
+	// Frequent heartbeats: members learn of a rebalance quickly.
+	sc.Consumer.Group.Heartbeat.Interval = min(300*time.Millisecond, spec.Session/3)
+	sc.Consumer.Group.Rebalance.Timeout = 10 * time.Second
+	if spec.Cooperative {
+		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+	}
+	return safeack.NewSubscriber(safeack.SubscriberConfig{
+		Brokers:                spec.Brokers,
+		OverwriteSaramaConfig:  sc,
+		ConsumerGroup:          spec.Group,
+		Ordering:               safeack.OrderByKey,
+		MaxInFlight:            64,
+		MaxPendingPerPartition: 5_000,
+		NackResendSleep:        20 * time.Millisecond,
+		ReconnectRetrySleep:    200 * time.Millisecond,
+		DrainTimeout:           2 * time.Second,
+		CommitInterval:         200 * time.Millisecond,
+	}, logger)
+}
+
+// sink receives a consumer's handler events. ack is called just before
+// Message.Ack with the time of the ack, and returns what to do just after
+// it (a child process prints the ack line then: a line is never printed
+// for an ack that did not happen).
+type sink interface {
+	start(p int32, o int64, key string, assign uint64)
+	ack(p int32, o int64, key string) (after func())
+	nack(p int32, o int64, key string)
+}
+
+// consume hands every message of sub's subscription to its own handler
+// goroutine, as a Watermill router does. done closes once the subscription
+// channel closed and every handler returned.
+func consume(ctx context.Context, sub *safeack.Subscriber, topic string, s sink, work workSpec) (done <-chan struct{}, err error) {
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		var wg sync.WaitGroup
+		for m := range msgs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				handle(m, sub, topic, s, work)
+			}()
+		}
+		wg.Wait()
+	}()
+	return ch, nil
+}
+
+func handle(m *message.Message, sub *safeack.Subscriber, topic string, s sink, work workSpec) {
+	p, ok1 := safeack.MessagePartitionFromCtx(m.Context())
+	o, ok2 := safeack.MessagePartitionOffsetFromCtx(m.Context())
+	if !ok1 || !ok2 {
+		panic("chaos: message without partition/offset in its context")
+	}
+	k, _ := safeack.MessageKeyFromCtx(m.Context())
+	key := string(k)
+	s.start(p, o, key, assignment(sub, topic, p))
+	work.sleep()
+	if work.nack() {
+		s.nack(p, o, key)
+		m.Nack()
+		return
+	}
+	after := s.ack(p, o, key)
+	m.Ack()
+	after()
+}
+
+// assignment returns how many times sub has been assigned partition p:
+// read when a handler starts, it names the assignment the message came
+// from (a new assignment is counted before it delivers anything, and an
+// assignment's handlers start before its drain ends).
+func assignment(sub *safeack.Subscriber, topic string, p int32) uint64 {
+	for _, pt := range sub.Totals() {
+		if pt.Topic == topic && pt.Partition == p {
+			return pt.Assignments
+		}
+	}
+	return 0
+}
+
+// ---------------------------------------------------------------- child --
+
+// TestChaosChild is not a test: TestCrashLoop re-executes the test binary
+// to run it as a consumer process it can SIGKILL. It reports handler
+// events on stdout (see lineSink), closes its Subscriber when stdin closes,
+// prints BYE and exits.
+func TestChaosChild(t *testing.T) {
+	if os.Getenv(envChild) != "1" {
+		t.Skip("consumer process of TestCrashLoop")
+	}
+	var spec memberSpec
+	if err := json.Unmarshal([]byte(os.Getenv(envChildSpec)), &spec); err != nil {
+		t.Fatalf("child spec: %v", err)
+	}
+	// SAFEACK_KAFKA_BROKERS is the parent's cluster: Start starts nothing.
+	c := kafkatest.Start(t)
+	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false)
+	sub, err := newMember(spec, c.SaramaConfig(), logger)
+	if err != nil {
+		t.Fatalf("NewSubscriber: %v", err)
+	}
+	out := &lineSink{w: bufio.NewWriter(os.Stdout)}
+	done, err := consume(context.Background(), sub, spec.Topic, out, spec.Work)
+	if err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	// The parent closes our stdin to stop us, or dies.
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	_ = sub.Close()
+	<-done
+	out.line("BYE")
+}
+
+// lineSink writes handler events as lines:
+//
+//	S <seq> <partition> <offset> <assignment> <key>
+//	A <seq> <partition> <offset> <unix-nanos> <key>
+//	N <seq> <partition> <offset> <key>
+//
+// seq orders the process's events; an empty key is written as "-".
+type lineSink struct {
+	mu  sync.Mutex
+	w   *bufio.Writer
+	seq atomic.Uint64
+}
+
+func keyField(k string) string {
+	if k == "" {
+		return "-"
+	}
+	return k
+}
+
+func (s *lineSink) line(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fmt.Fprintf(s.w, format+"\n", args...)
+	_ = s.w.Flush()
+}
+
+func (s *lineSink) start(p int32, o int64, key string, assign uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fmt.Fprintf(s.w, "S %d %d %d %d %s\n", s.seq.Add(1), p, o, assign, keyField(key))
+	_ = s.w.Flush()
+}
+
+func (s *lineSink) ack(p int32, o int64, key string) func() {
+	seq := s.seq.Add(1)
+	at := time.Now()
+	return func() { s.line("A %d %d %d %d %s", seq, p, o, at.UnixNano(), keyField(key)) }
+}
+
+func (s *lineSink) nack(p int32, o int64, key string) {
+	s.line("N %d %d %d %s", s.seq.Add(1), p, o, keyField(key))
+}
+
+// parseLine turns a child's line into an event of consumer id.
+func parseLine(id int, line string) (event, bool) {
+	f := strings.Fields(line)
+	if len(f) < 5 {
+		return event{}, false
+	}
+	e := event{consumer: id}
+	switch f[0] {
+	case "S", "A":
+		if len(f) != 6 {
+			return event{}, false
+		}
+	case "N":
+		if len(f) != 5 {
+			return event{}, false
+		}
+	default:
+		return event{}, false
+	}
+	e.kind = f[0][0]
+	var err error
+	var p int64
+	if e.seq, err = strconv.ParseUint(f[1], 10, 64); err != nil {
+		return event{}, false
+	}
+	if p, err = strconv.ParseInt(f[2], 10, 32); err != nil {
+		return event{}, false
+	}
+	e.p = int32(p)
+	if e.o, err = strconv.ParseInt(f[3], 10, 64); err != nil {
+		return event{}, false
+	}
+	key := f[len(f)-1]
+	if key != "-" {
+		e.key = key
+	}
+	switch e.kind {
+	case 'S':
+		if e.assign, err = strconv.ParseUint(f[4], 10, 64); err != nil {
+			return event{}, false
+		}
+	case 'A':
+		ns, err := strconv.ParseInt(f[4], 10, 64)
+		if err != nil {
+			return event{}, false
+		}
+		e.at = time.Unix(0, ns)
+	}
+	return e, true
+}
+
+// child is one consumer process.
+type child struct {
+	id       int
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	stderr   *tailBuffer
+	read     chan struct{} // stdout fully read
+	exited   chan struct{} // Wait returned
+	waitErr  error
+	bye      atomic.Bool
+	stopping atomic.Bool // killed or stopped on purpose
+	other    atomic.Int64
+}
+
+// spawn starts a consumer process reporting into sc's ledger.
+func (sc *scenario) spawn() *child {
+	t := sc.t
+	t.Helper()
+	spec := sc.spec()
+	js, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestChaosChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(),
+		envChild+"=1",
+		envChildSpec+"="+string(js),
+		kafkatest.EnvBrokers+"="+strings.Join(sc.c.Brokers(), ","),
+	)
+	ch := &child{id: spec.ID, cmd: cmd, stderr: newTailBuffer(16 << 10), read: make(chan struct{}), exited: make(chan struct{})}
+	cmd.Stderr = ch.stderr
+	if ch.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting consumer process: %v", err)
+	}
+	sc.fig.Consumers++
+	sc.mu.Lock()
+	sc.children = append(sc.children, ch)
+	sc.mu.Unlock()
+	go func() {
+		defer close(ch.read)
+		r := bufio.NewScanner(stdout)
+		r.Buffer(make([]byte, 64<<10), 1<<20)
+		for r.Scan() {
+			line := r.Text()
+			if e, ok := parseLine(ch.id, line); ok {
+				sc.led.add(e)
+			} else if line == "BYE" {
+				ch.bye.Store(true)
+			} else {
+				ch.other.Add(1)
+			}
+		}
+	}()
+	go func() {
+		<-ch.read
+		ch.waitErr = cmd.Wait()
+		close(ch.exited)
+		if !ch.stopping.Load() {
+			t.Errorf("consumer process %d exited on its own: %v; its stderr ends with:\n%s", ch.id, ch.waitErr, ch.stderr.String())
+		}
+	}()
+	return ch
+}
+
+// kill SIGKILLs the process and waits for it.
+func (ch *child) kill() {
+	ch.stopping.Store(true)
+	_ = ch.cmd.Process.Signal(syscall.SIGKILL)
+	<-ch.exited
+}
+
+// stop closes the process's stdin, so that it closes its Subscriber and
+// exits, and waits up to timeout; it reports whether the process said BYE
+// and exited cleanly.
+func (ch *child) stop(timeout time.Duration) error {
+	ch.stopping.Store(true)
+	_ = ch.stdin.Close()
+	select {
+	case <-ch.exited:
+	case <-time.After(timeout):
+		_ = ch.cmd.Process.Signal(syscall.SIGKILL)
+		<-ch.exited
+		return fmt.Errorf("consumer process %d did not stop within %v; stderr ends with:\n%s", ch.id, timeout, ch.stderr.String())
+	}
+	if ch.waitErr != nil || !ch.bye.Load() {
+		return fmt.Errorf("consumer process %d: exit %v, bye %v; stderr ends with:\n%s", ch.id, ch.waitErr, ch.bye.Load(), ch.stderr.String())
+	}
+	return nil
+}
+
+// --------------------------------------------------------------- member --
+
+// member is an in-process consumer.
+type member struct {
+	id   int
+	sub  *safeack.Subscriber
+	done <-chan struct{}
+	left chan struct{} // closed once leave returned
+	once sync.Once
+}
+
+// join starts an in-process member reporting into sc's ledger.
+func (sc *scenario) join() *member {
+	t := sc.t
+	t.Helper()
+	spec := sc.spec()
+	sub, err := newMember(spec, sc.c.SaramaConfig(), sc.logger)
+	if err != nil {
+		t.Fatalf("NewSubscriber: %v", err)
+	}
+	done, err := consume(context.Background(), sub, spec.Topic, memberSink{l: sc.led, id: spec.ID}, spec.Work)
+	if err != nil {
+		t.Fatalf("Subscribe: %v", err)
+	}
+	m := &member{id: spec.ID, sub: sub, done: done, left: make(chan struct{})}
+	sc.fig.Consumers++
+	sc.mu.Lock()
+	sc.members = append(sc.members, m)
+	sc.mu.Unlock()
+	return m
+}
+
+// leave closes the member's Subscriber (drain, final commit, leave the
+// group) and waits for its handlers.
+func (m *member) leave() {
+	m.once.Do(func() {
+		_ = m.sub.Close()
+		<-m.done
+		close(m.left)
+	})
+	<-m.left
+}
+
+// memberSink records an in-process member's events in the ledger directly,
+// ordered by the ledger's sequence.
+type memberSink struct {
+	l  *ledger
+	id int
+}
+
+func (s memberSink) start(p int32, o int64, key string, assign uint64) {
+	s.l.record(event{consumer: s.id, kind: 'S', p: p, o: o, key: key, assign: assign})
+}
+
+func (s memberSink) ack(p int32, o int64, key string) func() {
+	s.l.record(event{consumer: s.id, kind: 'A', p: p, o: o, key: key, at: time.Now()})
+	return func() {}
+}
+
+func (s memberSink) nack(p int32, o int64, key string) {
+	s.l.record(event{consumer: s.id, kind: 'N', p: p, o: o, key: key})
+}

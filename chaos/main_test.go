@@ -1,0 +1,176 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	flagDuration = flag.Duration("chaos.duration", 0, "length of each scenario's churn phase (0: 10s with -short, 60s otherwise)")
+	flagKills    = flag.Int("chaos.kills", 0, "SIGKILLs in the crash loop (0: 5 with -short, 25 otherwise)")
+	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of the scenarios' random choices (0: from the clock)")
+)
+
+// Environment.
+const (
+	// envChild is set to "1" in a consumer process of the crash loop.
+	envChild = "SAFEACK_CHAOS_CHILD"
+	// envChildSpec carries the child's memberSpec as JSON.
+	envChildSpec = "SAFEACK_CHAOS_CHILD_SPEC"
+	// envSessionTimeout overrides the group session timeout on a real
+	// cluster (default kafkatest.RealSessionTimeout, which any default
+	// broker accepts; scripts/kafka.sh's broker accepts down to 1s).
+	envSessionTimeout = "SAFEACK_CHAOS_SESSION_TIMEOUT"
+	// envRestart names a command that restarts the real broker keeping its
+	// data (run with bash -c); TestBrokerRestart is skipped without it.
+	envRestart = "SAFEACK_CHAOS_RESTART"
+)
+
+// seed is the run's seed; each scenario derives its own from it.
+var seed uint64
+
+func churn() time.Duration {
+	switch {
+	case *flagDuration > 0:
+		return *flagDuration
+	case testing.Short():
+		return 10 * time.Second
+	}
+	return 60 * time.Second
+}
+
+func crashes() int {
+	switch {
+	case *flagKills > 0:
+		return *flagKills
+	case testing.Short():
+		return 5
+	}
+	return 25
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	seed = *flagSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	code := m.Run()
+	if os.Getenv(envChild) == "" {
+		printFigures()
+	}
+	os.Exit(code)
+}
+
+// figures are one scenario's numbers, for the table printed at the end.
+type figures struct {
+	Scenario string
+	Broker   string
+	Elapsed  time.Duration
+	// Records in the topic at the end; Consumers started (processes or
+	// members); Crashes (SIGKILLs); MemberChanges (joins and leaves,
+	// crashes included); Generations (distinct group generations seen in
+	// commits, embedded broker only; -1 unknown).
+	Records, Consumers, Crashes, MemberChanges, Generations int
+	// Faults injected (counted where the broker applied them).
+	Faults      int
+	FaultDetail string
+	// Commits checked (observed requests on the embedded broker plus polled
+	// offsets; polled offsets only on a real cluster).
+	Commits int
+	// Twice: records handled (acked) more than once; Extra: acks beyond the
+	// first, summed; Nacks: deliberate nacks (each redelivered).
+	Twice, Extra, Nacks int
+	// Lost: records never acked. Violations: failed invariant checks.
+	Lost, Violations int
+	Passed           bool
+}
+
+var results struct {
+	mu   sync.Mutex
+	rows []figures
+}
+
+func report(f figures) {
+	results.mu.Lock()
+	results.rows = append(results.rows, f)
+	results.mu.Unlock()
+}
+
+func (f figures) row() string {
+	gens := "n/a"
+	if f.Generations >= 0 {
+		gens = fmt.Sprint(f.Generations)
+	}
+	status := "ok"
+	if !f.Passed {
+		status = "FAIL"
+	}
+	faults := fmt.Sprint(f.Faults)
+	if f.FaultDetail != "" {
+		faults += " (" + f.FaultDetail + ")"
+	}
+	return fmt.Sprintf("| %s | %s | %.0fs | %d | %d | %d | %d | %s | %s | %d | %d | %d | %d | %d | %d | %s |",
+		f.Scenario, f.Broker, f.Elapsed.Seconds(), f.Records, f.Consumers, f.Crashes, f.MemberChanges, gens,
+		faults, f.Commits, f.Twice, f.Extra, f.Nacks, f.Lost, f.Violations, status)
+}
+
+const figuresHeader = "| scenario | broker | time | records | consumers | crashes | member changes | generations | faults | commits checked | handled twice | extra acks | nacks | lost | violations | result |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+
+func printFigures() {
+	results.mu.Lock()
+	defer results.mu.Unlock()
+	if len(results.rows) == 0 {
+		return
+	}
+	mode := "long"
+	if testing.Short() {
+		mode = "short"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nchaos figures (%s; churn %v per scenario, %d crashes in the crash loop; -chaos.seed=%d):\n",
+		mode, churn(), crashes(), seed)
+	b.WriteString(figuresHeader + "\n")
+	for _, r := range results.rows {
+		b.WriteString(r.row() + "\n")
+	}
+	fmt.Print(b.String())
+}
+
+// tailBuffer keeps the last max bytes written to it: logs of consumers,
+// shown when a scenario fails.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	max int
+}
+
+func newTailBuffer(max int) *tailBuffer { return &tailBuffer{max: max} }
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > 2*b.max {
+		b.buf = append(b.buf[:0], b.buf[len(b.buf)-b.max:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.buf
+	if len(s) > b.max {
+		s = s[len(s)-b.max:]
+	}
+	return string(s)
+}

@@ -1,0 +1,494 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// scenario is one chaos run: a cluster, a topic and a group, a producer,
+// consumers, and the ledger of what they did.
+type scenario struct {
+	t          *testing.T
+	name       string
+	c          *kafkatest.Cluster
+	topic      string
+	group      string
+	partitions int
+	rng        *rand.Rand
+	session    time.Duration
+	coop       bool
+	work       workSpec
+
+	led     *ledger
+	commits *kafkatest.CommitLog // embedded broker only
+	sampler *sampler
+	prod    *producer
+	logger  watermill.LoggerAdapter
+	logs    *tailBuffer
+
+	mu       sync.Mutex
+	children []*child
+	members  []*member
+	nextID   int
+
+	fig     figures
+	started time.Time
+}
+
+type scenarioOpts struct {
+	partitions int
+	coop       bool
+	cluster    []kafkatest.Option
+}
+
+func newScenario(t *testing.T, name string, o scenarioOpts) *scenario {
+	t.Helper()
+	c := kafkatest.Start(t, o.cluster...)
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	sc := &scenario{
+		t:          t,
+		name:       name,
+		c:          c,
+		partitions: o.partitions,
+		rng:        rand.New(rand.NewPCG(seed, h.Sum64())),
+		coop:       o.coop,
+		work:       defaultWork,
+		led:        newLedger(),
+		logs:       newTailBuffer(32 << 10),
+		started:    time.Now(),
+	}
+	sc.logger = watermill.NewStdLoggerWithOut(sc.logs, false, false)
+	sc.fig = figures{Scenario: name, Broker: "embedded", Generations: -1}
+	sc.session = kafkatest.EmbeddedSessionTimeout
+	if !c.Embedded() {
+		sc.fig.Broker = "kafka " + strings.Join(c.Brokers(), ",")
+		sc.session = kafkatest.RealSessionTimeout
+		if v := os.Getenv(envSessionTimeout); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				t.Fatalf("%s=%q: %v", envSessionTimeout, v, err)
+			}
+			sc.session = d
+		}
+	}
+	sc.topic = c.NewTopic(t, o.partitions)
+	sc.group = c.NewGroup(t)
+	sc.commits = c.ObserveCommits(t)
+	sc.sampler = startSampler(t, c, sc.group, sc.topic, o.partitions)
+	t.Cleanup(sc.cleanup)
+	t.Logf("%s: topic %s, group %s, session %v, seed %d", name, sc.topic, sc.group, sc.session, seed)
+	return sc
+}
+
+// spec describes the next consumer.
+func (sc *scenario) spec() memberSpec {
+	sc.mu.Lock()
+	sc.nextID++
+	id := sc.nextID
+	sc.mu.Unlock()
+	return memberSpec{
+		ID:          id,
+		Brokers:     sc.c.Brokers(),
+		Topic:       sc.topic,
+		Group:       sc.group,
+		Session:     sc.session,
+		Cooperative: sc.coop,
+		Work:        sc.work,
+	}
+}
+
+// cleanup stops whatever is still running and shows the consumers' logs
+// when the scenario failed.
+func (sc *scenario) cleanup() {
+	if sc.prod != nil {
+		sc.prod.stop()
+	}
+	sc.mu.Lock()
+	children, members := slices.Clone(sc.children), slices.Clone(sc.members)
+	sc.mu.Unlock()
+	for _, ch := range children {
+		ch.kill()
+	}
+	var wg sync.WaitGroup
+	for _, m := range members {
+		wg.Add(1)
+		go func() { defer wg.Done(); m.leave() }()
+	}
+	wg.Wait()
+	sc.sampler.close()
+	if sc.t.Failed() {
+		sc.t.Logf("in-process consumer log ends with:\n%s", sc.logs.String())
+		for _, ch := range children {
+			if s := ch.stderr.String(); s != "" {
+				sc.t.Logf("consumer process %d stderr ends with:\n%s", ch.id, s)
+			}
+		}
+	}
+}
+
+// sleep waits d.
+func (sc *scenario) sleep(d time.Duration) { time.Sleep(d) }
+
+// between returns a random duration in [lo, hi].
+func (sc *scenario) between(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(sc.rng.Int64N(int64(hi-lo)+1))
+}
+
+// finish stops the producer, waits until every record of the topic has
+// been acked and the group has committed the end of every partition, then
+// stops the consumers with stop (which must leave none running), checks
+// the invariants and reports the figures.
+func (sc *scenario) finish(drainTimeout time.Duration, stop func()) {
+	t := sc.t
+	t.Helper()
+	sc.prod.stop()
+	end := sc.sampler.ends(t)
+	sc.fig.Records = 0
+	for _, e := range end {
+		sc.fig.Records += int(e)
+	}
+	t.Logf("%s: producer stopped: %d records (%d sends failed and were retried); draining", sc.name, sc.fig.Records, sc.prod.failed.Load())
+
+	drained := waitCond(drainTimeout, func() bool { return len(sc.led.missing(end)) == 0 })
+	if !drained {
+		miss := sc.led.missing(end)
+		t.Errorf("%s: %d records never acked within %v of the end; first: %v", sc.name, len(miss), drainTimeout, miss[:min(10, len(miss))])
+	} else {
+		committed := waitCond(drainTimeout, func() bool {
+			co, err := sc.sampler.poll()
+			if err != nil {
+				return false
+			}
+			for p, e := range end {
+				if co[p].Offset != e {
+					return false
+				}
+			}
+			return true
+		})
+		if !committed {
+			co, err := sc.sampler.poll()
+			t.Errorf("%s: the group did not commit the end of every partition within %v: end %v, committed %v (%v)", sc.name, drainTimeout, end, co, err)
+		}
+	}
+	stop()
+	sc.sampler.close()
+	sc.verify(end)
+}
+
+// verify checks the invariants over the whole run and reports the figures.
+func (sc *scenario) verify(end map[int32]int64) {
+	t := sc.t
+	var v verdict
+	miss := sc.led.missing(end)
+	sc.fig.Lost = len(miss)
+	for _, k := range miss[:min(10, len(miss))] {
+		v.add("record %v was never acked", k)
+	}
+
+	var views []commitView
+	gens := map[int32]bool{}
+	if sc.commits != nil {
+		for _, o := range sc.commits.Commits() {
+			if o.Group != sc.group {
+				continue
+			}
+			cv := commitView{
+				source:  fmt.Sprintf("commit request #%d (gen %d, member %s)", o.Seq, o.Generation, o.MemberID),
+				at:      o.At,
+				gen:     o.Generation,
+				offsets: make(map[int32]kafkatest.CommittedOffset),
+			}
+			for tp, co := range o.Offsets {
+				if tp.Topic == sc.topic {
+					cv.offsets[tp.Partition] = co
+				}
+			}
+			if len(cv.offsets) > 0 {
+				views = append(views, cv)
+				gens[o.Generation] = true
+			}
+		}
+		sc.fig.Generations = len(gens)
+	}
+	views = append(views, sc.sampler.views()...)
+	sc.fig.Commits = len(views)
+	if len(views) == 0 {
+		v.add("no commit was observed")
+	}
+	sc.led.checkCommits(&v, views, end)
+	keyed := sc.led.checkKeyOrder(&v)
+	sc.fig.Twice, sc.fig.Extra = sc.led.duplicates()
+	sc.led.mu.Lock()
+	sc.fig.Nacks = sc.led.nacks
+	sc.led.mu.Unlock()
+	sc.fig.Violations = v.n
+	sc.fig.Elapsed = time.Since(sc.started)
+	for _, m := range v.msgs {
+		t.Error(m)
+	}
+	if v.n > len(v.msgs) {
+		t.Errorf("... and %d more violations", v.n-len(v.msgs))
+	}
+	sc.fig.Passed = !t.Failed()
+	report(sc.fig)
+	t.Logf("%s: %d keyed handler starts checked for key order", sc.name, keyed)
+	t.Log("\n" + figuresHeader + "\n" + sc.fig.row())
+}
+
+// waitCond polls cond every 20ms until it holds or timeout passes; cond
+// gets one look after the deadline.
+func waitCond(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		expired := time.Now().After(deadline)
+		if cond() {
+			return true
+		}
+		if expired {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ------------------------------------------------------------- producer --
+
+// producer writes records to every partition at a steady rate until
+// stopped, retrying failed sends (a failed send may still have been
+// written: the log, read at the end, is what the checks count).
+type producer struct {
+	halt   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+	sent   atomic.Int64
+	failed atomic.Int64
+}
+
+const numKeys = 48
+
+// startProducer writes about rate records a second. Records of key k go to
+// partition k % partitions; one in twenty has no key.
+func (sc *scenario) startProducer(rate int) {
+	t := sc.t
+	cfg := sc.c.SaramaConfig()
+	cfg.ClientID = "chaos-producer"
+	cfg.Producer.Retry.Max = 3
+	cfg.Producer.Retry.Backoff = 100 * time.Millisecond
+	p, err := sarama.NewSyncProducer(sc.c.Brokers(), cfg)
+	if err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+	pr := &producer{halt: make(chan struct{}), done: make(chan struct{})}
+	sc.prod = pr
+	rng := rand.New(rand.NewPCG(sc.rng.Uint64(), sc.rng.Uint64()))
+	const tick = 50 * time.Millisecond
+	perTick := max(1, rate*int(tick)/int(time.Second))
+	go func() {
+		defer close(pr.done)
+		defer p.Close()
+		tk := time.NewTicker(tick)
+		defer tk.Stop()
+		var n int64
+		for {
+			select {
+			case <-pr.halt:
+				return
+			case <-tk.C:
+			}
+			batch := make([]*sarama.ProducerMessage, perTick)
+			for i := range batch {
+				n++
+				m := &sarama.ProducerMessage{Topic: sc.topic, Value: sarama.StringEncoder(fmt.Sprintf("chaos-%d", n))}
+				if rng.IntN(20) == 0 {
+					m.Partition = rng.Int32N(int32(sc.partitions))
+				} else {
+					k := rng.IntN(numKeys)
+					m.Key = sarama.StringEncoder(fmt.Sprintf("k%02d", k))
+					m.Partition = int32(k % sc.partitions)
+				}
+				batch[i] = m
+			}
+			for len(batch) > 0 {
+				err := p.SendMessages(batch)
+				if err == nil {
+					pr.sent.Add(int64(len(batch)))
+					break
+				}
+				var perrs sarama.ProducerErrors
+				if !errors.As(err, &perrs) {
+					pr.failed.Add(int64(len(batch)))
+				} else {
+					pr.sent.Add(int64(len(batch) - len(perrs)))
+					pr.failed.Add(int64(len(perrs)))
+					batch = batch[:0]
+					for _, pe := range perrs {
+						m := pe.Msg
+						m.Offset, m.Metadata = 0, nil
+						batch = append(batch, &sarama.ProducerMessage{Topic: m.Topic, Key: m.Key, Value: m.Value, Partition: m.Partition})
+					}
+				}
+				select {
+				case <-pr.halt:
+					return
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}
+	}()
+}
+
+func (pr *producer) stop() {
+	pr.once.Do(func() { close(pr.halt) })
+	<-pr.done
+}
+
+// -------------------------------------------------------------- sampler --
+
+// sampler polls the group's committed offsets a few times a second: on a
+// real cluster the only view of commits there is, on the embedded broker a
+// second one. Each sample is checked against the acks made before it was
+// read.
+type sampler struct {
+	client sarama.Client
+	admin  sarama.ClusterAdmin
+	group  string
+	topic  string
+	parts  []int32
+
+	mu      sync.Mutex
+	samples []commitView
+	errs    int
+
+	halt chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func startSampler(t *testing.T, c *kafkatest.Cluster, group, topic string, partitions int) *sampler {
+	cfg := c.SaramaConfig()
+	cfg.ClientID = "chaos-sampler"
+	client, err := sarama.NewClient(c.Brokers(), cfg)
+	if err != nil {
+		t.Fatalf("sampler client: %v", err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		_ = client.Close()
+		t.Fatalf("sampler admin: %v", err)
+	}
+	s := &sampler{client: client, admin: admin, group: group, topic: topic, halt: make(chan struct{}), done: make(chan struct{})}
+	for p := range int32(partitions) {
+		s.parts = append(s.parts, p)
+	}
+	go func() {
+		defer close(s.done)
+		tk := time.NewTicker(250 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-s.halt:
+				return
+			case <-tk.C:
+				_, _ = s.poll()
+			}
+		}
+	}()
+	return s
+}
+
+// poll reads the committed offsets once and records them as a sample.
+func (s *sampler) poll() (map[int32]kafkatest.CommittedOffset, error) {
+	resp, err := s.admin.ListConsumerGroupOffsets(s.group, map[string][]int32{s.topic: s.parts})
+	if err == nil && resp.Err != sarama.ErrNoError {
+		err = resp.Err
+	}
+	if err != nil {
+		s.failed()
+		if !errors.Is(err, sarama.ErrGroupIDNotFound) {
+			_ = s.client.RefreshCoordinator(s.group)
+		}
+		return nil, err
+	}
+	at := time.Now()
+	out := make(map[int32]kafkatest.CommittedOffset, len(s.parts))
+	for _, p := range s.parts {
+		co := kafkatest.CommittedOffset{Offset: -1}
+		if b := resp.GetBlock(s.topic, p); b != nil {
+			if b.Err != sarama.ErrNoError {
+				s.failed()
+				return nil, b.Err
+			}
+			co = kafkatest.CommittedOffset{Offset: b.Offset, Metadata: b.Metadata}
+		}
+		out[p] = co
+	}
+	s.mu.Lock()
+	s.samples = append(s.samples, commitView{source: fmt.Sprintf("polled offsets #%d", len(s.samples)+1), at: at, offsets: out})
+	s.mu.Unlock()
+	return out, nil
+}
+
+func (s *sampler) failed() {
+	s.mu.Lock()
+	s.errs++
+	s.mu.Unlock()
+}
+
+func (s *sampler) views() []commitView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.samples)
+}
+
+// ends returns the end (high-water mark) of every partition, retrying
+// while the broker is unavailable.
+func (s *sampler) ends(t *testing.T) map[int32]int64 {
+	t.Helper()
+	out := make(map[int32]int64)
+	var lastErr error
+	ok := waitCond(2*time.Minute, func() bool {
+		for _, p := range s.parts {
+			if _, done := out[p]; done {
+				continue
+			}
+			off, err := s.client.GetOffset(s.topic, p, sarama.OffsetNewest)
+			if err != nil {
+				lastErr = err
+				_ = s.client.RefreshMetadata(s.topic)
+				return false
+			}
+			out[p] = off
+		}
+		return true
+	})
+	if !ok {
+		t.Fatalf("reading the end of %s: %v", s.topic, lastErr)
+	}
+	return out
+}
+
+func (s *sampler) close() {
+	s.once.Do(func() {
+		close(s.halt)
+		<-s.done
+		_ = s.client.Close()
+	})
+}
