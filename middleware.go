@@ -62,11 +62,11 @@ type completionSlot struct {
 //
 // A handler that takes the Completion and then returns an error gets the
 // error's usual treatment (retry, poison queue, Nack); if the delivery ends
-// nacked, the Completion changes nothing. Once taken, the Completion
-// decides for its delivery: when a later attempt of the same delivery
-// (under middleware.Retry) returns nil, the record still waits for it.
-// Every attempt of one delivery gets the same Completion. Put
-// DeferredCompletion inside Retry.
+// nacked, the Completion changes nothing. For a safeack message, every
+// attempt of one delivery (under middleware.Retry) gets the same
+// Completion, and once taken it decides for the delivery: when a later
+// attempt returns nil without taking it, the record still waits for it.
+// Put DeferredCompletion inside Retry.
 //
 // Behind middleware.InstantAck the message is acked before the handler
 // runs, so CompletionFromCtx gives ErrAlreadyAnswered: InstantAck defeats
@@ -134,8 +134,8 @@ func CompletionFromCtx(ctx context.Context) (*Completion, error) {
 // concurrency-limiting middleware placed before SkipRevoked. Such a
 // message is nacked without redelivery: nothing is acked for it, the
 // committed offset stays before it, and the partition's next owner handles
-// it. It is counted in PartitionStats.SkippedRevoked and reported to
-// Telemetry as OutcomeSkipped. Place it after (inside) any middleware that
+// it. It is counted in SkippedRevoked (PartitionStats during the drain,
+// Subscriber.Totals after it) and reported to Telemetry as OutcomeSkipped. Place it after (inside) any middleware that
 // may delay the handler, and before (outside) any that does work.
 //
 // Messages of any other subscriber, and messages already acked or nacked,

@@ -144,6 +144,7 @@ func TestSubscriberCrashRedeliversOnlyAfterCommit(t *testing.T) {
 
 func testCrash(t *testing.T, tail bool) {
 	const partitions, perPartition = 3, 150
+	began := time.Now()
 	c := kafkatest.Start(t)
 	topic := c.NewTopic(t, partitions)
 	group := c.NewGroup(t)
@@ -271,7 +272,7 @@ func testCrash(t *testing.T, tail bool) {
 	killed = true
 	<-readerDone
 	atCrash := watch.committed(t)
-	t.Logf("committed at crash: %v", atCrash)
+	t.Logf("%v: killed the child; committed at crash: %v", time.Since(began).Round(time.Millisecond), atCrash)
 	for p, want := range wantCommitted {
 		// Nothing else was acked, so nothing else can be committed: more
 		// would pass a held record.
@@ -310,6 +311,7 @@ func testCrash(t *testing.T, tail bool) {
 		t.Fatalf("%d records never acked after the crash, first: %v", len(l), l[:min(10, len(l))])
 	}
 	watch.waitCommitted(t, c.HighWaterMarks(t, topic), 15*time.Second)
+	t.Logf("%v: the survivor finished", time.Since(began).Round(time.Millisecond))
 
 	// The only records acked twice are at or after the crash-time commit.
 	survivor := acks.snapshot()

@@ -143,9 +143,6 @@ func (sc *scenario) cleanup() {
 	}
 }
 
-// sleep waits d.
-func (sc *scenario) sleep(d time.Duration) { time.Sleep(d) }
-
 // between returns a random duration in [lo, hi].
 func (sc *scenario) between(lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(sc.rng.Int64N(int64(hi-lo)+1))
@@ -341,7 +338,6 @@ func (sc *scenario) startProducer(rate int) {
 					batch = batch[:0]
 					for _, pe := range perrs {
 						m := pe.Msg
-						m.Offset, m.Metadata = 0, nil
 						batch = append(batch, &sarama.ProducerMessage{Topic: m.Topic, Key: m.Key, Value: m.Value, Partition: m.Partition})
 					}
 				}

@@ -26,7 +26,8 @@ let failures = 0;
 let renderedOnce = false;
 
 const fmt = new Intl.NumberFormat("en-US");
-const n = (v) => fmt.format(v);
+const n = (v) => fmt.format(v); // counts
+const o = (v) => String(v); // offsets, as Kafka tools print them
 
 function poll() {
   fetch("/api/frontier", { cache: "no-store" })
@@ -238,11 +239,11 @@ function drawRow(row, p) {
 
   row.el.classList.toggle("held", held);
   row.state.textContent = held ? "held" : p.paused ? "paused" : p.stuck ? "stuck" : "";
-  const committed = p.committed >= 0 ? n(p.committed) : "–";
+  const committed = p.committed >= 0 ? o(p.committed) : "–";
   row.line1.innerHTML =
-    `<span class="safe">safe <b>${n(p.safe)}</b></span> · committed <b>${committed}</b> · end <b>${p.hwm >= 0 ? n(p.hwm) : "–"}</b>`;
+    `<span class="safe">safe <b>${o(p.safe)}</b></span> · committed <b>${committed}</b> · end <b>${p.hwm >= 0 ? o(p.hwm) : "–"}</b>`;
   const head = held
-    ? `<span class="headline">head @${n(p.oldest_unfinished)} · ${p.oldest_age_s.toFixed(1)}s</span>`
+    ? `<span class="headline">head @${o(p.oldest_unfinished)} ${p.oldest_age_s.toFixed(1)}s</span>`
     : `<span class="calm">${n(p.in_flight)} in flight</span>`;
   row.line2.innerHTML =
     `<span class="blk"><b>${n(p.blocked)}</b> blocked</span> · <span class="unf"><b>${n(p.unfinished)}</b> unfinished</span> · ${head}`;

@@ -1,0 +1,299 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// drainTimeout bounds the wait, once the producer stopped, for every record
+// to be acked and committed.
+func drainTimeout() time.Duration {
+	if testing.Short() {
+		return 2 * time.Minute
+	}
+	return 4 * time.Minute
+}
+
+const stopTimeout = 30 * time.Second
+
+// leaveAll closes the members at once and waits for them.
+func leaveAll(ms []*member) {
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		wg.Add(1)
+		go func() { defer wg.Done(); m.leave() }()
+	}
+	wg.Wait()
+}
+
+// TestCrashLoop runs two consumer processes while a producer writes, and
+// SIGKILLs one of them at a random moment (0.5 to 3 s apart) -chaos.kills
+// times, starting a replacement after each kill. A final process then joins,
+// the survivors stop gracefully, and the final one drains the topic.
+func TestCrashLoop(t *testing.T) {
+	t.Parallel()
+	sc := newScenario(t, "crash-loop", scenarioOpts{partitions: 6})
+	sc.startProducer(300)
+	live := []*child{sc.spawn(), sc.spawn()}
+	sc.fig.MemberChanges += 2
+	for range crashes() {
+		time.Sleep(sc.between(500*time.Millisecond, 3*time.Second))
+		j := sc.rng.IntN(len(live))
+		live[j].kill()
+		sc.fig.Crashes++
+		live[j] = sc.spawn()
+		sc.fig.MemberChanges += 2
+	}
+	final := sc.spawn()
+	sc.fig.MemberChanges++
+	time.Sleep(time.Second)
+	for _, ch := range live {
+		if err := ch.stop(stopTimeout); err != nil {
+			t.Error(err)
+		}
+		sc.fig.MemberChanges++
+	}
+	sc.finish(drainTimeout(), func() {
+		if err := final.stop(stopTimeout); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// TestRebalanceStorm runs in-process members of one group while a producer
+// writes; every 150 to 500 ms a member joins or one leaves (between one and
+// five of them), with eager and with cooperative-sticky balancing.
+func TestRebalanceStorm(t *testing.T) {
+	t.Parallel()
+	for _, coop := range []bool{false, true} {
+		name := "rebalance-storm-eager"
+		if coop {
+			name = "rebalance-storm-cooperative"
+		}
+		t.Run(strings.TrimPrefix(name, "rebalance-storm-"), func(t *testing.T) {
+			t.Parallel()
+			storm(t, name, coop)
+		})
+	}
+}
+
+func storm(t *testing.T, name string, coop bool) {
+	sc := newScenario(t, name, scenarioOpts{partitions: 8, coop: coop})
+	sc.startProducer(300)
+	live := []*member{sc.join(), sc.join()}
+	sc.fig.MemberChanges += 2
+	var leaving sync.WaitGroup
+	for deadline := time.Now().Add(churn()); time.Now().Before(deadline); {
+		time.Sleep(sc.between(150*time.Millisecond, 500*time.Millisecond))
+		if len(live) <= 1 || len(live) < 5 && sc.rng.IntN(2) == 0 {
+			live = append(live, sc.join())
+		} else {
+			j := sc.rng.IntN(len(live))
+			m := live[j]
+			live = slices.Delete(live, j, j+1)
+			leaving.Add(1)
+			go func() { defer leaving.Done(); m.leave() }()
+		}
+		sc.fig.MemberChanges++
+	}
+	leaving.Wait()
+	sc.finish(drainTimeout(), func() { leaveAll(live) })
+}
+
+// TestBrokerFaults runs three in-process members on a three-broker embedded
+// cluster while, every 100 to 400 ms, one fault is injected: failed
+// OffsetCommits (coordinator errors, unknown errors, rebalance in progress),
+// timed-out ones (REQUEST_TIMED_OUT after the commit was applied), delayed
+// ones (held 0.1 to 1.5 s at the broker), coordinator moves, partition
+// leader moves, failed fetches, a heartbeat answered REBALANCE_IN_PROGRESS,
+// a failed JoinGroup.
+func TestBrokerFaults(t *testing.T) {
+	t.Parallel()
+	if os.Getenv(kafkatest.EnvBrokers) != "" {
+		t.Skip("fault injection needs the embedded broker")
+	}
+	sc := newScenario(t, "broker-faults", scenarioOpts{
+		partitions: 6,
+		cluster:    []kafkatest.Option{kafkatest.WithBrokers(3)},
+	})
+	inj := &injector{sc: sc, kf: sc.c.Kfake(), applied: map[string]int{}}
+	sc.startProducer(300)
+	live := []*member{sc.join(), sc.join(), sc.join()}
+	sc.fig.MemberChanges += 3
+	for deadline := time.Now().Add(churn()); time.Now().Before(deadline); {
+		time.Sleep(sc.between(100*time.Millisecond, 400*time.Millisecond))
+		inj.inject()
+	}
+	inj.stop()
+	sc.fig.Faults, sc.fig.FaultDetail = inj.count()
+	sc.finish(drainTimeout(), func() { leaveAll(live) })
+}
+
+// injector injects broker faults into the embedded cluster.
+type injector struct {
+	sc      *scenario
+	kf      *kfake.Cluster
+	mu      sync.Mutex
+	handles []labeled
+	applied map[string]int // faults applied directly (moves) or counted by their control
+	delays  atomic.Int64
+}
+
+type labeled struct {
+	kind string
+	h    *kfake.FaultHandle
+}
+
+func (in *injector) fault(kind string, f kfake.Fault) {
+	h := in.kf.Fault(f)
+	in.mu.Lock()
+	in.handles = append(in.handles, labeled{kind, h})
+	in.mu.Unlock()
+}
+
+func pick[T any](in *injector, xs ...T) T { return xs[in.sc.rng.IntN(len(xs))] }
+
+func (in *injector) inject() {
+	sc := in.sc
+	switch sc.rng.IntN(9) {
+	case 0, 1:
+		in.fault("commit error", kfake.Fault{
+			Keys:  []kmsg.Key{kmsg.OffsetCommit},
+			Err:   pick(in, kerr.NotCoordinator, kerr.CoordinatorNotAvailable, kerr.CoordinatorLoadInProgress, kerr.UnknownServerError, kerr.RebalanceInProgress),
+			Count: 1 + sc.rng.IntN(3),
+		})
+	case 2:
+		// Applied, then answered as timed out: the client retries a commit
+		// the broker already holds.
+		in.fault("commit timed out", kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Err: kerr.RequestTimedOut, Count: 1 + sc.rng.IntN(3)})
+	case 3:
+		d := sc.between(100*time.Millisecond, 1500*time.Millisecond)
+		kf := in.kf
+		var used atomic.Bool
+		kf.ControlKey(int16(kmsg.OffsetCommit), func(kmsg.Request) (kmsg.Response, error, bool) {
+			if used.Swap(true) {
+				kf.DropControl()
+				return nil, nil, false
+			}
+			kf.SleepControl(func() { time.Sleep(d) })
+			kf.DropControl()
+			in.delays.Add(1)
+			return nil, nil, false // then handled normally
+		})
+	case 4:
+		in.kf.RehashCoordinators()
+		in.applied["coordinator move"]++
+	case 5:
+		p := sc.rng.Int32N(int32(sc.partitions))
+		if err := in.kf.MoveTopicPartition(sc.topic, p, sc.rng.Int32N(3)); err == nil {
+			in.applied["leader move"]++
+		}
+	case 6:
+		in.fault("fetch error", kfake.Fault{
+			Keys:       []kmsg.Key{kmsg.Fetch},
+			Topic:      sc.topic,
+			Partitions: []int32{sc.rng.Int32N(int32(sc.partitions))},
+			Err:        pick(in, kerr.NotLeaderForPartition, kerr.UnknownServerError, kerr.KafkaStorageError),
+			Count:      1 + sc.rng.IntN(5),
+		})
+	case 7:
+		in.fault("heartbeat error", kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, TopLevel: true, Err: kerr.RebalanceInProgress})
+	case 8:
+		in.fault("join error", kfake.Fault{
+			Keys:     []kmsg.Key{kmsg.JoinGroup},
+			TopLevel: true,
+			Err:      pick(in, kerr.CoordinatorLoadInProgress, kerr.CoordinatorNotAvailable, kerr.NotCoordinator),
+		})
+	}
+}
+
+// stop removes the faults not yet used up.
+func (in *injector) stop() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for _, l := range in.handles {
+		l.h.Remove()
+	}
+}
+
+// count returns the faults the broker applied, in total and by kind.
+func (in *injector) count() (int, string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	by := make(map[string]int)
+	for k, n := range in.applied {
+		by[k] += n
+	}
+	for _, l := range in.handles {
+		by[l.kind] += l.h.Hits()
+	}
+	by["commit delayed"] += int(in.delays.Load())
+	total := 0
+	kinds := make([]string, 0, len(by))
+	for k, n := range by {
+		total += n
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	var parts []string
+	for _, k := range kinds {
+		if by[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, by[k]))
+		}
+	}
+	return total, strings.Join(parts, ", ")
+}
+
+// TestBrokerRestart restarts the real broker (keeping its data) while three
+// in-process members consume and the producer writes: once with -short,
+// three times otherwise. It is not parallel: the other scenarios wait.
+func TestBrokerRestart(t *testing.T) {
+	if os.Getenv(kafkatest.EnvBrokers) == "" {
+		t.Skip("restarts a real broker: set " + kafkatest.EnvBrokers)
+	}
+	restart := os.Getenv(envRestart)
+	if restart == "" {
+		t.Skip("set " + envRestart + " to a command that restarts the broker keeping its data (scripts/ci-kafka-bounce.sh)")
+	}
+	sc := newScenario(t, "broker-restart", scenarioOpts{partitions: 6})
+	sc.startProducer(300)
+	live := []*member{sc.join(), sc.join(), sc.join()}
+	sc.fig.MemberChanges += 3
+	restarts := 3
+	if testing.Short() {
+		restarts = 1
+	}
+	gap := churn() / time.Duration(restarts+1)
+	var down []string
+	for i := range restarts {
+		time.Sleep(gap)
+		t0 := time.Now()
+		out, err := exec.Command("bash", "-c", restart).CombinedOutput()
+		if err != nil {
+			t.Fatalf("restart %d (%s): %v\n%s", i+1, restart, err, out)
+		}
+		took := time.Since(t0)
+		t.Logf("broker restart %d took %v", i+1, took.Round(100*time.Millisecond))
+		down = append(down, fmt.Sprintf("%.0fs", took.Seconds()))
+		sc.fig.Faults++
+	}
+	sc.fig.FaultDetail = "broker restarts, " + strings.Join(down, "/") + " each"
+	time.Sleep(gap)
+	sc.finish(drainTimeout(), func() { leaveAll(live) })
+}
