@@ -77,6 +77,9 @@ type SubscriberConfig struct {
 	// MaxInFlight bounds the messages handed out by one Subscribe call and
 	// not yet acked or nacked, across all its partitions. It is the
 	// concurrency a Watermill router gets from this subscriber.
+	// A message whose partition was revoked stops counting once the drain
+	// gave up on it (DrainTimeout), so a handler that ignores its cancelled
+	// context can briefly run beside MaxInFlight newer ones.
 	// Default 64.
 	MaxInFlight int
 
