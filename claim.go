@@ -624,7 +624,13 @@ func (w *partitionWorker) drain(reason string) {
 		w.fetchPaused = false
 	}
 
-	deadline := time.NewTimer(w.sub.cfg.DrainTimeout)
+	// Waiting for acks serves the final commit. Without a consumer group
+	// nothing is committed, so there is nothing to wait for.
+	wait := w.sub.cfg.DrainTimeout
+	if w.marker == nil {
+		wait = 0
+	}
+	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	timedOut := false
 	for !timedOut {

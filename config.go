@@ -92,7 +92,8 @@ type SubscriberConfig struct {
 	// DrainTimeout is how long a revoked partition, or Close, waits for
 	// handed-out messages to be acked before giving up on them. Their
 	// records are then left for the next owner: at-least-once. Keep it
-	// below the group's Rebalance.Timeout. Default 5 s.
+	// below the group's Rebalance.Timeout. Without a ConsumerGroup nothing
+	// is committed, so nothing waits. Default 5 s.
 	DrainTimeout time.Duration
 
 	// CommitInterval is how often the completed prefix is committed when

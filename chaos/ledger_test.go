@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -253,4 +254,49 @@ func (l *ledger) duplicates() (twice, extra int) {
 		}
 	}
 	return twice, extra
+}
+
+// dupSamples describes a few records acked more than once: by whom, when,
+// and in which assignment their handlers started.
+func (l *ledger) dupSamples(n int) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var keys []po
+	for k, c := range l.acks {
+		if c > 1 {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b po) int { return cmp.Or(cmp.Compare(a.p, b.p), cmp.Compare(a.o, b.o)) })
+	keys = keys[:min(n, len(keys))]
+	want := make(map[po]bool, len(keys))
+	for _, k := range keys {
+		want[k] = true
+	}
+	var base time.Time
+	for _, e := range l.events {
+		if e.kind == 'A' && (base.IsZero() || e.at.Before(base)) {
+			base = e.at
+		}
+	}
+	desc := make(map[po][]string)
+	for _, e := range l.events {
+		k := po{e.p, e.o}
+		if !want[k] {
+			continue
+		}
+		switch e.kind {
+		case 'S':
+			desc[k] = append(desc[k], fmt.Sprintf("started by %d (assignment %d)", e.consumer, e.assign))
+		case 'A':
+			desc[k] = append(desc[k], fmt.Sprintf("acked by %d at +%v", e.consumer, e.at.Sub(base).Round(time.Millisecond)))
+		case 'N':
+			desc[k] = append(desc[k], fmt.Sprintf("nacked by %d", e.consumer))
+		}
+	}
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, fmt.Sprintf("%v: %s", k, strings.Join(desc[k], "; ")))
+	}
+	return out
 }

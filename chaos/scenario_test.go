@@ -247,6 +247,11 @@ func (sc *scenario) verify(end map[int32]int64) {
 	sc.fig.Passed = !t.Failed()
 	report(sc.fig)
 	t.Logf("%s: %d keyed handler starts checked for key order", sc.name, keyed)
+	if sc.fig.Twice > 0 {
+		t.Logf("%s: some records handled more than once (consumer numbers; times from the first ack):\n  %s",
+			sc.name, strings.Join(sc.led.dupSamples(8), "\n  "))
+		sc.debugDupCommits()
+	}
 	t.Log("\n" + figuresHeader + "\n" + sc.fig.row())
 }
 

@@ -1,0 +1,76 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// TestChecksCatchViolations feeds the invariant checks a made-up history
+// with one violation of each kind, so that a scenario passing them means
+// something.
+func TestChecksCatchViolations(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	l := newLedger()
+	seq := uint64(0)
+	ev := func(kind byte, o int64, key string, ms int) {
+		seq++
+		l.add(event{consumer: 1, seq: seq, kind: kind, p: 0, o: o, key: key, assign: 1, at: at(ms)})
+	}
+	ev('S', 0, "a", 0)
+	ev('A', 0, "a", 1)
+	ev('S', 1, "a", 2)
+	ev('S', 2, "a", 3) // overlaps 0@1 of the same key
+	ev('A', 1, "a", 4)
+	ev('A', 2, "a", 5)
+	ev('S', 5, "b", 6)
+	ev('A', 5, "b", 7)
+	ev('S', 3, "b", 8) // starts after 0@5 of the same key, same assignment
+	ev('A', 3, "b", 30)
+	ev('S', 4, "", 9)
+	ev('A', 4, "", 10)
+	// 0@6 is never acked.
+	end := map[int32]int64{0: 7}
+
+	tail, _, err := frontier.EncodeTail(2, []frontier.Range{{From: 3, To: 5}}, frontier.DefaultMetadataBudget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	views := []commitView{
+		{source: "fine", at: at(20), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 3}}},
+		{source: "early", at: at(4), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 2}}},                 // 0@1 acked at 4: not before
+		{source: "tail", at: at(20), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 2, Metadata: tail}}}, // claims 0@3, acked at 30
+		{source: "hole", at: at(40), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 7}}},                 // past 0@6, never acked
+		{source: "past end", at: at(40), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 8}}},
+		{source: "garbage", at: at(40), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 1, Metadata: "sa1:%%%"}}},
+	}
+	var v verdict
+	l.checkCommits(&v, views, end)
+	l.checkKeyOrder(&v)
+	want := []string{"early", "tail", "hole", "past end", "garbage", "still running", "started 0@3 after offset 5"}
+	all := strings.Join(v.msgs, "\n")
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("no violation mentions %q; got:\n%s", w, all)
+		}
+	}
+	if strings.Contains(all, "fine") {
+		t.Errorf("a valid commit was reported:\n%s", all)
+	}
+	if v.n != len(want) {
+		t.Errorf("%d violations, want %d:\n%s", v.n, len(want), all)
+	}
+	if miss := l.missing(end); len(miss) != 1 || miss[0] != (po{0, 6}) {
+		t.Errorf("missing %v, want [0@6]", miss)
+	}
+	l.add(event{consumer: 2, seq: 1, kind: 'A', p: 0, o: 0, at: at(50)})
+	if twice, extra := l.duplicates(); twice != 1 || extra != 1 {
+		t.Errorf("duplicates %d/%d, want 1/1", twice, extra)
+	}
+}
