@@ -102,8 +102,8 @@ type partitionWorker struct {
 	// Owned by run.
 	pauser      fetchPauser // nil: fetching is never paused
 	fetchPaused bool
-	fetched     messageQueue // taken from the claim, not yet accepted
-	ready       recordQueue
+	fetched     fifo[*sarama.ConsumerMessage] // taken from the claim, not yet accepted
+	ready       fifo[*record]
 	hasToken    bool
 	stuck       *record // a record the unmarshaler rejected; the partition waits on it
 	stuckErr    error
@@ -673,49 +673,6 @@ func (w *partitionWorker) drain(reason string) {
 	}
 }
 
-// recordQueue is a FIFO of records with a cheap push to the front.
-type recordQueue struct {
-	items []*record
-	head  int
-}
-
-func (q *recordQueue) len() int { return len(q.items) - q.head }
-
-func (q *recordQueue) peek() *record {
-	if q.head == len(q.items) {
-		return nil
-	}
-	return q.items[q.head]
-}
-
-func (q *recordQueue) push(r *record) { q.items = append(q.items, r) }
-
-func (q *recordQueue) pushFront(r *record) {
-	if q.head > 0 {
-		q.head--
-		q.items[q.head] = r
-		return
-	}
-	q.items = append(q.items, nil)
-	copy(q.items[1:], q.items)
-	q.items[0] = r
-}
-
-func (q *recordQueue) pop() *record {
-	r := q.items[q.head]
-	q.items[q.head] = nil
-	q.head++
-	if q.head == len(q.items) {
-		q.items, q.head = q.items[:0], 0
-	}
-	return r
-}
-
-func (q *recordQueue) clear() {
-	clear(q.items)
-	q.items, q.head = q.items[:0], 0
-}
-
 func (w *partitionWorker) setConfirmed(offset int64) {
 	w.mu.Lock()
 	w.confirmed = offset
@@ -773,27 +730,49 @@ func (l *acceptLog) dropBelow(offset int64) (time.Time, bool) {
 	return l.times[l.head], true
 }
 
-// messageQueue is a FIFO of fetched records.
-type messageQueue struct {
-	items []*sarama.ConsumerMessage
+// fifo is a queue that reuses its storage and has a cheap push to the
+// front, for redeliveries.
+type fifo[T any] struct {
+	items []T
 	head  int
 }
 
-func (q *messageQueue) len() int { return len(q.items) - q.head }
+func (q *fifo[T]) len() int { return len(q.items) - q.head }
 
-func (q *messageQueue) push(m *sarama.ConsumerMessage) { q.items = append(q.items, m) }
+// peek returns the first item, or the zero T when the queue is empty.
+func (q *fifo[T]) peek() (first T) {
+	if q.head < len(q.items) {
+		first = q.items[q.head]
+	}
+	return first
+}
 
-func (q *messageQueue) pop() *sarama.ConsumerMessage {
-	m := q.items[q.head]
-	q.items[q.head] = nil
+func (q *fifo[T]) push(v T) { q.items = append(q.items, v) }
+
+func (q *fifo[T]) pushFront(v T) {
+	if q.head > 0 {
+		q.head--
+		q.items[q.head] = v
+		return
+	}
+	var zero T
+	q.items = append(q.items, zero)
+	copy(q.items[1:], q.items)
+	q.items[0] = v
+}
+
+func (q *fifo[T]) pop() T {
+	var zero T
+	v := q.items[q.head]
+	q.items[q.head] = zero
 	q.head++
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	}
-	return m
+	return v
 }
 
-func (q *messageQueue) clear() {
+func (q *fifo[T]) clear() {
 	clear(q.items)
 	q.items, q.head = q.items[:0], 0
 }
