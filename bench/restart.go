@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -348,7 +347,6 @@ func phase1Kill(ctx context.Context, env *brokerEnv, t *topic, spec restartSpec)
 	t0 := time.Now()
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	_ = cmd.Wait()
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
 	return behind, time.Since(t0), nil
 }
 

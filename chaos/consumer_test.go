@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -178,11 +179,28 @@ func TestChaosChild(t *testing.T) {
 	}
 	// SAFEACK_KAFKA_BROKERS is the parent's cluster: Start starts nothing.
 	c := kafkatest.Start(t)
-	logger := watermill.NewStdLoggerWithOut(os.Stderr, false, false)
+	// Debug: session starts (generation, partitions) and drains. Kept in
+	// the parent's buffer and shown when the scenario fails.
+	logger := watermill.NewStdLoggerWithOut(os.Stderr, true, false)
+	if os.Getenv(envSaramaLog) != "" {
+		sarama.Logger = log.New(os.Stderr, "[sarama] ", log.Lmicroseconds)
+	}
 	sub, err := newMember(spec, c.SaramaConfig(), logger)
 	if err != nil {
 		t.Fatalf("NewSubscriber: %v", err)
 	}
+	go func() {
+		// What the member owns, every two seconds: where a stall shows.
+		for range time.Tick(2 * time.Second) {
+			var b strings.Builder
+			for _, ps := range sub.Stats() {
+				fmt.Fprintf(&b, " p%d[safe %d marked %d confirmed %d delivered %d hwm %d inflight %d retained %d waiting %d stuck %v paused %v]",
+					ps.Partition, ps.SafeOffset, ps.MarkedOffset, ps.ConfirmedOffset, ps.Delivered, ps.HighWaterMark,
+					ps.InFlight, ps.Retained, ps.WaitingForKey, ps.Stuck, ps.Paused)
+			}
+			fmt.Fprintf(os.Stderr, "%s stats:%s\n", time.Now().Format("15:04:05.000"), b.String())
+		}
+	}()
 	out := &lineSink{w: bufio.NewWriter(os.Stdout)}
 	done, err := consume(context.Background(), sub, spec.Topic, out, spec.Work)
 	if err != nil {
@@ -302,6 +320,7 @@ type child struct {
 	bye      atomic.Bool
 	stopping atomic.Bool // killed or stopped on purpose
 	other    atomic.Int64
+	sc       *scenario
 }
 
 // spawn starts a consumer process reporting into sc's ledger.
@@ -319,7 +338,7 @@ func (sc *scenario) spawn() *child {
 		envChildSpec+"="+string(js),
 		kafkatest.EnvBrokers+"="+strings.Join(sc.c.Brokers(), ","),
 	)
-	ch := &child{id: spec.ID, cmd: cmd, stderr: newTailBuffer(16 << 10), read: make(chan struct{}), exited: make(chan struct{})}
+	ch := &child{id: spec.ID, cmd: cmd, stderr: newTailBuffer(4 << 20), read: make(chan struct{}), exited: make(chan struct{})}
 	cmd.Stderr = ch.stderr
 	if ch.stdin, err = cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
@@ -335,6 +354,8 @@ func (sc *scenario) spawn() *child {
 	sc.mu.Lock()
 	sc.children = append(sc.children, ch)
 	sc.mu.Unlock()
+	ch.sc = sc
+	sc.note("consumer process %d started (pid %d)", ch.id, cmd.Process.Pid)
 	go func() {
 		defer close(ch.read)
 		r := bufio.NewScanner(stdout)
@@ -355,7 +376,8 @@ func (sc *scenario) spawn() *child {
 		ch.waitErr = cmd.Wait()
 		close(ch.exited)
 		if !ch.stopping.Load() {
-			t.Errorf("consumer process %d exited on its own: %v; its stderr ends with:\n%s", ch.id, ch.waitErr, ch.stderr.String())
+			s := ch.stderr.String()
+			t.Errorf("consumer process %d exited on its own: %v; its stderr ends with:\n%s", ch.id, ch.waitErr, s[max(0, len(s)-8192):])
 		}
 	}()
 	return ch
@@ -363,6 +385,9 @@ func (sc *scenario) spawn() *child {
 
 // kill SIGKILLs the process and waits for it.
 func (ch *child) kill() {
+	if !ch.stopping.Load() {
+		ch.sc.note("consumer process %d killed", ch.id)
+	}
 	ch.stopping.Store(true)
 	_ = ch.cmd.Process.Signal(syscall.SIGKILL)
 	<-ch.exited
@@ -372,17 +397,28 @@ func (ch *child) kill() {
 // exits, and waits up to timeout; it reports whether the process said BYE
 // and exited cleanly.
 func (ch *child) stop(timeout time.Duration) error {
+	ch.sc.note("consumer process %d asked to stop", ch.id)
+	defer func() { ch.sc.note("consumer process %d gone", ch.id) }()
 	ch.stopping.Store(true)
 	_ = ch.stdin.Close()
 	select {
 	case <-ch.exited:
 	case <-time.After(timeout):
-		_ = ch.cmd.Process.Signal(syscall.SIGKILL)
-		<-ch.exited
-		return fmt.Errorf("consumer process %d did not stop within %v; stderr ends with:\n%s", ch.id, timeout, ch.stderr.String())
+		// SIGQUIT: the Go runtime prints every goroutine's stack on
+		// stderr and exits.
+		_ = ch.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-ch.exited:
+		case <-time.After(10 * time.Second):
+			_ = ch.cmd.Process.Signal(syscall.SIGKILL)
+			<-ch.exited
+		}
+		return fmt.Errorf("consumer process %d did not stop within %v; its goroutines at SIGQUIT are in %s",
+			ch.id, timeout, saveArtifact(fmt.Sprintf("chaos-consumer-%d-%d-stderr.txt", ch.id, ch.cmd.Process.Pid), ch.stderr.String()))
 	}
 	if ch.waitErr != nil || !ch.bye.Load() {
-		return fmt.Errorf("consumer process %d: exit %v, bye %v; stderr ends with:\n%s", ch.id, ch.waitErr, ch.bye.Load(), ch.stderr.String())
+		s := ch.stderr.String()
+		return fmt.Errorf("consumer process %d: exit %v, bye %v; stderr ends with:\n%s", ch.id, ch.waitErr, ch.bye.Load(), s[max(0, len(s)-8192):])
 	}
 	return nil
 }
@@ -396,6 +432,7 @@ type member struct {
 	done <-chan struct{}
 	left chan struct{} // closed once leave returned
 	once sync.Once
+	sc   *scenario
 }
 
 // join starts an in-process member reporting into sc's ledger.
@@ -411,7 +448,8 @@ func (sc *scenario) join() *member {
 	if err != nil {
 		t.Fatalf("Subscribe: %v", err)
 	}
-	m := &member{id: spec.ID, sub: sub, done: done, left: make(chan struct{})}
+	m := &member{id: spec.ID, sub: sub, done: done, left: make(chan struct{}), sc: sc}
+	sc.note("member %d joined", m.id)
 	sc.fig.Consumers++
 	sc.mu.Lock()
 	sc.members = append(sc.members, m)
@@ -423,6 +461,8 @@ func (sc *scenario) join() *member {
 // group) and waits for its handlers.
 func (m *member) leave() {
 	m.once.Do(func() {
+		m.sc.note("member %d leaving", m.id)
+		defer m.sc.note("member %d left", m.id)
 		_ = m.sub.Close()
 		<-m.done
 		close(m.left)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +32,27 @@ const (
 	// envRestart names a command that restarts the real broker keeping its
 	// data (run with bash -c); TestBrokerRestart is skipped without it.
 	envRestart = "SAFEACK_CHAOS_RESTART"
+	// envArtifacts names a directory for the stderr of consumer processes
+	// that hang (default: the system's temporary directory).
+	envArtifacts = "SAFEACK_CHAOS_ARTIFACTS"
+	// envSaramaLog, when set, sends Sarama's own log of consumer processes
+	// to their stderr (very verbose; for debugging a stall).
+	envSaramaLog = "SAFEACK_CHAOS_SARAMA_LOG"
 )
+
+// saveArtifact writes content to a file named name in the artifacts
+// directory and returns its path (or why it could not).
+func saveArtifact(name, content string) string {
+	dir := os.Getenv(envArtifacts)
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		return fmt.Sprintf("(not saved: %v)", err)
+	}
+	return path
+}
 
 // seed is the run's seed; each scenario derives its own from it.
 var seed uint64

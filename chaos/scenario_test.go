@@ -47,8 +47,16 @@ type scenario struct {
 	members  []*member
 	nextID   int
 
-	fig     figures
-	started time.Time
+	fig      figures
+	started  time.Time
+	timeline []string
+}
+
+// note adds an entry to the scenario's timeline, shown when it fails.
+func (sc *scenario) note(format string, args ...any) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.timeline = append(sc.timeline, fmt.Sprintf("%s +%v ", time.Now().Format("15:04:05.000"), time.Since(sc.started).Round(time.Millisecond))+fmt.Sprintf(format, args...))
 }
 
 type scenarioOpts struct {
@@ -134,10 +142,14 @@ func (sc *scenario) cleanup() {
 	wg.Wait()
 	sc.sampler.close()
 	if sc.t.Failed() {
+		sc.mu.Lock()
+		sc.t.Logf("timeline:\n  %s", strings.Join(sc.timeline, "\n  "))
+		sc.mu.Unlock()
 		sc.t.Logf("in-process consumer log ends with:\n%s", sc.logs.String())
 		for _, ch := range children {
 			if s := ch.stderr.String(); s != "" {
-				sc.t.Logf("consumer process %d stderr ends with:\n%s", ch.id, s)
+				path := saveArtifact(fmt.Sprintf("chaos-%s-consumer-%d-stderr.txt", sc.name, ch.id), s)
+				sc.t.Logf("consumer process %d stderr (all of it in %s) ends with:\n%s", ch.id, path, s[max(0, len(s)-2048):])
 			}
 		}
 	}
@@ -163,7 +175,9 @@ func (sc *scenario) finish(drainTimeout time.Duration, stop func()) {
 	}
 	t.Logf("%s: producer stopped: %d records (%d sends failed and were retried); draining", sc.name, sc.fig.Records, sc.prod.failed.Load())
 
+	sc.note("producer stopped at %v", end)
 	drained := waitCond(drainTimeout, func() bool { return len(sc.led.missing(end)) == 0 })
+	sc.note("every record acked: %v", drained)
 	if !drained {
 		miss := sc.led.missing(end)
 		t.Errorf("%s: %d records never acked within %v of the end; first: %v", sc.name, len(miss), drainTimeout, miss[:min(10, len(miss))])
@@ -185,7 +199,9 @@ func (sc *scenario) finish(drainTimeout time.Duration, stop func()) {
 			t.Errorf("%s: the group did not commit the end of every partition within %v: end %v, committed %v (%v)", sc.name, drainTimeout, end, co, err)
 		}
 	}
+	sc.note("end committed")
 	stop()
+	sc.note("consumers stopped")
 	sc.sampler.close()
 	sc.verify(end)
 }

@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -284,8 +285,7 @@ func TestBrokerRestart(t *testing.T) {
 	for i := range restarts {
 		time.Sleep(gap)
 		t0 := time.Now()
-		out, err := exec.Command("bash", "-c", restart).CombinedOutput()
-		if err != nil {
+		if out, err := runRestart(restart); err != nil {
 			t.Fatalf("restart %d (%s): %v\n%s", i+1, restart, err, out)
 		}
 		took := time.Since(t0)
@@ -296,4 +296,22 @@ func TestBrokerRestart(t *testing.T) {
 	sc.fig.FaultDetail = "broker restarts, " + strings.Join(down, "/") + " each"
 	time.Sleep(gap)
 	sc.finish(drainTimeout(), func() { leaveAll(live) })
+}
+
+// runRestart runs the restart command with its output in a file, not a
+// pipe: a broker started by it must not hold the test's pipe open.
+func runRestart(command string) (string, error) {
+	f, err := os.CreateTemp("", "chaos-restart-*.log")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", command)
+	cmd.Stdout, cmd.Stderr = f, f
+	err = cmd.Run()
+	out, _ := os.ReadFile(f.Name())
+	return string(out), err
 }

@@ -61,14 +61,18 @@ fi
 stopped=$((SECONDS - t0))
 
 # As scripts/kafka.sh starts it: detached, all output to the log, pid file
-# written by the shell that then execs java.
+# written by the shell that then execs java. Not from a subshell: a
+# backgrounded command in ( ... & ) keeps the caller's stdout pipe open, and
+# a caller reading our output (a test's CombinedOutput, a $(...)) would wait
+# for the broker to exit.
 printf '\n[%s] ci-kafka-bounce: restarting with the same data\n' "$(date '+%F %T')" >>"$LOG_FILE"
 # shellcheck disable=SC2016 # expanded by the inner bash
 launcher=(bash -c 'echo $$ >"$1"; shift; exec "$@"' safeack-kafka "$PID_FILE" "${argv[@]}")
+cd "$cwd"
 if command -v setsid >/dev/null 2>&1; then
-  (cd "$cwd" && nohup setsid "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &)
+  nohup setsid "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
 else
-  (cd "$cwd" && nohup "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &)
+  nohup "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
 fi
 
 deadline=$((SECONDS + START_TIMEOUT))
