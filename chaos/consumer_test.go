@@ -12,6 +12,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -189,6 +191,17 @@ func TestChaosChild(t *testing.T) {
 	if err != nil {
 		t.Fatalf("NewSubscriber: %v", err)
 	}
+	go func() {
+		// SIGUSR1: print every goroutine's stack and go on (the parent
+		// asks when a stop takes long).
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGUSR1)
+		for range sig {
+			buf := make([]byte, 8<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			fmt.Fprintf(os.Stderr, "%s SIGUSR1: goroutines:\n%s\n", time.Now().Format("15:04:05.000"), buf)
+		}
+	}()
 	go func() {
 		// What the member owns, every two seconds: where a stall shows.
 		for range time.Tick(2 * time.Second) {
@@ -401,9 +414,18 @@ func (ch *child) stop(timeout time.Duration) error {
 	defer func() { ch.sc.note("consumer process %d gone", ch.id) }()
 	ch.stopping.Store(true)
 	_ = ch.stdin.Close()
+	slow := time.NewTimer(timeout / 3)
+	defer slow.Stop()
 	select {
 	case <-ch.exited:
-	case <-time.After(timeout):
+	case <-slow.C:
+		// Slow to stop: have it print its goroutines, for the record.
+		ch.sc.note("consumer process %d slow to stop: SIGUSR1", ch.id)
+		_ = ch.cmd.Process.Signal(syscall.SIGUSR1)
+	}
+	select {
+	case <-ch.exited:
+	case <-time.After(timeout - timeout/3):
 		// SIGQUIT: the Go runtime prints every goroutine's stack on
 		// stderr and exits.
 		_ = ch.cmd.Process.Signal(syscall.SIGQUIT)
