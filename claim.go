@@ -75,29 +75,35 @@ type partitionWorker struct {
 	// end with the assignment.
 	ctx    context.Context
 	cancel context.CancelFunc
+	// parentCtx carries ctx's values without its cancellation, so that a
+	// message context does not register in ctx's children (a map insert and
+	// delete per message); await cancels message contexts when ctx ends.
+	parentCtx context.Context
 	// abandoned closes when the assignment is over: waiters for acks of
 	// messages that outlived the drain stop waiting.
 	abandoned chan struct{}
 
 	wake chan struct{} // capacity 1: "state under mu changed"
 
-	mu        sync.Mutex
-	tracker   *frontier.Tracker
-	gate      *keygate.Gate[*record]
-	released  []*record // records the gate let through on an ack, for run to emit
-	resend    []*record // nacked records due for redelivery
-	inFlight  int       // handed out, not yet acked or nacked
-	dirty     bool      // a completion may have moved the prefix
-	counters  partitionCounters
-	marked    int64 // last offset marked; written by run
-	confirmed int64 // last offset the coordinator reported committed; -1 unknown
-	stuckFlag bool  // mirrors stuck != nil for Stats
-	paused    bool  // the tail nears its budget; mirrors for Stats
-	pausedFor time.Duration
-	tailBytes int  // size of the last encoded tail
-	tailCut   bool // the last encoded tail did not fit whole
-	accepted  acceptLog
-	hwm       func() int64 // the claim's high-water mark; nil when unknown
+	mu       sync.Mutex
+	tracker  *frontier.Tracker
+	gate     *keygate.Gate[*record]
+	released []*record // records the gate let through on an ack, for run to emit
+	resend   []*record // nacked records due for redelivery
+	// Owned by run: the previous released and resend slices, for reuse.
+	spareReleased, spareResend []*record
+	inFlight                   int         // handed out, not yet acked or nacked
+	dirty                      atomic.Bool // a completion may have moved the prefix
+	counters                   partitionCounters
+	marked                     int64 // last offset marked; written by run
+	confirmed                  int64 // last offset the coordinator reported committed; -1 unknown
+	stuckFlag                  bool  // mirrors stuck != nil for Stats
+	paused                     bool  // the tail nears its budget; mirrors for Stats
+	pausedFor                  time.Duration
+	tailBytes                  int  // size of the last encoded tail
+	tailCut                    bool // the last encoded tail did not fit whole
+	accepted                   acceptLog
+	hwm                        func() int64 // the claim's high-water mark; nil when unknown
 
 	// Owned by run.
 	pauser      fetchPauser // nil: fetching is never paused
@@ -139,6 +145,7 @@ func newPartitionWorker(sub *subscription, parent context.Context, marker offset
 		logFields: sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "kafka_initial_offset": start}),
 		ctx:       ctx,
 		cancel:    cancel,
+		parentCtx: context.WithoutCancel(ctx),
 		abandoned: make(chan struct{}),
 		wake:      make(chan struct{}, 1),
 		tracker:   tracker,
@@ -210,13 +217,32 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 		}
 		w.fetchControl(accepting)
 
+		// Fast paths without the full select, the common case under load:
+		// hand out the next ready record if a token and a receiver are
+		// there, or take the next fetched record if one is waiting.
+		if w.tryHandOut() {
+			continue
+		}
+		if accepting && w.ready.len() == 0 {
+			select {
+			case m, ok := <-messages:
+				if !ok {
+					w.drain("claim closed")
+					return
+				}
+				w.accept(m)
+				continue
+			default:
+			}
+		}
+
 		var out chan<- *message.Message
 		var acquire chan<- struct{}
 		var next *message.Message
 		if r := w.ready.peek(); r != nil {
 			if w.hasToken {
 				out, next = w.sub.output, r.wm
-				r.deliveredAt = time.Now()
+				stampDelivery(r)
 			} else {
 				acquire = w.sub.tokens
 			}
@@ -262,6 +288,40 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 	}
 }
 
+// tryHandOut hands out the next ready record when a token is free and a
+// receiver waits, without blocking. It reports whether it did.
+func (w *partitionWorker) tryHandOut() bool {
+	r := w.ready.peek()
+	if r == nil {
+		return false
+	}
+	if !w.hasToken {
+		select {
+		case w.sub.tokens <- struct{}{}:
+			w.hasToken = true
+		default:
+			return false
+		}
+	}
+	stampDelivery(r)
+	select {
+	case w.sub.output <- r.wm:
+		w.hasToken = false
+		w.emitted(w.ready.pop())
+		return true
+	default:
+		return false
+	}
+}
+
+// stampDelivery records when the record's current delivery is handed out;
+// it is written before the send, so the handler reads it safely.
+func stampDelivery(r *record) {
+	if r.deliveredAt.IsZero() {
+		r.deliveredAt = time.Now()
+	}
+}
+
 // pauseAfter is how many fetched records may wait unaccepted before the
 // partition's fetching is paused. Pausing at once would toggle the
 // partition on every record while MaxInFlight is saturated.
@@ -294,15 +354,20 @@ func (w *partitionWorker) hasRoom() bool {
 func (w *partitionWorker) collect() (room bool) {
 	w.mu.Lock()
 	resend, released := w.resend, w.released
-	w.resend, w.released = nil, nil
+	// Swap in the slices emptied last time, so that steady state does not
+	// allocate.
+	w.resend, w.released = w.spareResend[:0], w.spareReleased[:0]
 	room = w.tracker.Retained() < w.tracker.Capacity()
 	w.mu.Unlock()
 	for i := len(resend) - 1; i >= 0; i-- {
-		w.ready.pushFront(w.redeliverable(resend[i]))
+		w.redeliver(resend[i])
 	}
 	for _, r := range released {
-		w.ready.push(r)
+		w.makeReady(r)
 	}
+	clear(resend)
+	clear(released)
+	w.spareResend, w.spareReleased = resend, released
 	return room
 }
 
@@ -356,21 +421,26 @@ func (w *partitionWorker) prepare(r *record) bool {
 			w.logFields.Add(watermill.LogFields{"kafka_partition_offset": r.msg.Offset}))
 		return false
 	}
-	w.setMessage(r, wm)
+	r.wm = wm
 	return true
 }
 
-func (w *partitionWorker) setMessage(r *record, wm *message.Message) {
-	ctx, cancel := context.WithCancel(context.WithValue(w.ctx, recordCtxKey{}, r))
-	wm.SetContext(ctx)
-	r.wm, r.cancel = wm, cancel
+// makeReady gives the record's delivery its context and queues it to be
+// handed out. Contexts are made only here, once a record may start, so
+// records waiting for their key cost none.
+func (w *partitionWorker) makeReady(r *record) {
+	ctx, cancel := context.WithCancel(context.WithValue(w.parentCtx, recordCtxKey{}, r))
+	r.wm.SetContext(ctx)
+	r.cancel = cancel
+	r.deliveredAt = time.Time{}
+	w.ready.push(r)
 }
 
 // admit passes a prepared record through the ordering gate.
 func (w *partitionWorker) admit(r *record) {
 	key, ordered := w.orderingKey(r.msg)
 	if !ordered {
-		w.ready.push(r)
+		w.makeReady(r)
 		return
 	}
 	r.key, r.gated = key, true
@@ -378,7 +448,7 @@ func (w *partitionWorker) admit(r *record) {
 	start := w.gate.Admit(key, r)
 	w.mu.Unlock()
 	if start {
-		w.ready.push(r)
+		w.makeReady(r)
 	}
 }
 
@@ -441,23 +511,46 @@ func (w *partitionWorker) emitted(r *record) {
 // await turns the message's Ack or Nack into a completion or redelivery.
 func (w *partitionWorker) await(r *record, wm *message.Message, cancel context.CancelFunc) {
 	select {
+	case <-w.ctx.Done():
+		// The assignment ended: cancel the message's context (it does not
+		// derive from the assignment's) and keep waiting for its answer.
+		cancel()
 	case <-wm.Acked():
-		cancel()
-		w.sub.releaseToken()
-		if c := r.deferred.Load(); c != nil && c.msg == wm {
-			// The handler handed the record to something asynchronous: the
-			// ticket completes when its Completion is resolved. It stays
-			// counted in flight so that a drain waits for it.
-			return
-		}
-		w.complete(r, true)
+		w.answered(r, wm, cancel, true)
+		return
 	case <-wm.Nacked():
-		cancel()
-		w.sub.releaseToken()
-		w.nacked(r)
+		w.answered(r, wm, cancel, false)
+		return
+	}
+	select {
+	case <-wm.Acked():
+		w.answered(r, wm, cancel, true)
+	case <-wm.Nacked():
+		w.answered(r, wm, cancel, false)
 	case <-w.abandoned:
 		cancel()
 		w.sub.releaseToken()
+	}
+}
+
+func isDeferredDelivery(r *record, wm *message.Message) bool {
+	c := r.deferred.Load()
+	return c != nil && c.msg == wm
+}
+
+// answered handles the Ack or Nack of one delivery.
+func (w *partitionWorker) answered(r *record, wm *message.Message, cancel context.CancelFunc, acked bool) {
+	cancel()
+	w.sub.releaseToken()
+	switch {
+	case !acked:
+		w.nacked(r)
+	case isDeferredDelivery(r, wm):
+		// The handler handed the record to something asynchronous: the
+		// ticket completes when its Completion is resolved. It stays
+		// counted in flight so that a drain waits for it.
+	default:
+		w.complete(r, true)
 	}
 }
 
@@ -469,7 +562,7 @@ func (w *partitionWorker) complete(r *record, handedOut bool) {
 		w.inFlight--
 	}
 	if w.tracker.Complete(r.ticket) {
-		w.dirty = true
+		w.dirty.Store(true)
 		if r.gated {
 			if next, ok := w.gate.Release(r.key); ok {
 				w.released = append(w.released, next)
@@ -509,11 +602,12 @@ func (w *partitionWorker) nacked(r *record) {
 	w.poke()
 }
 
-// redeliverable gives a nacked record a fresh delivery: a copy of its
-// message (Copy drops the ack state) with a new context.
-func (w *partitionWorker) redeliverable(r *record) *record {
-	w.setMessage(r, r.wm.Copy())
-	return r
+// redeliver queues a nacked record first in line, with a fresh delivery: a
+// copy of its message (Copy drops the ack state) with a new context.
+func (w *partitionWorker) redeliver(r *record) {
+	r.wm = r.wm.Copy()
+	w.makeReady(r)
+	w.ready.pushFront(w.ready.popBack())
 }
 
 // markIfAdvanced hands the completed prefix to Sarama when it changed,
@@ -523,16 +617,15 @@ func (w *partitionWorker) redeliverable(r *record) *record {
 // due. force marks now (the wait is over, or the partition is draining).
 func (w *partitionWorker) markIfAdvanced(force bool) (due time.Time) {
 	tailOn := w.marker != nil && !w.sub.cfg.DisableCompletedTail
-	w.mu.Lock()
-	if !w.dirty {
-		w.mu.Unlock()
+	if !w.dirty.Load() {
 		return time.Time{}
 	}
+	w.mu.Lock()
 	if tailOn && !force && time.Now().Before(w.nextMarkAt) {
 		w.mu.Unlock()
 		return w.nextMarkAt
 	}
-	w.dirty = false
+	w.dirty.Store(false)
 	safe, err := w.tracker.SafeOffset()
 	if err != nil {
 		w.mu.Unlock()
@@ -769,6 +862,14 @@ func (q *fifo[T]) pop() T {
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	}
+	return v
+}
+
+func (q *fifo[T]) popBack() T {
+	var zero T
+	v := q.items[len(q.items)-1]
+	q.items[len(q.items)-1] = zero
+	q.items = q.items[:len(q.items)-1]
 	return v
 }
 

@@ -81,6 +81,12 @@ func newMember(spec memberSpec, base *sarama.Config, logger watermill.LoggerAdap
 	// Frequent heartbeats: members learn of a rebalance quickly.
 	sc.Consumer.Group.Heartbeat.Interval = min(300*time.Millisecond, spec.Session/3)
 	sc.Consumer.Group.Rebalance.Timeout = 10 * time.Second
+	// A JoinGroup may wait up to Rebalance.Timeout, and Sarama gives it
+	// only Net.ReadTimeout. 15 s rather than the default 30 s: the
+	// embedded broker (kfake) can drop a member whose session timer runs
+	// out while it waits in JoinGroup, and then never answers that
+	// JoinGroup; the member only notices at this timeout.
+	sc.Net.ReadTimeout = 15 * time.Second
 	if spec.Cooperative {
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}

@@ -28,7 +28,7 @@
 //   - TestRebalanceStorm: in-process members join and leave every few
 //     hundred milliseconds, with eager and cooperative-sticky balancing.
 //   - TestBrokerFaults (embedded broker only): failed, timed-out
-//     (REQUEST_TIMED_OUT after applying) and delayed OffsetCommits,
+//     (REQUEST_TIMED_OUT after applying) and stalled OffsetCommits,
 //     coordinator moves and partition leader moves over three brokers,
 //     failed fetches, heartbeats and joins.
 //   - TestBrokerRestart (real broker only, when SAFEACK_CHAOS_RESTART names
