@@ -345,7 +345,19 @@ func (w *partitionWorker) fetchControl(accepting bool) {
 func (w *partitionWorker) hasRoom() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.tracker.Retained() < w.tracker.Capacity()
+	return w.tracker.Retained() < w.tracker.Capacity() && w.readAheadLeft()
+}
+
+// partitionReadAhead bounds the records taken ahead in OrderByPartition
+// mode. There, every record waits for the one before it, so reading further
+// ahead adds no concurrency, only memory; in key mode a deep read-ahead is
+// what lets other keys pass a busy one.
+const partitionReadAhead = 16
+
+// readAheadLeft reports whether the ordering mode lets another record be
+// taken. Callers hold mu.
+func (w *partitionWorker) readAheadLeft() bool {
+	return w.sub.cfg.Ordering != OrderByPartition || w.gate.Waiting() < partitionReadAhead
 }
 
 // collect moves records that acks and nacks made ready into the run
@@ -357,7 +369,7 @@ func (w *partitionWorker) collect() (room bool) {
 	// Swap in the slices emptied last time, so that steady state does not
 	// allocate.
 	w.resend, w.released = w.spareResend[:0], w.spareReleased[:0]
-	room = w.tracker.Retained() < w.tracker.Capacity()
+	room = w.tracker.Retained() < w.tracker.Capacity() && w.readAheadLeft()
 	w.mu.Unlock()
 	for i := len(resend) - 1; i >= 0; i-- {
 		w.redeliver(resend[i])
