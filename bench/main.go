@@ -2,10 +2,10 @@
 // bare Sarama consumer-group loop and the computed ideal, on the same broker
 // and the same workloads, in one invocation.
 //
-//	go run ./bench                        # everything, embedded kfake, 3 reps
-//	go run ./bench -quick -reps 1         # smoke run
-//	go run ./bench -workloads issue3      # the two comparisons of issue 3
-//	go run ./bench -brokers host:9092     # a real cluster
+//	go -C bench run .                      # everything, embedded kfake, 3 reps
+//	go -C bench run . -quick -reps 1         # smoke run
+//	go -C bench run . -workloads issue3      # the two comparisons of issue 3
+//	go -C bench run . -brokers host:9092     # a real cluster
 //
 // See bench/README.md for what each workload does and what is measured.
 package main

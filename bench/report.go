@@ -328,7 +328,7 @@ func (s *section) markdown() string {
 func writeMarkdown(path, header string, sections []*section) error {
 	var b strings.Builder
 	b.WriteString("## safeack benchmark\n\n```\n" + strings.TrimRight(header, "\n") + "\n```\n\n")
-	fmt.Fprintf(&b, "Command: `go run ./bench %s`\n\n", strings.Join(os.Args[1:], " "))
+	fmt.Fprintf(&b, "Command: `go -C bench run . %s`\n\n", strings.Join(os.Args[1:], " "))
 	for _, s := range sections {
 		b.WriteString(s.markdown())
 	}
