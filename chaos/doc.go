@@ -43,8 +43,32 @@
 //	  SAFEACK_CHAOS_RESTART=$PWD/scripts/ci-kafka-bounce.sh \
 //	  go test -tags chaos -count=1 -short -timeout 20m ./chaos/
 //
+// .ci/run runs the short version with -race -parallel 4 -v, on the embedded
+// broker and against scripts/kafka.sh's broker (about 30 s and 50 s on two
+// cores). The scenarios mostly wait on the group protocol, so -parallel 4
+// (more than GOMAXPROCS) is what keeps the suite short.
+//
 // Flags (after the package): -chaos.duration (the churn phase of each
 // scenario), -chaos.kills (SIGKILLs in the crash loop), -chaos.seed (0: from
-// the clock). The figures of the run are printed at the end as a Markdown
-// table, whatever -v says.
+// the clock; it fixes the scenarios' choices, not the scheduling). The
+// figures of the run are printed at the end as a Markdown table (with -v, or
+// when a scenario fails: go test hides a passing package's output
+// otherwise), and after each scenario.
+//
+// Environment: SAFEACK_KAFKA_BROKERS (a real cluster instead of the
+// embedded broker), SAFEACK_CHAOS_SESSION_TIMEOUT (group session timeout on
+// a real cluster, default 6s), SAFEACK_CHAOS_RESTART (see
+// TestBrokerRestart), SAFEACK_CHAOS_ARTIFACTS (where the logs of a failed
+// scenario and the goroutine dumps of consumer processes that hang go;
+// default the temporary directory), SAFEACK_CHAOS_SARAMA_LOG=1 (Sarama's
+// own log in the consumer processes' stderr), SAFEACK_CHAOS_DEBUG=1 (for
+// the first duplicated record, the commits of its partition around it).
+//
+// Known costs the figures show: a SIGKILL replays what the dead member had
+// completed since its last commit (the completed tail in the commit
+// metadata keeps the rest); with cooperative-sticky balancing under a storm
+// of joins, the final commit of a revoked partition can be rejected
+// (ILLEGAL_GENERATION: Sarama commits it after the new generation's
+// SyncGroup, and the generation has often moved on again), so the next
+// owner replays the records completed since the previous commit.
 package chaos

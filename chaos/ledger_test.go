@@ -242,6 +242,19 @@ func (l *ledger) checkKeyOrder(v *verdict) int {
 	return checked
 }
 
+// ackedBefore returns how many records were first acked before t.
+func (l *ledger) ackedBefore(t time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, at := range l.firstAck {
+		if at.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
 // duplicates returns how many records were acked more than once, and the
 // acks beyond the first.
 func (l *ledger) duplicates() (twice, extra int) {

@@ -50,6 +50,17 @@ type scenario struct {
 	fig      figures
 	started  time.Time
 	timeline []string
+
+	churnEnd      time.Time // when the churn phase ended
+	churnProduced int64     // records produced by then
+}
+
+// endChurn marks the end of the churn phase: what was acked before it shows
+// how much work the consumers did while the trouble went on.
+func (sc *scenario) endChurn() {
+	sc.churnEnd = time.Now()
+	sc.churnProduced = sc.prod.sent.Load()
+	sc.note("churn over: %d records produced", sc.churnProduced)
 }
 
 // note adds an entry to the scenario's timeline, shown when it fails.
@@ -79,10 +90,11 @@ func newScenario(t *testing.T, name string, o scenarioOpts) *scenario {
 		coop:       o.coop,
 		work:       defaultWork,
 		led:        newLedger(),
-		logs:       newTailBuffer(32 << 10),
+		logs:       newTailBuffer(4 << 20),
 		started:    time.Now(),
 	}
-	sc.logger = watermill.NewStdLoggerWithOut(sc.logs, false, false)
+	// Debug: session starts (generation, partitions) and drains.
+	sc.logger = watermill.NewStdLoggerWithOut(sc.logs, true, false)
 	sc.fig = figures{Scenario: name, Broker: "embedded", Generations: -1}
 	sc.session = kafkatest.EmbeddedSessionTimeout
 	if !c.Embedded() {
@@ -145,7 +157,10 @@ func (sc *scenario) cleanup() {
 		sc.mu.Lock()
 		sc.t.Logf("timeline:\n  %s", strings.Join(sc.timeline, "\n  "))
 		sc.mu.Unlock()
-		sc.t.Logf("in-process consumer log ends with:\n%s", sc.logs.String())
+		if s := sc.logs.String(); s != "" {
+			path := saveArtifact(fmt.Sprintf("chaos-%s-members-log.txt", sc.name), s)
+			sc.t.Logf("in-process members' log (all of it in %s) ends with:\n%s", path, s[max(0, len(s)-4096):])
+		}
 		for _, ch := range children {
 			if s := ch.stderr.String(); s != "" {
 				path := saveArtifact(fmt.Sprintf("chaos-%s-consumer-%d-stderr.txt", sc.name, ch.id), s)
@@ -263,6 +278,10 @@ func (sc *scenario) verify(end map[int32]int64) {
 	sc.fig.Passed = !t.Failed()
 	report(sc.fig)
 	t.Logf("%s: %d keyed handler starts checked for key order", sc.name, keyed)
+	if !sc.churnEnd.IsZero() {
+		t.Logf("%s: during the churn (%v) %d records were acked, of %d produced",
+			sc.name, sc.churnEnd.Sub(sc.started).Round(time.Second), sc.led.ackedBefore(sc.churnEnd), sc.churnProduced)
+	}
 	if sc.fig.Twice > 0 {
 		t.Logf("%s: some records handled more than once (consumer numbers; times from the first ack):\n  %s",
 			sc.name, strings.Join(sc.led.dupSamples(8), "\n  "))
@@ -318,12 +337,12 @@ func (sc *scenario) startProducer(rate int) {
 	sc.prod = pr
 	rng := rand.New(rand.NewPCG(sc.rng.Uint64(), sc.rng.Uint64()))
 	const tick = 50 * time.Millisecond
-	perTick := max(1, rate*int(tick)/int(time.Second))
 	go func() {
 		defer close(pr.done)
 		defer p.Close()
 		tk := time.NewTicker(tick)
 		defer tk.Stop()
+		start := time.Now()
 		var n int64
 		for {
 			select {
@@ -331,7 +350,13 @@ func (sc *scenario) startProducer(rate int) {
 				return
 			case <-tk.C:
 			}
-			batch := make([]*sarama.ProducerMessage, perTick)
+			// Catch up with the rate when sends were slow (a loaded
+			// broker, a restart), a bounded batch at a time.
+			due := int64(time.Since(start).Seconds()*float64(rate)) - n
+			if due <= 0 {
+				continue
+			}
+			batch := make([]*sarama.ProducerMessage, min(due, int64(max(rate/2, 1))))
 			for i := range batch {
 				n++
 				m := &sarama.ProducerMessage{Topic: sc.topic, Value: sarama.StringEncoder(fmt.Sprintf("chaos-%d", n))}

@@ -61,6 +61,7 @@ func TestCrashLoop(t *testing.T) {
 		live[j] = sc.spawn()
 		sc.fig.MemberChanges += 2
 	}
+	sc.endChurn()
 	final := sc.spawn()
 	sc.fig.MemberChanges++
 	time.Sleep(time.Second)
@@ -113,6 +114,7 @@ func storm(t *testing.T, name string, coop bool) {
 		}
 		sc.fig.MemberChanges++
 	}
+	sc.endChurn()
 	leaving.Wait()
 	sc.finish(drainTimeout(), func() { leaveAll(live) })
 }
@@ -142,6 +144,7 @@ func TestBrokerFaults(t *testing.T) {
 		inj.inject()
 	}
 	inj.stop()
+	sc.endChurn()
 	sc.fig.Faults, sc.fig.FaultDetail = inj.count()
 	sc.finish(drainTimeout(), func() { leaveAll(live) })
 }
@@ -297,6 +300,7 @@ func TestBrokerRestart(t *testing.T) {
 	}
 	sc.fig.FaultDetail = "broker restarts, " + strings.Join(down, "/") + " each"
 	time.Sleep(gap)
+	sc.endChurn()
 	sc.finish(drainTimeout(), func() { leaveAll(live) })
 }
 
