@@ -37,11 +37,11 @@
 //
 // Running it:
 //
-//	go test -tags chaos -count=1 -short ./chaos/           # short: 5 crashes, 10 s of churn per scenario
-//	go test -tags chaos -count=1 -timeout 30m ./chaos/     # long: 25 crashes, 60 s per scenario
-//	SAFEACK_KAFKA_BROKERS=127.0.0.1:39092 SAFEACK_CHAOS_SESSION_TIMEOUT=3s \
-//	  SAFEACK_CHAOS_RESTART=$PWD/scripts/ci-kafka-bounce.sh \
-//	  go test -tags chaos -count=1 -short -timeout 20m ./chaos/
+//	go test -tags chaos -race -count=1 -parallel 4 -v -short ./chaos/          # short: 5 crashes, 10 s of churn per scenario
+//	go test -tags chaos -race -count=1 -parallel 4 -v -timeout 30m ./chaos/    # long: 25 crashes, 60 s per scenario, 3 broker restarts
+//	eval "export $(scripts/kafka.sh start)"                                  # then, against a real broker:
+//	SAFEACK_CHAOS_SESSION_TIMEOUT=3s SAFEACK_CHAOS_RESTART=$PWD/scripts/ci-kafka-bounce.sh \
+//	  go test -tags chaos -race -count=1 -parallel 4 -v -short -timeout 20m ./chaos/
 //
 // .ci/run runs the short version with -race -parallel 4 -v, on the embedded
 // broker and against scripts/kafka.sh's broker (about 30 s and 50 s on two
