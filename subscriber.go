@@ -108,7 +108,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // message contexts are cancelled, acks are awaited up to DrainTimeout, the
 // final completed prefixes are committed, the group is left and every
 // output channel is closed. It is safe to call more than once and
-// concurrently with acks.
+// concurrently with acks. A JoinGroup request already in flight cannot be
+// interrupted (Sarama does not cancel it), so Close can wait up to the
+// client's Net.ReadTimeout when it lands mid-rebalance.
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
