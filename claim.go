@@ -129,6 +129,7 @@ type partitionCounters struct {
 	skippedTail       uint64
 	ignoredMetadata   uint64
 	deferred          uint64
+	tailEncodes       uint64
 }
 
 func newPartitionWorker(sub *subscription, parent context.Context, marker offsetMarker, topic string, partition int32, start int64) (*partitionWorker, error) {
@@ -693,6 +694,7 @@ func (w *partitionWorker) encodeTail(safe int64) string {
 	}
 	now := time.Now()
 	w.mu.Lock()
+	w.counters.tailEncodes++
 	w.tailBytes, w.tailCut = len(buf), cut
 	if pause != w.paused {
 		if pause {

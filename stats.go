@@ -58,6 +58,9 @@ type PartitionStats struct {
 	// commit metadata, and TailTruncated whether it did not fit whole.
 	TailBytes     int
 	TailTruncated bool
+	// TailEncodes counts completed tails encoded for this assignment: at
+	// most one per commit interval.
+	TailEncodes uint64
 	// Offered and Completed count records over the assignment's life.
 	Offered, Completed uint64
 	// Redeliveries counts nacks. UnmarshalFailures counts rejected
@@ -142,6 +145,7 @@ func (w *partitionWorker) stats() PartitionStats {
 		PausedFor:           pausedFor,
 		TailBytes:           w.tailBytes,
 		TailTruncated:       w.tailCut,
+		TailEncodes:         w.counters.tailEncodes,
 		SkippedTail:         w.counters.skippedTail,
 		SkippedRevoked:      w.counters.skippedRevoked,
 		IgnoredMetadata:     w.counters.ignoredMetadata,

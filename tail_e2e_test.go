@@ -337,3 +337,41 @@ func waitForTailOn(t *testing.T, cluster *kafkatest.Cluster, log *kafkatest.Comm
 		return false
 	})
 }
+
+// TestTailEncodedAtMostOncePerCommitInterval acks records one by one for a
+// while behind a held head, so that the tail changes on every ack, and
+// checks that it was encoded no more often than once per commit interval.
+func TestTailEncodedAtMostOncePerCommitInterval(t *testing.T) {
+	t.Parallel()
+	cluster := kafkatest.Start(t)
+	topic := cluster.NewTopic(t, 1)
+	produceSequential(t, cluster, topic, 0, 400)
+	cfg := cluster.SaramaConfig()
+	const interval = 100 * time.Millisecond
+	cfg.Consumer.Offsets.AutoCommit.Interval = interval
+	sub := tailSubscriber(t, cluster.Brokers(), cfg, cluster.NewGroup(t), nil)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+
+	start := time.Now()
+	acked := 0
+	for acked < 399 {
+		msg := <-msgs
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context()); off == 0 {
+			continue // the head stays unfinished: every ack grows the tail
+		}
+		time.Sleep(2 * time.Millisecond) // spread the acks over many intervals
+		msg.Ack()
+		acked++
+	}
+	var stats safeack.PartitionStats
+	kafkatest.WaitFor(t, 10*time.Second, "the whole tail encoded", func() bool {
+		stats = sub.Stats()[0]
+		return stats.Blocked == 399 && stats.TailEncodes > 0 && time.Since(start) > 2*interval
+	})
+	elapsed := time.Since(start)
+	allowed := uint64(elapsed/interval) + 2
+	require.LessOrEqual(t, stats.TailEncodes, allowed, "%d encodes in %v at one per %v", stats.TailEncodes, elapsed, interval)
+	t.Logf("%d acks, %d tail encodes in %v", acked, stats.TailEncodes, elapsed)
+}
