@@ -83,14 +83,34 @@ func (e *suiteEnv) constructors() (tests.PubSubConstructor, tests.ConsumerGroupP
 	}, withGroup
 }
 
-func TestPubSubUnordered(t *testing.T) {
-	env := newSuiteEnv(t, safeack.Unordered, kafka.DefaultMarshaler{})
+// runGroupSuite runs Watermill's universal suite with consumer groups.
+func runGroupSuite(t *testing.T, ordering safeack.Ordering, marshaler kafka.MarshalerUnmarshaler, guaranteedOrder bool) {
+	env := newSuiteEnv(t, ordering, marshaler)
 	pubSub, group := env.constructors()
 	tests.TestPubSub(t, tests.Features{
 		ConsumerGroups:  true,
 		Persistent:      true,
-		GuaranteedOrder: false,
+		GuaranteedOrder: guaranteedOrder,
 	}, pubSub, group)
+}
+
+func TestPubSubUnordered(t *testing.T) {
+	runGroupSuite(t, safeack.Unordered, kafka.DefaultMarshaler{}, false)
+}
+
+func TestPubSubByKey(t *testing.T) {
+	runGroupSuite(t, safeack.OrderByKey, kafka.DefaultMarshaler{}, false)
+}
+
+// TestPubSubByPartition runs the suite with GuaranteedOrder, which enables
+// TestNoAck and TestPublishSubscribeInOrder. The latter needs all its
+// messages on one partition: the partitioning marshaler with an empty
+// partition key puts them there, as watermill-kafka's own ordered test does.
+func TestPubSubByPartition(t *testing.T) {
+	runGroupSuite(t, safeack.OrderByPartition, kafka.NewWithPartitioningMarshaler(
+		func(topic string, msg *message.Message) (string, error) {
+			return msg.Metadata.Get("partition_key"), nil
+		}), true)
 }
 
 func TestPubSubNoConsumerGroup(t *testing.T) {
@@ -103,31 +123,4 @@ func TestPubSubNoConsumerGroup(t *testing.T) {
 	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
 		return env.publisher(t), env.subscriber(t, "")
 	}, nil)
-}
-
-func TestPubSubByKey(t *testing.T) {
-	env := newSuiteEnv(t, safeack.OrderByKey, kafka.DefaultMarshaler{})
-	pubSub, group := env.constructors()
-	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:  true,
-		Persistent:      true,
-		GuaranteedOrder: false,
-	}, pubSub, group)
-}
-
-// TestPubSubByPartition runs the suite with GuaranteedOrder, which enables
-// TestNoAck and TestPublishSubscribeInOrder. The latter needs all its
-// messages on one partition: the partitioning marshaler with an empty
-// partition key puts them there, as watermill-kafka's own ordered test does.
-func TestPubSubByPartition(t *testing.T) {
-	env := newSuiteEnv(t, safeack.OrderByPartition, kafka.NewWithPartitioningMarshaler(
-		func(topic string, msg *message.Message) (string, error) {
-			return msg.Metadata.Get("partition_key"), nil
-		}))
-	pubSub, group := env.constructors()
-	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:  true,
-		Persistent:      true,
-		GuaranteedOrder: true,
-	}, pubSub, group)
 }
