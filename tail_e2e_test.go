@@ -4,16 +4,19 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/safeack/safeack"
@@ -375,3 +378,106 @@ func TestTailEncodedAtMostOncePerCommitInterval(t *testing.T) {
 	require.LessOrEqual(t, stats.TailEncodes, allowed, "%d encodes in %v at one per %v", stats.TailEncodes, elapsed, interval)
 	t.Logf("%d acks, %d tail encodes in %v", acked, stats.TailEncodes, elapsed)
 }
+
+// TestTailOverBudgetKeepsWorkingAndCanPause: with a tiny metadata budget
+// and every other record held, the tail no longer fits; the partition keeps
+// flowing, commits stay within the budget, Stats says the tail was cut, and
+// with PauseAtTailUsage the partition stops taking records until the held
+// ones complete.
+func TestTailOverBudgetKeepsWorkingAndCanPause(t *testing.T) {
+	t.Parallel()
+	for _, pause := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pause=%v", pause), func(t *testing.T) {
+			t.Parallel()
+			cluster := kafkatest.Start(t)
+			topic := cluster.NewTopic(t, 1)
+			// Enough records that intake outlasts the first commit interval,
+			// when the pause decision is first made.
+			const n, budget = 5000, 48
+			produceSequential(t, cluster, topic, 0, n)
+			log := cluster.ObserveCommits(t)
+			cfg := cluster.SaramaConfig()
+			cfg.Consumer.Offsets.AutoCommit.Interval = 50 * time.Millisecond
+			group := cluster.NewGroup(t)
+			sub := tailSubscriber(t, cluster.Brokers(), cfg, group, func(c *safeack.SubscriberConfig) {
+				c.TailMetadataBudget = budget
+				c.MaxInFlight = n
+				if pause {
+					c.PauseAtTailUsage = 0.5
+				}
+			})
+			t.Cleanup(func() { _ = sub.Close() })
+			msgs, err := sub.Subscribe(context.Background(), topic)
+			require.NoError(t, err)
+
+			// Hold a random half of the records, ack the others: an
+			// incompressible tail, far more than 48 bytes can say.
+			rng := rand.New(rand.NewPCG(1, 2))
+			hold := make(map[int64]bool, n)
+			for off := range int64(n) {
+				hold[off] = off == 0 || rng.IntN(2) == 0
+			}
+			var held []*message.Message
+			var mu sync.Mutex
+			var handled atomic.Int64
+			go func() {
+				for msg := range msgs {
+					handled.Add(1)
+					if off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context()); hold[off] {
+						mu.Lock()
+						held = append(held, msg)
+						mu.Unlock()
+						continue
+					}
+					msg.Ack()
+				}
+			}()
+			if pause {
+				kafkatest.WaitFor(t, 20*time.Second, "the partition pauses with its tail near the budget", func() bool {
+					st := sub.Stats()
+					return len(st) == 1 && st[0].Paused
+				})
+				taken := sub.Stats()[0].Delivered
+				require.Less(t, taken, int64(n), "a paused partition must stop taking records")
+				require.Never(t, func() bool { return sub.Stats()[0].Delivered > taken+pauseSlack }, 500*time.Millisecond, 20*time.Millisecond,
+					"records kept being taken while paused")
+			} else {
+				kafkatest.WaitFor(t, 20*time.Second, "every record handed out despite the cut tail", func() bool { return handled.Load() == n })
+				kafkatest.WaitFor(t, 5*time.Second, "a tail cut to the budget", func() bool {
+					st := sub.Stats()[0]
+					return st.TailTruncated && st.TailBytes <= budget
+				})
+			}
+			mu.Lock()
+			for _, msg := range held {
+				msg.Ack()
+			}
+			held = nil
+			mu.Unlock()
+			kafkatest.WaitFor(t, 20*time.Second, "everything handled and committed", func() bool {
+				mu.Lock()
+				for _, msg := range held {
+					msg.Ack()
+				}
+				held = nil
+				mu.Unlock()
+				return handled.Load() >= n && cluster.CommittedOffsets(t, group, topic)[0].Offset == n
+			})
+			if pause {
+				require.Positive(t, sub.Stats()[0].PausedFor)
+			}
+			if log != nil {
+				for _, c := range log.Commits() {
+					if co, ok := c.Offset(topic, 0); ok && c.Group == group {
+						require.LessOrEqual(t, len(co.Metadata), budget, "a commit's metadata exceeded the budget")
+					}
+				}
+			}
+		})
+	}
+}
+
+// pauseSlack is what a partition may still take after it paused: records
+// the pause decision had not seen yet (one commit interval of them at most
+// in this test) plus the fetched queue's threshold.
+const pauseSlack = 128
