@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -252,4 +253,63 @@ func TestUnorderedRunsSameKeyConcurrently(t *testing.T) {
 	for _, msg := range held {
 		msg.Ack()
 	}
+}
+
+// TestOrderingKeyFunction orders by a header instead of the Kafka key:
+// records with distinct Kafka keys but one header value never overlap.
+func TestOrderingKeyFunction(t *testing.T) {
+	t.Parallel()
+	cluster := kafkatest.Start(t)
+	topic := cluster.NewTopic(t, 1)
+	const n = 60
+	recs := make([]kafkatest.Record, n)
+	for i := range recs {
+		recs[i] = kafkatest.Record{
+			Key:     fmt.Appendf(nil, "unique-%d", i),
+			Value:   fmt.Appendf(nil, "%d", i),
+			Headers: map[string]string{"account": fmt.Sprintf("acct-%d", i%3)},
+		}
+	}
+	cluster.Produce(t, topic, recs...)
+
+	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+		Brokers:               cluster.Brokers(),
+		OverwriteSaramaConfig: cluster.SaramaConfig(),
+		ConsumerGroup:         cluster.NewGroup(t),
+		MaxInFlight:           16,
+		OrderingKey: func(m *sarama.ConsumerMessage) []byte {
+			for _, h := range m.Headers {
+				if string(h.Key) == "account" {
+					return h.Value
+				}
+			}
+			return nil
+		},
+	}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+
+	kt := newKeyTracker()
+	var done atomic.Int64
+	go func() {
+		for msg := range msgs {
+			go func(msg *message.Message) {
+				account := msg.Metadata.Get("account")
+				offset, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
+				kt.start(account, offset)
+				time.Sleep(time.Millisecond) // simulated work
+				kt.end(account)
+				done.Add(1)
+				msg.Ack()
+			}(msg)
+		}
+	}()
+	kafkatest.WaitFor(t, 20*time.Second, "every record handled", func() bool { return done.Load() == n })
+	kt.mu.Lock()
+	defer kt.mu.Unlock()
+	require.Empty(t, kt.violations)
+	require.Greater(t, kt.peak, 1, "different accounts must run side by side")
+	require.LessOrEqual(t, kt.peak, 3, "one account at a time: at most three accounts run")
 }
