@@ -43,7 +43,6 @@ type record struct {
 
 	wm           *message.Message // the current delivery
 	cancel       context.CancelFunc
-	deliveries   int
 	deliveredAt  time.Time // of the current delivery; written before it is handed out
 	unmarshalErr error
 
@@ -71,8 +70,8 @@ type partitionWorker struct {
 	marker    offsetMarker // nil without a consumer group
 	logFields watermill.LogFields
 
-	// ctx is the assignment's context: message contexts derive from it and
-	// end with the assignment.
+	// ctx is the assignment's context: it ends with the assignment, and
+	// with it the contexts of the messages handed out (see parentCtx).
 	ctx    context.Context
 	cancel context.CancelFunc
 	// parentCtx carries ctx's values without its cancellation, so that a
@@ -112,7 +111,6 @@ type partitionWorker struct {
 	ready       fifo[*record]
 	hasToken    bool
 	stuck       *record // a record the unmarshaler rejected; the partition waits on it
-	stuckErr    error
 	seed        maphash.Seed
 	skip        frontier.Tail // completed tail read back from the last commit
 	tailBuf     []byte
@@ -398,7 +396,7 @@ func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 		// before reading, so this is a broken invariant: refuse the record
 		// loudly rather than deliver something the commit cannot cover.
 		w.sub.logger.Error("Record refused by the frontier tracker; partition stops", err, w.logFields.Add(watermill.LogFields{"kafka_partition_offset": m.Offset}))
-		w.setStuck(&record{msg: m, owner: w}, err)
+		w.setStuck(&record{msg: m, owner: w})
 		return
 	}
 	r := &record{msg: m, ticket: tk, owner: w}
@@ -415,7 +413,7 @@ func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 		}
 	}
 	if !w.prepare(r) {
-		w.setStuck(r, r.unmarshalErr)
+		w.setStuck(r)
 		return
 	}
 	w.admit(r)
@@ -495,18 +493,18 @@ func (w *partitionWorker) retryStuck() {
 				w.logFields.Add(watermill.LogFields{"kafka_partition_offset": r.msg.Offset}))
 			return
 		}
-		w.setStuck(nil, nil)
+		w.setStuck(nil)
 		w.complete(r, false)
 		return
 	}
 	if w.prepare(r) {
-		w.setStuck(nil, nil)
+		w.setStuck(nil)
 		w.admit(r)
 	}
 }
 
-func (w *partitionWorker) setStuck(r *record, err error) {
-	w.stuck, w.stuckErr = r, err
+func (w *partitionWorker) setStuck(r *record) {
+	w.stuck = r
 	w.mu.Lock()
 	w.stuckFlag = r != nil
 	w.mu.Unlock()
@@ -514,7 +512,6 @@ func (w *partitionWorker) setStuck(r *record, err error) {
 
 // emitted is called once a record's message was taken by the consumer.
 func (w *partitionWorker) emitted(r *record) {
-	r.deliveries++
 	w.mu.Lock()
 	w.inFlight++
 	w.mu.Unlock()
