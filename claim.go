@@ -344,6 +344,12 @@ func (w *partitionWorker) fetchControl(accepting bool) {
 func (w *partitionWorker) hasRoom() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.roomLocked()
+}
+
+// roomLocked reports whether another record may be taken: the tracker has
+// room and the ordering mode's read-ahead is not used up. Callers hold mu.
+func (w *partitionWorker) roomLocked() bool {
 	return w.tracker.Retained() < w.tracker.Capacity() && w.readAheadLeft()
 }
 
@@ -368,7 +374,7 @@ func (w *partitionWorker) collect() (room bool) {
 	// Swap in the slices emptied last time, so that steady state does not
 	// allocate.
 	w.resend, w.released = w.spareResend[:0], w.spareReleased[:0]
-	room = w.tracker.Retained() < w.tracker.Capacity() && w.readAheadLeft()
+	room = w.roomLocked()
 	w.mu.Unlock()
 	for i := len(resend) - 1; i >= 0; i-- {
 		w.redeliver(resend[i])

@@ -146,17 +146,7 @@ func (l *ackLog) waitAllAcked(t *testing.T, c *kafkatest.Cluster, topic string, 
 // waitCond polls cond every 5ms until it holds or timeout passes; cond gets
 // one last look after the deadline. It reports whether cond held.
 func waitCond(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		expired := time.Now().After(deadline)
-		if cond() {
-			return true
-		}
-		if expired {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	return kafkatest.Poll(timeout, 5*time.Millisecond, cond)
 }
 
 // newTestSubscriber builds a Subscriber on c for group with test-friendly

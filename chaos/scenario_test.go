@@ -293,17 +293,7 @@ func (sc *scenario) verify(end map[int32]int64) {
 // waitCond polls cond every 20ms until it holds or timeout passes; cond
 // gets one look after the deadline.
 func waitCond(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		expired := time.Now().After(deadline)
-		if cond() {
-			return true
-		}
-		if expired {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return kafkatest.Poll(timeout, 20*time.Millisecond, cond)
 }
 
 // ------------------------------------------------------------- producer --

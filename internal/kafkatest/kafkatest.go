@@ -340,18 +340,24 @@ func uniqueName(prefix, testName string) string {
 // deadline, so a slow poll never fails a condition that holds.
 func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 	tb.Helper()
+	if !Poll(timeout, 10*time.Millisecond, cond) {
+		tb.Fatalf("kafkatest: timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// Poll calls cond every interval until it holds or timeout passes, and
+// reports whether it held. The clock is read before each call, so cond gets
+// one last look after the deadline.
+func Poll(timeout, interval time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for {
-		// Read the clock before cond so the last cond runs after the
-		// deadline has passed.
 		expired := time.Now().After(deadline)
 		if cond() {
-			return
+			return true
 		}
 		if expired {
-			tb.Fatalf("kafkatest: timed out after %v waiting for %s", timeout, what)
-			return
+			return false
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
