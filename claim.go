@@ -59,10 +59,15 @@ type record struct {
 
 // partitionWorker owns one assigned partition: it takes records from the
 // claim, registers them with the frontier tracker, passes them through the
-// ordering gate, hands them to the subscription's output, and marks the
-// completed prefix as acks arrive. Its run loop is the only goroutine that
-// reads the claim, sends on the output and marks offsets; acks reach it
-// through the state under mu and a wake-up signal.
+// ordering gate into the ready queue, and marks the completed prefix as acks
+// arrive. Its run loop is the only goroutine that reads the claim and marks
+// offsets; acks reach it through the state under mu and a wake-up signal.
+//
+// Ready records are handed out by the run loop and, to keep the handlers fed
+// without a round trip through it, by the goroutine that saw the previous
+// ack: it passes its in-flight token on to the next ready record (see
+// completeAndContinue). The run loop refills the ready queue a batch at a
+// time.
 type partitionWorker struct {
 	sub       *subscription
 	topic     string
@@ -84,33 +89,40 @@ type partitionWorker struct {
 
 	wake chan struct{} // capacity 1: "state under mu changed"
 
-	mu       sync.Mutex
-	tracker  *frontier.Tracker
-	gate     *keygate.Gate[*record]
-	released []*record // records the gate let through on an ack, for run to emit
-	resend   []*record // nacked records due for redelivery
-	// Owned by run: the previous released and resend slices, for reuse.
-	spareReleased, spareResend []*record
-	inFlight                   int         // handed out, not yet acked or nacked
-	dirty                      atomic.Bool // a completion may have moved the prefix
-	counters                   partitionCounters
-	marked                     int64 // last offset marked; written by run
-	confirmed                  int64 // last offset the coordinator reported committed; -1 unknown
-	stuckFlag                  bool  // mirrors stuck != nil for Stats
-	paused                     bool  // the tail nears its budget; mirrors for Stats
-	pausedFor                  time.Duration
-	tailBytes                  int  // size of the last encoded tail
-	tailCut                    bool // the last encoded tail did not fit whole
-	accepted                   acceptLog
-	hwm                        func() int64 // the claim's high-water mark; nil when unknown
+	// handout is held shared by every goroutine sending on the output
+	// outside the run loop; drain takes it exclusively to stop them before
+	// the assignment ends (the output is closed after that).
+	handout sync.RWMutex
+
+	mu      sync.Mutex
+	tracker *frontier.Tracker
+	gate    *keygate.Gate[*record]
+	// ready holds records that may start now, in hand-out order:
+	// redeliveries first, then records the gate let through, then new
+	// ones. Their message contexts are made when they are handed out.
+	ready      fifo[*record]
+	handedDone bool         // the assignment is ending: nothing more is handed out
+	inFlight   int          // handed out, not yet acked or nacked
+	holding    atomic.Int32 // tokens held by this partition's unanswered messages
+	dirty      atomic.Bool  // a completion may have moved the prefix
+	counters   partitionCounters
+	marked     int64 // last offset marked; written by run
+	confirmed  int64 // last offset the coordinator reported committed; -1 unknown
+	stuckFlag  bool  // mirrors stuck != nil for Stats
+	paused     bool  // the tail nears its budget; mirrors for Stats
+	pausedFor  time.Duration
+	tailBytes  int  // size of the last encoded tail
+	tailCut    bool // the last encoded tail did not fit whole
+	accepted   acceptLog
+	hwm        func() int64 // the claim's high-water mark; nil when unknown
 
 	// Owned by run.
 	pauser      fetchPauser // nil: fetching is never paused
 	fetchPaused bool
 	fetched     fifo[*sarama.ConsumerMessage] // taken from the claim, not yet accepted
-	ready       fifo[*record]
-	hasToken    bool
-	stuck       *record // a record the unmarshaler rejected; the partition waits on it
+	next        *record                       // popped from ready with a token, being sent
+	readyAhead  int                           // accept records while fewer than this are ready
+	stuck       *record                       // a record the unmarshaler rejected; the partition waits on it
 	seed        maphash.Seed
 	skip        frontier.Tail // completed tail read back from the last commit
 	tailBuf     []byte
@@ -137,21 +149,22 @@ func newPartitionWorker(sub *subscription, parent context.Context, marker offset
 	}
 	ctx, cancel := context.WithCancel(parent)
 	w := &partitionWorker{
-		sub:       sub,
-		topic:     topic,
-		partition: partition,
-		marker:    marker,
-		logFields: sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "kafka_initial_offset": start}),
-		ctx:       ctx,
-		cancel:    cancel,
-		parentCtx: context.WithoutCancel(ctx),
-		abandoned: make(chan struct{}),
-		wake:      make(chan struct{}, 1),
-		tracker:   tracker,
-		gate:      keygate.New[*record](),
-		seed:      sub.seed,
-		marked:    start,
-		confirmed: -1,
+		sub:        sub,
+		topic:      topic,
+		partition:  partition,
+		marker:     marker,
+		logFields:  sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "kafka_initial_offset": start}),
+		ctx:        ctx,
+		cancel:     cancel,
+		parentCtx:  context.WithoutCancel(ctx),
+		abandoned:  make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+		tracker:    tracker,
+		gate:       keygate.New[*record](),
+		seed:       sub.seed,
+		marked:     start,
+		confirmed:  -1,
+		readyAhead: min(sub.cfg.MaxInFlight, maxReadyAhead),
 	}
 	return w, nil
 }
@@ -190,6 +203,8 @@ func (w *partitionWorker) poke() {
 func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-chan struct{}) {
 	var retry, markLater *time.Timer
 	var retryC, markC <-chan time.Time
+	w.sub.partitions.Add(1)
+	defer w.sub.partitions.Add(-1)
 	defer func() {
 		if retry != nil {
 			retry.Stop()
@@ -199,20 +214,19 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 		}
 	}()
 	for {
-		room := w.collect()
 		if due := w.markIfAdvanced(false); !due.IsZero() && markC == nil {
 			markLater = time.NewTimer(time.Until(due))
 			markC = markLater.C
 		}
 
-		// Take a record only when nothing is ready to hand out (so the
-		// in-flight bound also bounds fetching), the tracker has room, and
-		// the tail is not near its budget. Otherwise records wait in the
-		// fetched queue, and fetching pauses once it holds a few.
-		accepting := room && w.ready.len() == 0 && w.stuck == nil && !w.tailPaused()
+		// Take records while few are ready to hand out (so the in-flight
+		// bound also bounds fetching), the tracker has room, and the tail
+		// is not near its budget. Otherwise records wait in the fetched
+		// queue, and fetching pauses once it holds a few.
+		accepting := w.canAccept()
 		for accepting && w.fetched.len() > 0 {
 			w.accept(w.fetched.pop())
-			accepting = w.ready.len() == 0 && w.stuck == nil && w.hasRoom()
+			accepting = w.canAccept()
 		}
 		w.fetchControl(accepting)
 
@@ -222,7 +236,7 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 		if w.tryHandOut() {
 			continue
 		}
-		if accepting && w.ready.len() == 0 {
+		if accepting {
 			select {
 			case m, ok := <-messages:
 				if !ok {
@@ -238,13 +252,10 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 		var out chan<- *message.Message
 		var acquire chan<- struct{}
 		var next *message.Message
-		if r := w.ready.peek(); r != nil {
-			if w.hasToken {
-				out, next = w.sub.output, r.wm
-				stampDelivery(r)
-			} else {
-				acquire = w.sub.tokens
-			}
+		if w.next != nil {
+			out, next = w.sub.output, w.next.wm
+		} else if w.wantsToken() {
+			acquire = w.sub.tokens
 		}
 		if w.stuck != nil && retryC == nil {
 			retry = time.NewTimer(w.sub.retrySleep())
@@ -266,10 +277,12 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 				w.fetched.push(m)
 			}
 		case acquire <- struct{}{}:
-			w.hasToken = true
+			w.next = w.takeReady()
+			if w.next == nil {
+				w.sub.releaseToken() // acks handed the ready records out meanwhile
+			}
 		case out <- next:
-			w.hasToken = false
-			w.emitted(w.ready.pop())
+			w.sent()
 		case <-w.wake:
 		case <-retryC:
 			retry, retryC = nil, nil
@@ -287,39 +300,110 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 	}
 }
 
+// canAccept reports whether run may take another record from the claim.
+func (w *partitionWorker) canAccept() bool {
+	if w.stuck != nil || w.tailPaused() {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ready.len() < w.readyAhead && w.roomLocked()
+}
+
+// wantsToken reports whether run should wait for an in-flight token: a
+// record is ready and the partition holds less than its share of the
+// tokens. At its share, the partition's own acks pass their tokens on to
+// its ready records (see completeAndContinue), so run waiting as well would
+// only take turns with them; below it, waiting queues the partition for the
+// next token any partition frees.
+func (w *partitionWorker) wantsToken() bool {
+	share := max(1, w.sub.cfg.MaxInFlight/max(1, int(w.sub.partitions.Load())))
+	return int(w.holding.Load()) < share && w.readyLen() > 0
+}
+
+func (w *partitionWorker) readyLen() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ready.len()
+}
+
 // tryHandOut hands out the next ready record when a token is free and a
 // receiver waits, without blocking. It reports whether it did.
 func (w *partitionWorker) tryHandOut() bool {
-	r := w.ready.peek()
-	if r == nil {
-		return false
-	}
-	if !w.hasToken {
+	if w.next == nil {
+		if w.readyLen() == 0 {
+			return false
+		}
 		select {
 		case w.sub.tokens <- struct{}{}:
-			w.hasToken = true
 		default:
 			return false
 		}
+		if w.next = w.takeReady(); w.next == nil {
+			w.sub.releaseToken()
+			return false
+		}
 	}
-	stampDelivery(r)
 	select {
-	case w.sub.output <- r.wm:
-		w.hasToken = false
-		w.emitted(w.ready.pop())
+	case w.sub.output <- w.next.wm:
+		w.sent()
 		return true
 	default:
 		return false
 	}
 }
 
-// stampDelivery records when the record's current delivery is handed out;
-// it is written before the send, so the handler reads it safely.
-func stampDelivery(r *record) {
-	if r.deliveredAt.IsZero() {
-		r.deliveredAt = time.Now()
+// takeReady pops the next ready record for a caller holding a token and
+// gives it a fresh delivery context. It returns nil when none is ready or
+// the assignment is ending. The record counts in flight from here.
+func (w *partitionWorker) takeReady() *record {
+	w.mu.Lock()
+	if w.handedDone || w.ready.len() == 0 {
+		w.mu.Unlock()
+		return nil
 	}
+	r := w.ready.pop()
+	w.inFlight++
+	w.mu.Unlock()
+	w.holding.Add(1)
+	w.startDelivery(r)
+	return r
 }
+
+// startDelivery gives the record's current delivery its context and stamps
+// when it is handed out. Contexts are made only here, once a record starts,
+// so records waiting for their key or in the ready queue cost none. The
+// stamp is written before the send, so the handler reads it safely.
+func (w *partitionWorker) startDelivery(r *record) {
+	ctx, cancel := context.WithCancel(context.WithValue(w.parentCtx, recordCtxKey{}, r))
+	r.wm.SetContext(ctx)
+	r.cancel = cancel
+	r.deliveredAt = time.Now()
+}
+
+// sent is called by run once the consumer took w.next.
+func (w *partitionWorker) sent() {
+	r := w.next
+	w.next = nil
+	go w.await(r)
+}
+
+// unsend takes back a record popped by takeReady that was never handed
+// out, because the assignment ended first. It stays unfinished.
+func (w *partitionWorker) unsend(r *record) {
+	r.cancel()
+	w.holding.Add(-1)
+	w.sub.releaseToken()
+	w.mu.Lock()
+	w.inFlight--
+	w.mu.Unlock()
+	w.poke()
+}
+
+// maxReadyAhead bounds the records kept ready to hand out per partition. A
+// few dozen let the acks' goroutines refill the handlers while run takes the
+// next batch from the claim; more would only unmarshal records early.
+const maxReadyAhead = 64
 
 // pauseAfter is how many fetched records may wait unaccepted before the
 // partition's fetching is paused. Pausing at once would toggle the
@@ -363,29 +447,6 @@ const partitionReadAhead = 16
 // taken. Callers hold mu.
 func (w *partitionWorker) readAheadLeft() bool {
 	return w.sub.cfg.Ordering != OrderByPartition || w.gate.Waiting() < partitionReadAhead
-}
-
-// collect moves records that acks and nacks made ready into the run
-// loop's own queue, redeliveries first: they hold their keys. It reports
-// whether the tracker has room for another record.
-func (w *partitionWorker) collect() (room bool) {
-	w.mu.Lock()
-	resend, released := w.resend, w.released
-	// Swap in the slices emptied last time, so that steady state does not
-	// allocate.
-	w.resend, w.released = w.spareResend[:0], w.spareReleased[:0]
-	room = w.roomLocked()
-	w.mu.Unlock()
-	for i := len(resend) - 1; i >= 0; i-- {
-		w.redeliver(resend[i])
-	}
-	for _, r := range released {
-		w.makeReady(r)
-	}
-	clear(resend)
-	clear(released)
-	w.spareResend, w.spareReleased = resend, released
-	return room
 }
 
 // accept registers a record with the tracker before anything else sees it,
@@ -442,31 +503,16 @@ func (w *partitionWorker) prepare(r *record) bool {
 	return true
 }
 
-// makeReady gives the record's delivery its context and queues it to be
-// handed out. Contexts are made only here, once a record may start, so
-// records waiting for their key cost none.
-func (w *partitionWorker) makeReady(r *record) {
-	ctx, cancel := context.WithCancel(context.WithValue(w.parentCtx, recordCtxKey{}, r))
-	r.wm.SetContext(ctx)
-	r.cancel = cancel
-	r.deliveredAt = time.Time{}
-	w.ready.push(r)
-}
-
-// admit passes a prepared record through the ordering gate.
+// admit passes a prepared record through the ordering gate into the ready
+// queue.
 func (w *partitionWorker) admit(r *record) {
 	key, ordered := w.orderingKey(r.msg)
-	if !ordered {
-		w.makeReady(r)
-		return
-	}
-	r.key, r.gated = key, true
+	r.key, r.gated = key, ordered
 	w.mu.Lock()
-	start := w.gate.Admit(key, r)
-	w.mu.Unlock()
-	if start {
-		w.makeReady(r)
+	if !ordered || w.gate.Admit(key, r) {
+		w.ready.push(r)
 	}
+	w.mu.Unlock()
 }
 
 func (w *partitionWorker) orderingKey(m *sarama.ConsumerMessage) (uint64, bool) {
@@ -516,36 +562,42 @@ func (w *partitionWorker) setStuck(r *record) {
 	w.mu.Unlock()
 }
 
-// emitted is called once a record's message was taken by the consumer.
-func (w *partitionWorker) emitted(r *record) {
-	w.mu.Lock()
-	w.inFlight++
-	w.mu.Unlock()
-	go w.await(r, r.wm, r.cancel)
+// await turns the Acks and Nacks of the messages handed out on this
+// goroutine into completions or redeliveries: first r's, then those of the
+// records it hands out itself after an ack.
+func (w *partitionWorker) await(r *record) {
+	for r != nil {
+		wm, cancel := r.wm, r.cancel
+		acked, answered := w.waitAnswer(wm, cancel)
+		if !answered {
+			return
+		}
+		r = w.answered(r, wm, cancel, acked)
+	}
 }
 
-// await turns the message's Ack or Nack into a completion or redelivery.
-func (w *partitionWorker) await(r *record, wm *message.Message, cancel context.CancelFunc) {
+// waitAnswer waits for the Ack or Nack of wm. When the assignment ends it
+// cancels the message's context (it does not derive from the assignment's)
+// and keeps waiting; once the assignment is abandoned it gives up, frees the
+// token and reports answered false.
+func (w *partitionWorker) waitAnswer(wm *message.Message, cancel context.CancelFunc) (acked, answered bool) {
 	select {
 	case <-w.ctx.Done():
-		// The assignment ended: cancel the message's context (it does not
-		// derive from the assignment's) and keep waiting for its answer.
 		cancel()
 	case <-wm.Acked():
-		w.answered(r, wm, cancel, true)
-		return
+		return true, true
 	case <-wm.Nacked():
-		w.answered(r, wm, cancel, false)
-		return
+		return false, true
 	}
 	select {
 	case <-wm.Acked():
-		w.answered(r, wm, cancel, true)
+		return true, true
 	case <-wm.Nacked():
-		w.answered(r, wm, cancel, false)
+		return false, true
 	case <-w.abandoned:
-		cancel()
+		w.holding.Add(-1)
 		w.sub.releaseToken()
+		return false, false
 	}
 }
 
@@ -554,19 +606,66 @@ func isDeferredDelivery(r *record, wm *message.Message) bool {
 	return c != nil && c.msg == wm
 }
 
-// answered handles the Ack or Nack of one delivery.
-func (w *partitionWorker) answered(r *record, wm *message.Message, cancel context.CancelFunc, acked bool) {
+// answered handles the Ack or Nack of one delivery. After a plain ack it
+// returns the next record it handed out in its place, if any.
+func (w *partitionWorker) answered(r *record, wm *message.Message, cancel context.CancelFunc, acked bool) *record {
 	cancel()
-	w.sub.releaseToken()
+	w.holding.Add(-1)
 	switch {
 	case !acked:
+		w.sub.releaseToken()
 		w.nacked(r)
 	case isDeferredDelivery(r, wm):
 		// The handler handed the record to something asynchronous: the
 		// ticket completes when its Completion is resolved. It stays
-		// counted in flight so that a drain waits for it.
+		// counted in flight so that a drain waits for it; run is woken to
+		// hand out with the freed token.
+		w.sub.releaseToken()
+		w.poke()
 	default:
+		return w.completeAndContinue(r)
+	}
+	return nil
+}
+
+// completeAndContinue completes an acked record and, when the token it
+// held is not wanted by a waiting partition, hands the next ready record out
+// with it. This keeps handlers fed without waking the run loop for every
+// record. It returns the record handed out, or nil.
+func (w *partitionWorker) completeAndContinue(r *record) *record {
+	if !w.sub.passToken() {
 		w.complete(r, true)
+		return nil
+	}
+	w.handout.RLock()
+	defer w.handout.RUnlock()
+	w.mu.Lock()
+	w.inFlight--
+	wake := w.completeLocked(r)
+	var next *record
+	if !w.handedDone && w.ready.len() > 0 {
+		next = w.ready.pop()
+		w.inFlight++
+		w.holding.Add(1)
+	}
+	// Wake run to refill the ready queue once it runs low, rather than
+	// for every record.
+	wake = wake || w.ready.len() < w.readyAhead/2
+	w.mu.Unlock()
+	if wake {
+		w.poke()
+	}
+	if next == nil {
+		w.sub.releaseToken()
+		return nil
+	}
+	w.startDelivery(next)
+	select {
+	case w.sub.output <- next.wm:
+		return next
+	case <-w.ctx.Done():
+		w.unsend(next)
+		return nil
 	}
 }
 
@@ -577,16 +676,26 @@ func (w *partitionWorker) complete(r *record, handedOut bool) {
 	if handedOut {
 		w.inFlight--
 	}
+	w.completeLocked(r)
+	w.mu.Unlock()
+	w.poke()
+}
+
+// completeLocked completes r's ticket and lets the next record of its key
+// through the gate. It reports whether run should be woken: the prefix may
+// have moved for the first time since the last mark, a record became ready
+// that no one may hand out, or nothing is in flight (a drain waits for
+// that). Callers hold mu.
+func (w *partitionWorker) completeLocked(r *record) (wake bool) {
 	if w.tracker.Complete(r.ticket) {
-		w.dirty.Store(true)
+		wake = !w.dirty.Swap(true)
 		if r.gated {
 			if next, ok := w.gate.Release(r.key); ok {
-				w.released = append(w.released, next)
+				w.ready.push(next)
 			}
 		}
 	}
-	w.mu.Unlock()
-	w.poke()
+	return wake || w.inFlight == 0
 }
 
 func (w *partitionWorker) nacked(r *record) {
@@ -612,18 +721,16 @@ func (w *partitionWorker) nacked(r *record) {
 	if w.ctx.Err() != nil {
 		return
 	}
+	// Redeliver first in line, with a fresh delivery: a copy of the
+	// message (Copy drops the ack state); it gets a new context when
+	// handed out.
 	w.mu.Lock()
-	w.resend = append(w.resend, r)
+	if !w.handedDone {
+		r.wm = r.wm.Copy()
+		w.ready.pushFront(r)
+	}
 	w.mu.Unlock()
 	w.poke()
-}
-
-// redeliver queues a nacked record first in line, with a fresh delivery: a
-// copy of its message (Copy drops the ack state) with a new context.
-func (w *partitionWorker) redeliver(r *record) {
-	r.wm = r.wm.Copy()
-	w.makeReady(r)
-	w.ready.pushFront(w.ready.popBack())
 }
 
 // markIfAdvanced hands the completed prefix to Sarama when it changed,
@@ -721,11 +828,19 @@ func (w *partitionWorker) tailPaused() bool { return w.paused }
 // and the tracker is revoked so that later acks change nothing.
 func (w *partitionWorker) drain(reason string) {
 	w.cancel()
-	if w.hasToken {
-		w.hasToken = false
-		w.sub.releaseToken()
+	if w.next != nil {
+		w.unsend(w.next)
+		w.next = nil
 	}
+	// Stop the acks' goroutines from handing out more: the cancelled
+	// context lets any that is sending give its record back, and once
+	// handout is ours none is left.
+	w.handout.Lock()
+	w.mu.Lock()
+	w.handedDone = true
 	w.ready.clear()
+	w.mu.Unlock()
+	w.handout.Unlock()
 	w.fetched.clear()
 	if w.fetchPaused {
 		// Sarama keeps a partition paused across reassignment: a later
@@ -763,7 +878,7 @@ func (w *partitionWorker) drain(reason string) {
 	stats := w.tracker.Stats()
 	w.tracker.Revoke()
 	w.gate.Drain(nil)
-	w.resend, w.released = nil, nil
+	w.ready.clear()
 	w.mu.Unlock()
 	close(w.abandoned)
 

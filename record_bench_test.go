@@ -45,10 +45,10 @@ func BenchmarkRecordPath(b *testing.B) {
 			for i := range b.N {
 				m := &sarama.ConsumerMessage{Topic: "bench", Offset: int64(i), Key: keys[i%len(keys)], Value: value, Timestamp: time.Unix(0, 0)}
 				w.accept(m)
-				w.collect()
-				r := w.ready.pop()
 				w.sub.tokens <- struct{}{}
-				w.emitted(r)
+				w.next = w.takeReady()
+				r := w.next
+				w.sent()
 				r.wm.Ack()
 				for w.inFlightNow() > 0 {
 					<-w.wake // the ack goroutine completes the record and pokes

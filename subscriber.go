@@ -123,17 +123,34 @@ func (s *Subscriber) Close() error {
 // subscription is one Subscribe call: one output channel, one in-flight
 // budget, one consumer (group) connection at a time.
 type subscription struct {
-	s         *Subscriber
-	cfg       *SubscriberConfig
-	logger    watermill.LoggerAdapter
-	topic     string
-	output    chan *message.Message
-	tokens    chan struct{} // a slot per message handed out and unanswered
-	seed      maphash.Seed
-	logFields watermill.LogFields
+	s      *Subscriber
+	cfg    *SubscriberConfig
+	logger watermill.LoggerAdapter
+	topic  string
+	output chan *message.Message
+	tokens chan struct{} // a slot per message handed out and unanswered
+	// partitions counts the partition workers running, for each one's
+	// fair share of the tokens.
+	partitions atomic.Int32
+	seed       maphash.Seed
+	logFields  watermill.LogFields
 }
 
 func (sub *subscription) releaseToken() { <-sub.tokens }
+
+// passToken offers a token its holder is done with to a partition waiting
+// for one, and takes it straight back when none is: freeing a slot of a
+// full channel hands it to the first blocked sender. It reports whether
+// the caller still holds the token.
+func (sub *subscription) passToken() bool {
+	<-sub.tokens
+	select {
+	case sub.tokens <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
 
 func (sub *subscription) autoCommit() bool {
 	return sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable

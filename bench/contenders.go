@@ -29,6 +29,7 @@ type ackTracker struct {
 	total atomic.Int64
 	first atomic.Int64 // ns after base of the first delivery, +1 (0 = none)
 	last  atomic.Int64 // ns after base when the last unique ack happened
+	busy  atomic.Int64 // ns spent in handlers, summed over all of them
 	done  chan struct{}
 }
 
@@ -54,6 +55,9 @@ func (t *ackTracker) acked(i int) {
 		close(t.done)
 	}
 }
+
+// worked adds one handler's time, from receiving its message to acking it.
+func (t *ackTracker) worked(d time.Duration) { t.busy.Add(int64(d)) }
 
 func recordIndex(payload []byte) int {
 	if len(payload) < 8 {
@@ -160,6 +164,7 @@ func consumeChannel(ch <-chan *message.Message, work []time.Duration, tr *ackTra
 		for msg := range ch {
 			tr.delivered()
 			go func(m *message.Message) {
+				began := time.Now()
 				i := recordIndex(m.Payload)
 				if work != nil && i >= 0 && i < len(work) {
 					if d := work[i]; d > 0 {
@@ -167,6 +172,7 @@ func consumeChannel(ch <-chan *message.Message, work []time.Duration, tr *ackTra
 					}
 				}
 				m.Ack()
+				tr.worked(time.Since(began))
 				tr.acked(i)
 			}(msg)
 		}
@@ -195,10 +201,12 @@ func startLocal(ctx context.Context, c *caseSpec, tr *ackTracker) *contender {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				began := time.Now()
 				if d := c.work[i]; d > 0 {
 					time.Sleep(d)
 				}
 				<-sem
+				tr.worked(time.Since(began))
 				tr.acked(i)
 			}()
 		}

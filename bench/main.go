@@ -38,6 +38,7 @@ type options struct {
 	markdown      string
 	chart         string
 	cpuprofile    string
+	exectrace     string
 	safeackSet    map[string]string
 	restartWith   []variant
 	restartCrash  string
@@ -62,6 +63,7 @@ func main() {
 		markdown    = flag.String("markdown", "", "also write the tables as Markdown to this file")
 		chart       = flag.String("chart", "", "draw a bar chart of records/s to this file (.svg or .png)")
 		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of each run's consume phase to FILE-stem.<workload>.<contender>.r<rep>.pprof")
+		exectrace   = flag.String("trace", "", "write a runtime execution trace of each run's consume phase to FILE-stem.<workload>.<contender>.r<rep>.trace (go tool trace)")
 		safeackSet  = flag.String("safeack-set", "", "Field=value,... set on every safeack SubscriberConfig (by reflection, e.g. MaxPendingPerPartition=50000)")
 		restartWith = flag.String("restart-with", "no-tail:DisableCompletedTail=true", "extra safeack variants for restart-cost, name:Field=value,...; separate variants with ';'. Variants naming a field SubscriberConfig lacks are skipped")
 		crash       = flag.String("restart-crash", "close", "how restart-cost crashes the first consumer: close (Close with a 1 ms DrainTimeout, in-process) or kill (SIGKILL of a child process)")
@@ -93,6 +95,7 @@ func main() {
 		markdown:      *markdown,
 		chart:         *chart,
 		cpuprofile:    *cpuprofile,
+		exectrace:     *exectrace,
 		restartCrash:  *crash,
 		restartLead:   *restartLead,
 		runTimeout:    *runTimeout,

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,17 @@ type result struct {
 	err      error
 	extra    map[string]float64 // workload-specific (restart-cost)
 	noKafka  bool               // the local ideal: nothing to commit
+	busy     time.Duration      // handler time summed over all records
+	conc     int                // the case's concurrency; 0 when unbounded
+}
+
+// occupancy is the mean number of handlers running while records flowed, as
+// a fraction of the concurrency: how well the consumer kept its handlers fed.
+func (r *result) occupancy() float64 {
+	if r.active <= 0 || r.conc <= 0 {
+		return 0
+	}
+	return r.busy.Seconds() / (r.active.Seconds() * float64(r.conc))
 }
 
 func (r *result) rate() float64 {
@@ -91,8 +103,9 @@ func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, er
 				}
 				continue
 			}
-			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  cpu %.2fs  heap %s  dups %d",
-				c.label, rep, r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), r.cpu.Seconds(), fmtMB(r.heapPeak), r.dups)
+			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  cpu %.2fs  heap %s  dups %d  occupancy %.2f  mean handler %s",
+				c.label, rep, r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), r.cpu.Seconds(), fmtMB(r.heapPeak), r.dups,
+				r.occupancy(), time.Duration(int64(r.busy)/int64(max(r.n, 1))).Round(time.Microsecond))
 		}
 	}
 	return sec, firstErr
@@ -142,6 +155,7 @@ func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *t
 		r.startup = time.Duration(tr.first.Load() - 1)
 		r.active = r.wall - r.startup
 		r.cpu = cpu1 - cpu0
+		r.busy, r.conc = time.Duration(tr.busy.Load()), c.conc
 		if c.kind == kindLocal {
 			r.noKafka, r.commit = true, 0
 		} else if at, ok := env.waitCommitted(ctx, t, group, opt.commitTimeout); ok {
@@ -249,28 +263,45 @@ func peakRSS() uint64 {
 	return uint64(ru.Maxrss) << 10 // kB on Linux
 }
 
-// startProfile writes a CPU profile of one run's consume phase when
-// -cpuprofile is set.
+// startProfile writes a CPU profile and an execution trace of one run's
+// consume phase when -cpuprofile or -trace is set.
 func startProfile(workload, label string, rep int) func() {
-	if opt.cpuprofile == "" {
-		return func() {}
+	var stops []func()
+	if opt.cpuprofile != "" {
+		if f := createProfile(opt.cpuprofile, "pprof", workload, label, rep); f != nil {
+			if err := pprof.StartCPUProfile(f); err != nil {
+				logf("cpuprofile: %v", err)
+				f.Close()
+			} else {
+				stops = append(stops, func() { pprof.StopCPUProfile(); f.Close(); vlogf("wrote %s", f.Name()) })
+			}
+		}
 	}
-	stem := strings.TrimSuffix(opt.cpuprofile, filepath.Ext(opt.cpuprofile))
-	clean := regexp.MustCompile(`[^a-zA-Z0-9._=-]+`).ReplaceAllString(label, "_")
-	name := fmt.Sprintf("%s.%s.%s.r%d.pprof", stem, workload, clean, rep)
-	f, err := os.Create(name)
-	if err != nil {
-		logf("cpuprofile: %v", err)
-		return func() {}
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		logf("cpuprofile: %v", err)
-		f.Close()
-		return func() {}
+	if opt.exectrace != "" {
+		if f := createProfile(opt.exectrace, "trace", workload, label, rep); f != nil {
+			if err := trace.Start(f); err != nil {
+				logf("trace: %v", err)
+				f.Close()
+			} else {
+				stops = append(stops, func() { trace.Stop(); f.Close(); vlogf("wrote %s", f.Name()) })
+			}
+		}
 	}
 	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-		vlogf("wrote %s", name)
+		for _, stop := range stops {
+			stop()
+		}
 	}
+}
+
+// createProfile creates stem.<workload>.<label>.r<rep>.<ext> next to file.
+func createProfile(file, ext, workload, label string, rep int) *os.File {
+	stem := strings.TrimSuffix(file, filepath.Ext(file))
+	clean := regexp.MustCompile(`[^a-zA-Z0-9._=-]+`).ReplaceAllString(label, "_")
+	f, err := os.Create(fmt.Sprintf("%s.%s.%s.r%d.%s", stem, workload, clean, rep, ext))
+	if err != nil {
+		logf("%s: %v", ext, err)
+		return nil
+	}
+	return f
 }
