@@ -119,6 +119,9 @@ type partitionWorker struct {
 	// Owned by run.
 	pauser      fetchPauser // nil: fetching is never paused
 	fetchPaused bool
+	takeRate    float64                       // records/s taken from the fetched queue lately
+	rateFrom    time.Time                     // start of the current rate window
+	rateCount   int                           // records taken since rateFrom
 	fetched     fifo[*sarama.ConsumerMessage] // taken from the claim, not yet accepted
 	next        *record                       // popped from ready with a token, being sent
 	readyAhead  int                           // accept records while fewer than this are ready
@@ -228,7 +231,7 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 			w.accept(w.fetched.pop())
 			accepting = w.canAccept()
 		}
-		w.fetchControl(accepting)
+		w.fetchControl()
 
 		// Fast paths without the full select, the common case under load:
 		// hand out the next ready record if a token and a receiver are
@@ -405,24 +408,54 @@ func (w *partitionWorker) unsend(r *record) {
 // next batch from the claim; more would only unmarshal records early.
 const maxReadyAhead = 64
 
-// pauseAfter is how many fetched records may wait unaccepted before the
-// partition's fetching is paused. Pausing at once would toggle the
-// partition on every record while MaxInFlight is saturated.
-const pauseAfter = 64
+// Fetch flow control. The claim is always read (see run), so records the
+// worker cannot take yet pile up in its fetched queue, and fetching is
+// paused to bound it. Sarama, finding every partition of a broker paused,
+// naps for 100 ms before it looks again; to keep that nap from starving the
+// handlers, fetching resumes while the queue still holds resumeLead of
+// records at the rate they are being taken, and pauses at twice that.
+const (
+	minResumeBelow = 64     // records; also the least that pauses fetching
+	maxResumeBelow = 32_768 // records; bounds the queue at fast rates
+	resumeLead     = 150 * time.Millisecond
+	rateWindow     = 50 * time.Millisecond
+)
 
 // fetchControl pauses fetching while records wait unaccepted, and resumes
-// it once they have all been taken. The fetched queue is bounded by what
-// the client had fetched before the pause took effect.
-func (w *partitionWorker) fetchControl(accepting bool) {
+// it once few are left. The fetched queue is bounded by twice the resume
+// threshold plus what the client had fetched before the pause took effect.
+func (w *partitionWorker) fetchControl() {
+	if w.pauser == nil || (!w.fetchPaused && w.fetched.len() < 2*minResumeBelow) {
+		return
+	}
+	below := w.resumeBelow()
 	switch {
-	case w.pauser == nil:
-	case !w.fetchPaused && w.fetched.len() >= pauseAfter:
+	case !w.fetchPaused && w.fetched.len() >= 2*below:
 		w.pauser.Pause(map[string][]int32{w.topic: {w.partition}})
 		w.fetchPaused = true
-	case w.fetchPaused && accepting && w.fetched.len() == 0:
+	case w.fetchPaused && w.fetched.len() <= below:
 		w.pauser.Resume(map[string][]int32{w.topic: {w.partition}})
 		w.fetchPaused = false
 	}
+}
+
+// resumeBelow returns how many fetched records last resumeLead at the rate
+// records have been taken lately, within [minResumeBelow, maxResumeBelow].
+func (w *partitionWorker) resumeBelow() int {
+	now := time.Now()
+	if w.rateFrom.IsZero() {
+		w.rateFrom, w.rateCount = now, 0
+	} else if d := now.Sub(w.rateFrom); d >= rateWindow {
+		inst := float64(w.rateCount) / d.Seconds()
+		if w.takeRate == 0 {
+			w.takeRate = inst
+		} else {
+			w.takeRate = (w.takeRate + inst) / 2
+		}
+		w.rateFrom, w.rateCount = now, 0
+	}
+	n := int(w.takeRate * resumeLead.Seconds())
+	return min(max(n, minResumeBelow), maxResumeBelow)
 }
 
 func (w *partitionWorker) hasRoom() bool {
@@ -452,6 +485,7 @@ func (w *partitionWorker) readAheadLeft() bool {
 // accept registers a record with the tracker before anything else sees it,
 // so no completion can move the prefix past it.
 func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
+	w.rateCount++
 	w.mu.Lock()
 	tk, err := w.tracker.OfferOne(m.Offset, m.Offset+1)
 	if err == nil {
