@@ -124,7 +124,6 @@ type partitionWorker struct {
 	rateCount   int                           // records taken since rateFrom
 	fetched     fifo[*sarama.ConsumerMessage] // taken from the claim, not yet accepted
 	next        *record                       // popped from ready with a token, being sent
-	readyAhead  int                           // accept records while fewer than this are ready
 	stuck       *record                       // a record the unmarshaler rejected; the partition waits on it
 	seed        maphash.Seed
 	skip        frontier.Tail // completed tail read back from the last commit
@@ -152,22 +151,21 @@ func newPartitionWorker(sub *subscription, parent context.Context, marker offset
 	}
 	ctx, cancel := context.WithCancel(parent)
 	w := &partitionWorker{
-		sub:        sub,
-		topic:      topic,
-		partition:  partition,
-		marker:     marker,
-		logFields:  sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "kafka_initial_offset": start}),
-		ctx:        ctx,
-		cancel:     cancel,
-		parentCtx:  context.WithoutCancel(ctx),
-		abandoned:  make(chan struct{}),
-		wake:       make(chan struct{}, 1),
-		tracker:    tracker,
-		gate:       keygate.New[*record](),
-		seed:       sub.seed,
-		marked:     start,
-		confirmed:  -1,
-		readyAhead: min(sub.cfg.MaxInFlight, maxReadyAhead),
+		sub:       sub,
+		topic:     topic,
+		partition: partition,
+		marker:    marker,
+		logFields: sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "kafka_initial_offset": start}),
+		ctx:       ctx,
+		cancel:    cancel,
+		parentCtx: context.WithoutCancel(ctx),
+		abandoned: make(chan struct{}),
+		wake:      make(chan struct{}, 1),
+		tracker:   tracker,
+		gate:      keygate.New[*record](),
+		seed:      sub.seed,
+		marked:    start,
+		confirmed: -1,
 	}
 	return w, nil
 }
@@ -310,7 +308,21 @@ func (w *partitionWorker) canAccept() bool {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.ready.len() < w.readyAhead && w.roomLocked()
+	return w.ready.len() < w.readyAhead() && w.roomLocked()
+}
+
+// readyAhead is how many ready records run keeps queued: the partition's
+// share of MaxInFlight, at most maxReadyAhead. More than the share could only
+// be handed out with tokens of other partitions, so it would unmarshal
+// records early and, measured, slows the others.
+func (w *partitionWorker) readyAhead() int {
+	return min(maxReadyAhead, w.tokenShare())
+}
+
+// tokenShare is the partition's fair share of MaxInFlight among the
+// subscription's running partitions.
+func (w *partitionWorker) tokenShare() int {
+	return max(1, w.sub.cfg.MaxInFlight/max(1, int(w.sub.partitions.Load())))
 }
 
 // wantsToken reports whether run should wait for an in-flight token: a
@@ -320,8 +332,7 @@ func (w *partitionWorker) canAccept() bool {
 // only take turns with them; below it, waiting queues the partition for the
 // next token any partition frees.
 func (w *partitionWorker) wantsToken() bool {
-	share := max(1, w.sub.cfg.MaxInFlight/max(1, int(w.sub.partitions.Load())))
-	return int(w.holding.Load()) < share && w.readyLen() > 0
+	return int(w.holding.Load()) < w.tokenShare() && w.readyLen() > 0
 }
 
 func (w *partitionWorker) readyLen() int {
@@ -406,7 +417,7 @@ func (w *partitionWorker) unsend(r *record) {
 // maxReadyAhead bounds the records kept ready to hand out per partition. A
 // few dozen let the acks' goroutines refill the handlers while run takes the
 // next batch from the claim; more would only unmarshal records early.
-const maxReadyAhead = 64
+const maxReadyAhead = 32
 
 // Fetch flow control. The claim is always read (see run), so records the
 // worker cannot take yet pile up in its fetched queue, and fetching is
@@ -684,7 +695,7 @@ func (w *partitionWorker) completeAndContinue(r *record) *record {
 	}
 	// Wake run to refill the ready queue once it runs low, rather than
 	// for every record.
-	wake = wake || w.ready.len() < w.readyAhead/2
+	wake = wake || w.ready.len() < w.readyAhead()/2
 	w.mu.Unlock()
 	if wake {
 		w.poke()
