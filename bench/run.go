@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -267,26 +268,23 @@ func peakRSS() uint64 {
 // consume phase when -cpuprofile or -trace is set.
 func startProfile(workload, label string, rep int) func() {
 	var stops []func()
-	if opt.cpuprofile != "" {
-		if f := createProfile(opt.cpuprofile, "pprof", workload, label, rep); f != nil {
-			if err := pprof.StartCPUProfile(f); err != nil {
-				logf("cpuprofile: %v", err)
-				f.Close()
-			} else {
-				stops = append(stops, func() { pprof.StopCPUProfile(); f.Close(); vlogf("wrote %s", f.Name()) })
-			}
+	profile := func(file, ext string, start func(io.Writer) error, stop func()) {
+		if file == "" {
+			return
 		}
-	}
-	if opt.exectrace != "" {
-		if f := createProfile(opt.exectrace, "trace", workload, label, rep); f != nil {
-			if err := trace.Start(f); err != nil {
-				logf("trace: %v", err)
-				f.Close()
-			} else {
-				stops = append(stops, func() { trace.Stop(); f.Close(); vlogf("wrote %s", f.Name()) })
-			}
+		f := createProfile(file, ext, workload, label, rep)
+		if f == nil {
+			return
 		}
+		if err := start(f); err != nil {
+			logf("%s: %v", ext, err)
+			f.Close()
+			return
+		}
+		stops = append(stops, func() { stop(); f.Close(); vlogf("wrote %s", f.Name()) })
 	}
+	profile(opt.cpuprofile, "pprof", pprof.StartCPUProfile, pprof.StopCPUProfile)
+	profile(opt.exectrace, "trace", trace.Start, trace.Stop)
 	return func() {
 		for _, stop := range stops {
 			stop()
