@@ -20,10 +20,10 @@
 #   classpath  print the classpath (resolving first if needed).
 #   logs       print the last 50 (or $SAFEACK_KAFKA_LOG_LINES) lines of the broker log.
 #   run CLASS  run a Kafka tool class on the cached classpath, e.g.
-#              scripts/kafka.sh run org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:39092 --list
+#              scripts/kafka.sh run org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:29092 --list
 #
 # Environment (all optional):
-#   SAFEACK_KAFKA_PORT             PLAINTEXT port                      (39092)
+#   SAFEACK_KAFKA_PORT             PLAINTEXT port                      (29092)
 #   SAFEACK_KAFKA_CONTROLLER_PORT  CONTROLLER port                     (PORT+1)
 #   SAFEACK_KAFKA_CACHE            jar cache    (~/.cache/safeack/kafka-4.1.2)
 #   SAFEACK_KAFKA_DATA_DIR         data dir: config, pid, log, log.dirs
@@ -42,7 +42,11 @@ SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 POM="$SCRIPT_DIR/kafka/pom.xml"
 
 HOST=127.0.0.1
-PORT=${SAFEACK_KAFKA_PORT:-39092}
+# Below Linux's ephemeral range (32768-60999 by default): while the broker
+# is down for a restart, a client retrying 127.0.0.1:PORT from an ephemeral
+# port can connect to itself (TCP simultaneous open) and hold PORT, and the
+# restarted broker then fails to bind it.
+PORT=${SAFEACK_KAFKA_PORT:-29092}
 CONTROLLER_PORT=${SAFEACK_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
 CACHE=${SAFEACK_KAFKA_CACHE:-${HOME:-/root}/.cache/safeack/kafka-$KAFKA_VERSION}
 LIBS="$CACHE/libs"
