@@ -469,12 +469,6 @@ func (w *partitionWorker) resumeBelow() int {
 	return min(max(n, minResumeBelow), maxResumeBelow)
 }
 
-func (w *partitionWorker) hasRoom() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.roomLocked()
-}
-
 // roomLocked reports whether another record may be taken: the tracker has
 // room and the ordering mode's read-ahead is not used up. Callers hold mu.
 func (w *partitionWorker) roomLocked() bool {
@@ -727,10 +721,9 @@ func (w *partitionWorker) complete(r *record, handedOut bool) {
 }
 
 // completeLocked completes r's ticket and lets the next record of its key
-// through the gate. It reports whether run should be woken: the prefix may
-// have moved for the first time since the last mark, a record became ready
-// that no one may hand out, or nothing is in flight (a drain waits for
-// that). Callers hold mu.
+// through the gate into the ready queue. It reports whether run should be
+// woken: the prefix may have moved for the first time since the last mark,
+// or nothing is in flight (a drain waits for that). Callers hold mu.
 func (w *partitionWorker) completeLocked(r *record) (wake bool) {
 	if w.tracker.Complete(r.ticket) {
 		wake = !w.dirty.Swap(true)
