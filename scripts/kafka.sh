@@ -207,6 +207,22 @@ kill_broker() { # pid
   return 0
 }
 
+# launch_detached runs the broker command given as arguments in the
+# background. setsid + nohup: the broker outlives this script and its
+# terminal / process group; all its fds point at the log so it never holds a
+# caller's pipe open (not from a subshell either: a backgrounded command in
+# ( ... & ) keeps the caller's stdout open). The inner shell records its own
+# pid in the pid file, then execs the command (same pid).
+launch_detached() { # command...
+  # shellcheck disable=SC2016 # expanded by the inner bash
+  local launcher=(bash -c 'echo $$ >"$1"; shift; exec "$@"' safeack-kafka "$PID_FILE" "$@")
+  if command -v setsid >/dev/null 2>&1; then
+    nohup setsid "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
+  else
+    nohup "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
+  fi
+}
+
 remove_data_dir() {
   [[ -e "$DATA_DIR" ]] || return 0
   # never rm -rf a directory we did not create
@@ -378,17 +394,7 @@ cmd_start() {
     read -r -a extra <<<"$SAFEACK_KAFKA_JVM_OPTS"
     jvm+=("${extra[@]}")
   fi
-  # setsid + nohup: the broker outlives this script and its terminal / process
-  # group; all its fds point at the log so it never holds a caller's pipe open.
-  # The inner shell records its own pid, then execs java (same pid).
-  # shellcheck disable=SC2016 # expanded by the inner bash
-  local launcher=(bash -c 'echo $$ >"$1"; shift; exec "$@"' safeack-kafka "$PID_FILE"
-    "$JAVA" "${jvm[@]}" -cp "$(classpath)" kafka.Kafka "$CONFIG")
-  if command -v setsid >/dev/null 2>&1; then
-    nohup setsid "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
-  else
-    nohup "${launcher[@]}" </dev/null >>"$LOG_FILE" 2>&1 &
-  fi
+  launch_detached "$JAVA" "${jvm[@]}" -cp "$(classpath)" kafka.Kafka "$CONFIG"
 
   local deadline=$((SECONDS + START_TIMEOUT)) started="" answered=""
   pid=""
@@ -488,4 +494,8 @@ main() {
   esac
 }
 
-main "$@"
+# Sourced (by ci-kafka-bounce.sh), the script only defines its settings and
+# functions.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  main "$@"
+fi
