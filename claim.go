@@ -2,7 +2,6 @@ package safeack
 
 import (
 	"context"
-	"fmt"
 	"hash/maphash"
 	"math"
 	"sync"
@@ -115,6 +114,10 @@ type partitionWorker struct {
 	tailCut    bool // the last encoded tail did not fit whole
 	accepted   acceptLog
 	hwm        func() int64 // the claim's high-water mark; nil when unknown
+	// startPending: Sarama resolved Consumer.Offsets.Initial itself, so
+	// the tracker's start is an estimate until the first record (see
+	// fixStart). Written by run under mu.
+	startPending bool
 
 	// Owned by run.
 	pauser      fetchPauser // nil: fetching is never paused
@@ -144,28 +147,46 @@ type partitionCounters struct {
 	tailEncodes       uint64
 }
 
-func newPartitionWorker(sub *subscription, parent context.Context, marker offsetMarker, topic string, partition int32, start int64) (*partitionWorker, error) {
-	tracker, err := frontier.New(start, sub.cfg.MaxPendingPerPartition)
+// startPosition is where a partition's bookkeeping begins.
+type startPosition struct {
+	// offset is where fetching starts when resolved; otherwise the
+	// broker's answer for Consumer.Offsets.Initial, an estimate that only
+	// Stats shows until the first record arrives.
+	offset int64
+	// resolved says that offset is where Sarama fetches from: a committed,
+	// in-range offset, or one resolved before ConsumePartition. When Sarama
+	// resolved Consumer.Offsets.Initial itself (no commit, or a committed
+	// offset out of range), the first record delivered fixes the start.
+	resolved bool
+}
+
+func newPartitionWorker(sub *subscription, parent context.Context, marker offsetMarker, topic string, partition int32, start startPosition) (*partitionWorker, error) {
+	tracker, err := frontier.New(max(start.offset, 0), sub.cfg.MaxPendingPerPartition)
 	if err != nil {
 		return nil, err
 	}
+	marked := start.offset
+	if !start.resolved {
+		marked = -1 // nothing is marked until the first record fixes the start
+	}
 	ctx, cancel := context.WithCancel(parent)
 	w := &partitionWorker{
-		sub:       sub,
-		topic:     topic,
-		partition: partition,
-		marker:    marker,
-		logFields: sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "kafka_initial_offset": start}),
-		ctx:       ctx,
-		cancel:    cancel,
-		parentCtx: context.WithoutCancel(ctx),
-		abandoned: make(chan struct{}),
-		wake:      make(chan struct{}, 1),
-		tracker:   tracker,
-		gate:      keygate.New[*record](),
-		seed:      sub.seed,
-		marked:    start,
-		confirmed: -1,
+		sub:          sub,
+		topic:        topic,
+		partition:    partition,
+		marker:       marker,
+		logFields:    sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "kafka_initial_offset": start.offset}),
+		ctx:          ctx,
+		cancel:       cancel,
+		parentCtx:    context.WithoutCancel(ctx),
+		abandoned:    make(chan struct{}),
+		wake:         make(chan struct{}, 1),
+		tracker:      tracker,
+		gate:         keygate.New[*record](),
+		seed:         sub.seed,
+		marked:       marked,
+		confirmed:    -1,
+		startPending: !start.resolved,
 	}
 	return w, nil
 }
@@ -178,18 +199,27 @@ func (w *partitionWorker) skipCompleted(c committedOffset, start int64) {
 	if w.sub.cfg.DisableCompletedTail || c.offset < 0 || c.metadata == "" {
 		return
 	}
+	if c.offset != start {
+		w.ignoreMetadata(c, "the committed offset is not where fetching starts")
+		return
+	}
 	tail, err := frontier.DecodeTail(c.metadata, start)
-	if err != nil || c.offset != start {
-		w.mu.Lock()
-		w.counters.ignoredMetadata++
-		w.mu.Unlock()
-		w.sub.logger.Info("Ignoring commit metadata; records after the committed offset are redelivered",
-			w.logFields.Add(watermill.LogFields{"err": fmt.Sprint(err), "committed": c.offset}))
+	if err != nil {
+		w.ignoreMetadata(c, err.Error())
 		return
 	}
 	w.skip = tail
 	w.sub.logger.Info("Completed tail found in commit metadata; these records will not be handled again",
 		w.logFields.Add(watermill.LogFields{"completed_offsets": tail.Len(), "ranges": len(tail.Ranges)}))
+}
+
+// ignoreMetadata counts and logs commit metadata that is not trusted.
+func (w *partitionWorker) ignoreMetadata(c committedOffset, why string) {
+	w.mu.Lock()
+	w.counters.ignoredMetadata++
+	w.mu.Unlock()
+	w.sub.logger.Info("Ignoring commit metadata; records after the committed offset are redelivered",
+		w.logFields.Add(watermill.LogFields{"reason": why, "committed": c.offset}))
 }
 
 func (w *partitionWorker) poke() {
@@ -491,6 +521,9 @@ func (w *partitionWorker) readAheadLeft() bool {
 // so no completion can move the prefix past it.
 func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 	w.rateCount++
+	if w.startPending {
+		w.fixStart(m.Offset)
+	}
 	w.mu.Lock()
 	tk, err := w.tracker.OfferOne(m.Offset, m.Offset+1)
 	if err == nil {
@@ -523,6 +556,43 @@ func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 		return
 	}
 	w.admit(r)
+}
+
+// fixStart starts the bookkeeping at the first record delivered, when
+// Sarama resolved the start itself (Consumer.Offsets.Initial: the group had
+// no commit, or its commit was out of range). That record is where fetching
+// really started, or the first one that exists after it (compaction,
+// transaction markers). The position is committed before the record is
+// handed out, so a group that delivered anything has an in-range commit at
+// or before its oldest unfinished record: the next owner resumes there and
+// does not fall back to Offsets.Initial, which at OffsetNewest would skip
+// the record, and at OffsetOldest re-handle history.
+//
+// Marking and resetting both is what lands Sarama's offset exactly on the
+// start: MarkOffset only moves forward (from no commit, or from a commit
+// below the log start), ResetOffset only back (from a commit above the
+// high-water mark, which Sarama keeps as its current offset).
+func (w *partitionWorker) fixStart(first int64) {
+	tracker, err := frontier.New(first, w.sub.cfg.MaxPendingPerPartition)
+	if err != nil {
+		// The claim delivered a negative offset: accept refuses it below.
+		return
+	}
+	w.mu.Lock()
+	w.tracker = tracker // the estimate's tracker was never offered a record
+	w.startPending = false
+	if w.marker != nil {
+		w.marked = first
+	}
+	w.mu.Unlock()
+	w.logFields = w.logFields.Add(watermill.LogFields{"kafka_initial_offset": first})
+	if w.marker == nil {
+		return
+	}
+	w.marker.MarkOffset(w.topic, w.partition, first, "")
+	w.marker.ResetOffset(w.topic, w.partition, first, "")
+	w.marker.Commit()
+	w.sub.logger.Debug("Partition starts at its first record; committed that position", w.logFields)
 }
 
 // prepare unmarshals the record into its first delivery. It reports false
@@ -811,11 +881,10 @@ func (w *partitionWorker) markIfAdvanced(force bool) (due time.Time) {
 	case safe == prev && meta != w.lastMeta:
 		// MarkOffset ignores a mark at or below Sarama's current offset, so
 		// a tail that grew behind an unchanged head is written with
-		// ResetOffset, which applies at or below it. The MarkOffset first
-		// covers a group without any commit yet (Sarama's offset is then
-		// -1). Neither can move the offset back: Sarama's offset is the
-		// committed start or an earlier mark, both at most safe.
-		w.marker.MarkOffset(w.topic, w.partition, safe, meta)
+		// ResetOffset, which applies at or below it. It cannot move the
+		// offset back: Sarama's offset is the start (a committed, in-range
+		// offset, or the one fixStart committed) or an earlier mark, all at
+		// most safe.
 		w.marker.ResetOffset(w.topic, w.partition, safe, meta)
 	}
 	w.lastMeta = meta

@@ -18,7 +18,7 @@ func newBenchWorker(b *testing.B, ordering Ordering) *partitionWorker {
 	cfg := SubscriberConfig{Brokers: []string{"unused:9092"}, Ordering: ordering, MaxInFlight: 1}.withDefaults()
 	s := &Subscriber{cfg: cfg, logger: watermill.NopLogger{}, closing: make(chan struct{})}
 	sub := &subscription{s: s, cfg: &s.cfg, logger: s.logger, topic: "bench", tokens: make(chan struct{}, 1), seed: maphash.MakeSeed()}
-	w, err := newPartitionWorker(sub, context.Background(), nil, "bench", 0, 0)
+	w, err := newPartitionWorker(sub, context.Background(), nil, "bench", 0, startPosition{resolved: true})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -383,10 +383,7 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 
 // ConsumeClaim runs one partition until it is revoked.
 func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
-	// InitialOffset is Consumer.Offsets.Initial (a negative sentinel) when
-	// the group has no commit yet; the tracker then starts at zero and only
-	// ever marks positions of records it saw completed.
-	start := max(claim.InitialOffset(), 0)
+	start := h.startOf(claim)
 	w, err := newPartitionWorker(h.sub, sess.Context(), sess, claim.Topic(), claim.Partition(), start)
 	if err != nil {
 		return err
@@ -394,7 +391,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	w.hwm = claim.HighWaterMarkOffset
 	w.pauser = h.group
 	if c, ok := h.committedOffset(claim.Partition()); ok {
-		w.skipCompleted(c, start)
+		if start.resolved {
+			w.skipCompleted(c, start.offset)
+		} else if c.metadata != "" && !h.sub.cfg.DisableCompletedTail {
+			w.ignoreMetadata(c, "the committed offset is not where fetching starts")
+		}
 		w.setConfirmed(c.offset)
 	}
 	h.mu.Lock()
@@ -409,6 +410,51 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	}()
 	w.run(claim.Messages(), h.sub.s.closing)
 	return nil
+}
+
+// startOf tells where a claim starts. InitialOffset is the committed
+// offset when Sarama fetches from it; it is the Consumer.Offsets.Initial
+// sentinel when the group has no commit, or when its commit was out of range
+// and Sarama fell back (Consumer.Group.ResetInvalidOffsets). Sarama does not
+// expose the offset it then resolved, so the first record fixes the start
+// (see fixStart) and, until one arrives, Stats shows the broker's current
+// answer for the sentinel.
+func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) startPosition {
+	if off := claim.InitialOffset(); off >= 0 {
+		return startPosition{offset: off, resolved: true}
+	}
+	estimate, err := h.client.GetOffset(claim.Topic(), claim.Partition(), claim.InitialOffset())
+	if err != nil {
+		h.sub.logger.Debug("Cannot read the partition's start offset; Stats shows 0 until the first record",
+			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": claim.Partition(), "err": err.Error()}))
+		estimate = 0
+	}
+	return startPosition{offset: estimate}
+}
+
+// resolveStart resolves Consumer.Offsets.Initial of a partition to an offset
+// and starts consuming there, so that the bookkeeping starts exactly where
+// fetching does. Retention can move the log start between the two calls; the
+// resolution is then retried.
+func (sub *subscription) resolveStart(client sarama.Client, consumer sarama.Consumer, partition int32) (sarama.PartitionConsumer, int64, error) {
+	initial := sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var start int64
+		start, err = client.GetOffset(sub.topic, partition, initial)
+		if err != nil {
+			return nil, 0, fmt.Errorf("cannot resolve the start offset of partition %d: %w", partition, err)
+		}
+		var pc sarama.PartitionConsumer
+		pc, err = consumer.ConsumePartition(sub.topic, partition, start)
+		if err == nil {
+			return pc, start, nil
+		}
+		if !errors.Is(err, sarama.ErrOffsetOutOfRange) {
+			break
+		}
+	}
+	return nil, 0, fmt.Errorf("cannot consume partition %d: %w", partition, err)
 }
 
 // consumePartitions reads every partition of the topic without a group:
@@ -431,16 +477,16 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	for _, p := range partitions {
-		pc, err := consumer.ConsumePartition(sub.topic, p, sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
+		pc, start, err := sub.resolveStart(client, consumer, p)
 		if err != nil {
 			cancel()
 			wg.Wait()
-			return fmt.Errorf("cannot consume partition %d: %w", p, err)
+			return err
 		}
 		if sub.cfg.Tracer != nil {
 			pc = sub.cfg.Tracer.WrapPartitionConsumer(pc)
 		}
-		w, err := newPartitionWorker(sub, pctx, nil, sub.topic, p, 0)
+		w, err := newPartitionWorker(sub, pctx, nil, sub.topic, p, startPosition{offset: start, resolved: true})
 		if err != nil {
 			pc.Close()
 			cancel()
