@@ -115,3 +115,14 @@ func (c *Cluster) ProducedRecords(topic string) []Produced {
 	defer c.mu.Unlock()
 	return slices.Clone(c.produced[topic])
 }
+
+// ForgetProduced drops the records of topic/partition below offset from
+// what ProducedRecords returns: for records the broker removed on purpose
+// (compaction), which no consumer can get.
+func (c *Cluster) ForgetProduced(topic string, partition int32, below int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.produced[topic] = slices.DeleteFunc(c.produced[topic], func(p Produced) bool {
+		return p.Partition == partition && p.Offset < below
+	})
+}

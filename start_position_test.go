@@ -1,0 +1,332 @@
+package safeack_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// Invariant 8: a partition's bookkeeping starts where fetching really
+// starts, and a group that delivered anything has an in-range committed
+// position at or before its oldest unfinished record, never below its real
+// start. Each case puts one partition where users' partitions end up (a fresh
+// group, a commit above the high-water mark or below the log start,
+// compaction or an aborted transaction at the start), at Sarama's default
+// OffsetNewest and at OffsetOldest, with auto-commit on and off and the
+// completed tail on and off. Member 1 holds the first record it gets and
+// acks the rest; every commit the broker sees must lie in [first, held] and
+// cover only acked records; after member 1 closes, member 2 must get the
+// held record, and nothing before the first record.
+
+// startCase is one way a partition can be found when a member joins.
+type startCase struct {
+	name    string
+	initial int64 // Consumer.Offsets.Initial
+	// prepare writes history and sets the group's commit before anyone
+	// joins.
+	prepare func(t *testing.T, c *kafkatest.Cluster, topic, group string)
+	// first is the offset member 1 must start at, given the high-water mark
+	// once it owns the partition (before the live records are produced).
+	first func(hwm int64) int64
+	// readCommitted consumes with IsolationLevel ReadCommitted.
+	readCommitted bool
+	embeddedOnly  bool // needs the embedded broker (compaction on demand)
+}
+
+func produceHistory(t *testing.T, c *kafkatest.Cluster, topic string, n int) {
+	t.Helper()
+	c.ProduceN(t, topic, 1, n, nil)
+}
+
+func atHWM(hwm int64) int64 { return hwm }
+func at(off int64) func(int64) int64 {
+	return func(int64) int64 { return off }
+}
+
+func startCases() []startCase {
+	return []startCase{{
+		// Issue 13 cases 1 and 2: nothing committed, OffsetNewest.
+		name: "fresh-group/newest", initial: sarama.OffsetNewest,
+		prepare: func(t *testing.T, c *kafkatest.Cluster, topic, _ string) { produceHistory(t, c, topic, 50) },
+		first:   atHWM,
+	}, {
+		name: "fresh-group/oldest", initial: sarama.OffsetOldest,
+		prepare: func(t *testing.T, c *kafkatest.Cluster, topic, _ string) { produceHistory(t, c, topic, 20) },
+		first:   at(0),
+	}, {
+		// Case 3: the commit is above the high-water mark; Sarama falls
+		// back to Offsets.Initial but keeps 30 as its current offset.
+		name: "committed-above-hwm/oldest", initial: sarama.OffsetOldest,
+		prepare: func(t *testing.T, c *kafkatest.Cluster, topic, group string) {
+			produceHistory(t, c, topic, 10)
+			c.CommitOffset(t, group, topic, 0, 30)
+		},
+		first: at(0),
+	}, {
+		// Case 4.
+		name: "committed-above-hwm/newest", initial: sarama.OffsetNewest,
+		prepare: func(t *testing.T, c *kafkatest.Cluster, topic, group string) {
+			produceHistory(t, c, topic, 10)
+			c.CommitOffset(t, group, topic, 0, 30)
+		},
+		first: atHWM,
+	}, {
+		name: "committed-below-log-start/oldest", initial: sarama.OffsetOldest,
+		prepare: func(t *testing.T, c *kafkatest.Cluster, topic, group string) {
+			produceHistory(t, c, topic, 30)
+			c.CommitOffset(t, group, topic, 0, 5)
+			c.DeleteRecords(t, topic, 0, 20)
+		},
+		first: at(20),
+	}, {
+		// Case 4: committed 5, log start 20.
+		name: "committed-below-log-start/newest", initial: sarama.OffsetNewest,
+		prepare: func(t *testing.T, c *kafkatest.Cluster, topic, group string) {
+			produceHistory(t, c, topic, 30)
+			c.CommitOffset(t, group, topic, 0, 5)
+			c.DeleteRecords(t, topic, 0, 20)
+		},
+		first: atHWM,
+	}, {
+		// Case 5: a fresh group on a log that starts at 20.
+		name: "fresh-group-log-start-20/oldest", initial: sarama.OffsetOldest,
+		prepare: func(t *testing.T, c *kafkatest.Cluster, topic, _ string) {
+			produceHistory(t, c, topic, 30)
+			c.DeleteRecords(t, topic, 0, 20)
+		},
+		first: at(20),
+	}, {
+		// Case 5, compaction: offsets 0..6 are compacted away; the log
+		// starts at 0 but its first record is 7.
+		name: "fresh-group-compacted-start/oldest", initial: sarama.OffsetOldest, embeddedOnly: true,
+		prepare: func(t *testing.T, c *kafkatest.Cluster, topic, _ string) {
+			produce := func(key string) {
+				c.Produce(t, topic, kafkatest.Record{Key: []byte(key), Value: []byte("v-" + key)})
+			}
+			for range 7 {
+				produce("dup")
+			}
+			produce("k7")
+			produce("k8")
+			produce("dup") // 9 supersedes 0..6
+			produce("k10") // compaction keeps the last batch whatever it holds
+			c.Compact(t)
+			// The test's accounting must not expect what compaction removed.
+			c.ForgetProduced(topic, 0, 7)
+		},
+		first: at(7),
+	}, {
+		// An aborted transaction at the very start: 0..4 aborted, 5 its
+		// marker; a read_committed consumer's first record is 6.
+		name: "fresh-group-aborted-txn-start/oldest", initial: sarama.OffsetOldest, readCommitted: true,
+		prepare: func(t *testing.T, c *kafkatest.Cluster, topic, _ string) {
+			next := c.ProduceAborted(t, topic, 0, 5)
+			require.EqualValues(t, 6, next, "5 aborted records and their marker")
+			produceHistory(t, c, topic, 10)
+		},
+		first: at(6),
+	}}
+}
+
+func TestStartPosition(t *testing.T) {
+	t.Parallel()
+	for _, sc := range startCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			c := kafkatest.Start(t)
+			if sc.embeddedOnly {
+				c.RequireEmbedded(t)
+			}
+			for _, autoCommit := range []bool{true, false} {
+				for _, tail := range []bool{true, false} {
+					name := fmt.Sprintf("auto-commit=%v/tail=%v", autoCommit, tail)
+					t.Run(name, func(t *testing.T) {
+						t.Parallel()
+						runStartCase(t, c, sc, autoCommit, tail)
+					})
+				}
+			}
+		})
+	}
+}
+
+func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, tail bool) {
+	var topic string
+	if sc.embeddedOnly {
+		topic = c.NewCompactedTopic(t, 1)
+	} else {
+		topic = c.NewTopic(t, 1)
+	}
+	group := c.NewGroup(t)
+	sc.prepare(t, c, topic, group)
+	commits := c.ObserveCommits(t)
+
+	configure := func(cfg *safeack.SubscriberConfig) {
+		sc2 := cfg.OverwriteSaramaConfig
+		sc2.Consumer.Offsets.Initial = sc.initial
+		sc2.Consumer.Offsets.AutoCommit.Enable = autoCommit
+		if sc.readCommitted {
+			sc2.Consumer.IsolationLevel = sarama.ReadCommitted
+		}
+		cfg.DisableCompletedTail = !tail
+		cfg.Ordering = safeack.Unordered
+		cfg.DrainTimeout = 200 * time.Millisecond
+	}
+
+	// Member 1: holds the first record it gets, acks the others.
+	acks := newAckLog()
+	held := make(chan po, 1)
+	sub1 := newTestSubscriber(t, c, group, configure)
+	msgs1 := mustSubscribe(t, sub1, topic)
+	go func() {
+		// The first message out of the channel is the first handed out:
+		// the partition's lowest offset.
+		first := true
+		for m := range msgs1 {
+			if first {
+				first = false
+				k, _ := msgPO(m)
+				held <- k
+				continue
+			}
+			go acks.ack(m)
+		}
+	}()
+	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own the partition", func() bool {
+		_, ok := statsOf(sub1, topic, 0)
+		return ok
+	})
+	hwm := c.HighWaterMarks(t, topic)[0]
+	first := sc.first(hwm)
+	c.ProduceN(t, topic, 1, 10, nil) // live records
+
+	var h po
+	select {
+	case h = <-held:
+	case <-time.After(15 * time.Second):
+		t.Fatal("member 1 got no record")
+	}
+	require.Equal(t, po{0, first}, h, "member 1's first record is where its partition starts")
+	end := c.HighWaterMarks(t, topic)[0]
+	acks.waitAllAckedFrom(t, c, topic, 0, first, []po{h}, 15*time.Second)
+
+	// The held record's position reaches the broker, and Stats agrees.
+	kafkatest.WaitFor(t, 10*time.Second, fmt.Sprintf("the group's commit to reach the held offset %d", h.o), func() bool {
+		return c.CommittedOffsets(t, group, topic)[0].Offset == h.o
+	})
+	kafkatest.WaitFor(t, 10*time.Second, "Stats to show the held record's position as safe, marked and confirmed", func() bool {
+		ps, ok := statsOf(sub1, topic, 0)
+		return ok && ps.SafeOffset == h.o && ps.MarkedOffset == h.o && ps.ConfirmedOffset == h.o &&
+			ps.HasUnfinished && ps.OldestUnfinished == h.o
+	})
+	ps, _ := statsOf(sub1, topic, 0)
+	require.Equal(t, max(ps.HighWaterMark-h.o, 0), ps.Lag, "lag counts from the safe offset")
+	require.GreaterOrEqual(t, ps.HighWaterMark, end)
+	require.NoError(t, sub1.Close())
+
+	// More records after member 1 left (issue 13 case 3 lost these).
+	c.ProduceN(t, topic, 1, 5, nil)
+
+	// Member 2 must get the held record, nothing before the start, and
+	// together the members ack every record from the start on.
+	var mu sync.Mutex
+	var before []po
+	sub2 := newTestSubscriber(t, c, group, configure)
+	handleAll(mustSubscribe(t, sub2, topic), func(m *message.Message) {
+		k, _ := msgPO(m)
+		if k.o < first {
+			mu.Lock()
+			before = append(before, k)
+			mu.Unlock()
+		}
+		acks.ack(m)
+	})
+	acks.waitAllAckedFrom(t, c, topic, 0, first, nil, 15*time.Second)
+	require.Positive(t, acks.count(h), "the record member 1 held was never handled again")
+	mu.Lock()
+	require.Empty(t, before, "member 2 handled records from before the group's start")
+	mu.Unlock()
+
+	final := c.HighWaterMarks(t, topic)[0]
+	kafkatest.WaitFor(t, 10*time.Second, "the group to commit the end of the partition", func() bool {
+		return c.CommittedOffsets(t, group, topic)[0].Offset == final
+	})
+	checkStartCommits(t, c, commits, group, topic, first, acks)
+}
+
+// checkStartCommits checks every observed commit of group on partition 0 of
+// topic: never below first (the partition's real start), never past the
+// high-water mark, never past a record not acked before the commit was seen.
+// On a real cluster, where commits cannot be observed, it checks the final
+// committed offset the same way.
+func checkStartCommits(t *testing.T, c *kafkatest.Cluster, log *kafkatest.CommitLog, group, topic string, first int64, acks *ackLog) {
+	t.Helper()
+	end := c.HighWaterMarks(t, topic)[0]
+	check := func(off int64, at time.Time) error {
+		if off < first || off > end {
+			return fmt.Errorf("commit %d outside [%d, %d]", off, first, end)
+		}
+		for _, p := range c.ProducedRecords(topic) {
+			if p.Partition != 0 || p.Offset < first || p.Offset >= off {
+				continue
+			}
+			ackAt, ok := acks.first(po{0, p.Offset})
+			if !ok || !ackAt.Before(at) {
+				return fmt.Errorf("commit %d covers record %d, not acked before it", off, p.Offset)
+			}
+		}
+		return nil
+	}
+	if log == nil {
+		co := c.CommittedOffsets(t, group, topic)[0]
+		require.NoError(t, check(co.Offset, time.Now()))
+		return
+	}
+	n := log.CheckUntil(t, time.Now(), func(o kafkatest.ObservedCommit) error {
+		if o.Group != group {
+			return nil
+		}
+		if co, ok := o.Offset(topic, 0); ok {
+			return check(co.Offset, o.At)
+		}
+		return nil
+	})
+	require.Positive(t, n, "no commit observed")
+}
+
+// waitAllAckedFrom waits until every produced record of topic/partition at
+// or after from, except those in but, has a counted ack.
+func (l *ackLog) waitAllAckedFrom(t *testing.T, c *kafkatest.Cluster, topic string, partition int32, from int64, but []po, timeout time.Duration) {
+	t.Helper()
+	var miss []po
+	ok := waitCond(timeout, func() bool {
+		miss = miss[:0]
+		l.mu.Lock()
+		defer l.mu.Unlock()
+	next:
+		for _, p := range c.ProducedRecords(topic) {
+			k := po{p.Partition, p.Offset}
+			if p.Partition != partition || p.Offset < from || len(l.acks[k]) > 0 {
+				continue
+			}
+			for _, b := range but {
+				if b == k {
+					continue next
+				}
+			}
+			miss = append(miss, k)
+		}
+		return len(miss) == 0
+	})
+	if !ok {
+		t.Fatalf("timed out after %v: %d records from offset %d not acked, first: %v", timeout, len(miss), from, miss[:min(len(miss), 10)])
+	}
+}
