@@ -330,3 +330,167 @@ func (l *ackLog) waitAllAckedFrom(t *testing.T, c *kafkatest.Cluster, topic stri
 		t.Fatalf("timed out after %v: %d records from offset %d not acked, first: %v", timeout, len(miss), from, miss[:min(len(miss), 10)])
 	}
 }
+
+// TestStartPositionNewPartition: a partition added while the group runs
+// starts at Offsets.Initial (OffsetNewest here, Sarama's default). Records
+// produced to it before the group noticed are not handled (Kafka's meaning
+// of OffsetNewest); the first record handled fixes the start, which is
+// committed before anything past it: issue 13 case 6 committed 0 while a
+// later record was held, so the next member re-handled the skipped ones.
+func TestStartPositionNewPartition(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	commits := c.ObserveCommits(t)
+	configure := func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
+		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 500 * time.Millisecond
+		cfg.Ordering = safeack.Unordered
+		cfg.DrainTimeout = 200 * time.Millisecond
+	}
+
+	acks := newAckLog()
+	held := make(chan po, 1)
+	sub1 := newTestSubscriber(t, c, group, configure)
+	msgs1 := mustSubscribe(t, sub1, topic)
+	go func() {
+		first := true
+		for m := range msgs1 {
+			if k, _ := msgPO(m); k.p == 1 && first {
+				first = false
+				held <- k
+				continue
+			}
+			go acks.ack(m)
+		}
+	}()
+	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own partition 0", func() bool {
+		_, ok := statsOf(sub1, topic, 0)
+		return ok
+	})
+
+	c.AddPartitions(t, topic, 2)
+	// Produced before the group notices the partition, most likely: at
+	// OffsetNewest they are skipped.
+	c.Produce(t, topic, records(1, 10)...)
+	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own the new partition", func() bool {
+		_, ok := statsOf(sub1, topic, 1)
+		return ok
+	})
+	c.Produce(t, topic, records(1, 5)...)
+	var h po
+	select {
+	case h = <-held:
+	case <-time.After(15 * time.Second):
+		t.Fatal("member 1 got no record of the new partition")
+	}
+	t.Logf("the new partition started at %d (10 records were produced to it before the group could notice)", h.o)
+	acks.waitAllAckedFrom(t, c, topic, 1, h.o, []po{h}, 15*time.Second)
+	kafkatest.WaitFor(t, 10*time.Second, "the held offset to be committed on the new partition", func() bool {
+		return c.CommittedOffsets(t, group, topic)[1].Offset == h.o
+	})
+	require.NoError(t, sub1.Close())
+
+	sub2 := newTestSubscriber(t, c, group, configure)
+	var mu sync.Mutex
+	var before []po
+	handleAll(mustSubscribe(t, sub2, topic), func(m *message.Message) {
+		if k, _ := msgPO(m); k.p == 1 && k.o < h.o {
+			mu.Lock()
+			before = append(before, k)
+			mu.Unlock()
+		}
+		acks.ack(m)
+	})
+	acks.waitAllAckedFrom(t, c, topic, 1, h.o, nil, 15*time.Second)
+	mu.Lock()
+	require.Empty(t, before, "member 2 handled records of the new partition from before its start")
+	mu.Unlock()
+	if commits != nil {
+		end := c.HighWaterMarks(t, topic)[1]
+		commits.CheckUntil(t, time.Now(), func(o kafkatest.ObservedCommit) error {
+			if co, ok := o.Offset(topic, 1); ok && o.Group == group && (co.Offset < h.o || co.Offset > end) {
+				return fmt.Errorf("commit %d on the new partition outside [%d, %d]", co.Offset, h.o, end)
+			}
+			return nil
+		})
+	}
+}
+
+// records returns n records for partition p.
+func records(p int32, n int) []kafkatest.Record {
+	out := make([]kafkatest.Record, n)
+	for i := range out {
+		out[i] = kafkatest.Record{Partition: p, Value: fmt.Appendf(nil, "p%d-%d-%d", p, i, time.Now().UnixNano())}
+	}
+	return out
+}
+
+// TestStartPositionWithoutGroup: without a consumer group the start is
+// resolved before consuming, so Stats is right before the first record
+// (issue 13 case 5 reported safe 0, lag 20 at OffsetNewest).
+func TestStartPositionWithoutGroup(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	noGroup := func(initial int64) func(*safeack.SubscriberConfig) {
+		return func(cfg *safeack.SubscriberConfig) {
+			cfg.ConsumerGroup = ""
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = initial
+		}
+	}
+
+	t.Run("newest", func(t *testing.T) {
+		t.Parallel()
+		topic := c.NewTopic(t, 1)
+		c.ProduceN(t, topic, 1, 20, nil)
+		sub := newTestSubscriber(t, c, "", noGroup(sarama.OffsetNewest))
+		msgs := mustSubscribe(t, sub, topic)
+		kafkatest.WaitFor(t, 10*time.Second, "Stats to show the partition at offset 20 with no lag", func() bool {
+			ps, ok := statsOf(sub, topic, 0)
+			return ok && ps.SafeOffset == 20 && ps.Lag == 0 && ps.HighWaterMark == 20
+		})
+		c.ProduceN(t, topic, 1, 3, nil)
+		for want := int64(20); want < 23; want++ {
+			select {
+			case m := <-msgs:
+				k, _ := msgPO(m)
+				require.Equal(t, po{0, want}, k)
+				m.Ack()
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no message at offset %d", want)
+			}
+		}
+	})
+
+	t.Run("oldest-log-start-20", func(t *testing.T) {
+		t.Parallel()
+		topic := c.NewTopic(t, 1)
+		c.ProduceN(t, topic, 1, 30, nil)
+		c.DeleteRecords(t, topic, 0, 20)
+		sub := newTestSubscriber(t, c, "", noGroup(sarama.OffsetOldest))
+		msgs := mustSubscribe(t, sub, topic)
+		var got []*message.Message
+		for range 10 {
+			select {
+			case m := <-msgs:
+				got = append(got, m)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("got %d of 10 messages", len(got))
+			}
+		}
+		k, _ := msgPO(got[0])
+		require.Equal(t, po{0, 20}, k, "the first record is the log start")
+		ps, ok := statsOf(sub, topic, 0)
+		require.True(t, ok)
+		require.EqualValues(t, 20, ps.SafeOffset, "nothing acked: safe is the log start")
+		require.EqualValues(t, 10, ps.Lag)
+		for _, m := range got {
+			m.Ack()
+		}
+		kafkatest.WaitFor(t, 10*time.Second, "the safe offset to reach the end", func() bool {
+			ps, ok := statsOf(sub, topic, 0)
+			return ok && ps.SafeOffset == 30 && ps.Lag == 0
+		})
+	})
+}
