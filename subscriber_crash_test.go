@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -30,12 +31,14 @@ const (
 	envHelperHold     = "SAFEACK_TEST_HELPER_HOLD"     // "p@o,p@o": records never acked
 	envHelperEmbedded = "SAFEACK_TEST_HELPER_EMBEDDED" // "1" when the parent runs kfake
 	envHelperNoTail   = "SAFEACK_TEST_HELPER_NO_TAIL"  // "1": DisableCompletedTail
+	envHelperNewest   = "SAFEACK_TEST_HELPER_NEWEST"   // "1": Offsets.Initial is OffsetNewest
 )
 
 // TestHelperConsumerProcess is not a test: TestSubscriberCrashRedeliversOnlyAfterCommit
 // re-executes the test binary to run it as a consumer process it can
 // SIGKILL. It acks every record except the held ones, out of order, and
-// prints "ACK <partition> <offset>" just before each Ack. It runs until it is
+// prints "ACK <partition> <offset>" just before each Ack, and
+// "ASSIGNED <partition>" once it owns a partition. It runs until it is
 // killed, or until its stdin closes (the parent died).
 func TestHelperConsumerProcess(t *testing.T) {
 	if os.Getenv(envHelperConsumer) != "1" {
@@ -52,6 +55,9 @@ func TestHelperConsumerProcess(t *testing.T) {
 	c := kafkatest.Start(t)
 	sc := c.SaramaConfig()
 	sc.Consumer.Return.Errors = true
+	if os.Getenv(envHelperNewest) == "1" {
+		sc.Consumer.Offsets.Initial = sarama.OffsetNewest
+	}
 	if os.Getenv(envHelperEmbedded) == "1" {
 		// The parent's embedded broker accepts short sessions: the killed
 		// member is evicted quickly (but not so short that a loaded machine
@@ -84,6 +90,19 @@ func TestHelperConsumerProcess(t *testing.T) {
 		os.Exit(3)
 	}()
 	var outMu sync.Mutex
+	go func() {
+		reported := make(map[int32]bool)
+		for range time.Tick(10 * time.Millisecond) {
+			for _, ps := range sub.Stats() {
+				if !reported[ps.Partition] {
+					reported[ps.Partition] = true
+					outMu.Lock()
+					fmt.Fprintf(os.Stdout, "ASSIGNED %d\n", ps.Partition)
+					outMu.Unlock()
+				}
+			}
+		}
+	}()
 	for m := range msgs {
 		go func(m *message.Message) {
 			k, ok := msgPO(m)
@@ -132,37 +151,46 @@ func parsePO(s string) (po, bool) {
 // not handle them again; with it off they are redelivered.
 func TestSubscriberCrashRedeliversOnlyAfterCommit(t *testing.T) {
 	t.Parallel()
-	t.Run("completed-tail", func(t *testing.T) {
-		t.Parallel()
-		testCrash(t, true)
-	})
-	t.Run("no-tail", func(t *testing.T) {
-		t.Parallel()
-		testCrash(t, false)
-	})
+	for _, initial := range []int64{sarama.OffsetOldest, sarama.OffsetNewest} {
+		t.Run("completed-tail/"+initialName(initial), func(t *testing.T) {
+			t.Parallel()
+			testCrash(t, true, initial)
+		})
+		t.Run("no-tail/"+initialName(initial), func(t *testing.T) {
+			t.Parallel()
+			testCrash(t, false, initial)
+		})
+	}
 }
 
-func testCrash(t *testing.T, tail bool) {
+// testCrash runs the scenario with the group's partitions found at
+// Consumer.Offsets.Initial: at OffsetNewest, with history before the child
+// joins that no member may handle or commit below, and the records produced
+// once the child owns its partitions.
+func testCrash(t *testing.T, tail bool, initial int64) {
 	const partitions, perPartition = 3, 150
 	began := time.Now()
 	c := kafkatest.Start(t)
 	topic := c.NewTopic(t, partitions)
 	group := c.NewGroup(t)
-	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
+	acks := newAckLog()    // the survivor's acks
+	allAcks := newAckLog() // the child's and the survivor's, for the commit check
+	watch := newCommitWatch(t, c, group, topic, allAcks)
+	start := startAfterHistory(t, c, watch, topic, partitions, initial, 20)
+	if initial == sarama.OffsetOldest {
+		c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
+	}
 
 	// Held by the child: partition 0 stops committing at 50, partition 1 at
 	// 120, partition 2 completes; records acked after a held one are
 	// completed but not committable.
-	held := []po{{0, 50}, {1, 120}}
-	wantCommitted := map[int32]int64{0: 50, 1: 120, 2: perPartition}
+	held := []po{{0, start + 50}, {1, start + 120}}
+	end := start + perPartition
+	wantCommitted := map[int32]int64{0: start + 50, 1: start + 120, 2: end}
 	heldSet := map[po]bool{}
 	for _, k := range held {
 		heldSet[k] = true
 	}
-
-	acks := newAckLog()    // the survivor's acks
-	allAcks := newAckLog() // the child's and the survivor's, for the commit check
-	watch := newCommitWatch(t, c, group, topic, allAcks)
 
 	// The child.
 	var holdSpec []string
@@ -183,6 +211,9 @@ func testCrash(t *testing.T, tail bool) {
 	if !tail {
 		cmd.Env = append(cmd.Env, envHelperNoTail+"=1")
 	}
+	if initial == sarama.OffsetNewest {
+		cmd.Env = append(cmd.Env, envHelperNewest+"=1")
+	}
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
@@ -201,6 +232,7 @@ func testCrash(t *testing.T, tail bool) {
 
 	var childMu sync.Mutex
 	childAcks := make(map[po]int)
+	assigned := make(map[int32]bool)
 	var childOther []string
 	readerDone := make(chan struct{})
 	go func() {
@@ -217,6 +249,13 @@ func testCrash(t *testing.T, tail bool) {
 				allAcks.addAt(k, time.Unix(0, ns))
 				continue
 			}
+			var p int32
+			if _, err := fmt.Sscanf(line, "ASSIGNED %d", &p); err == nil {
+				childMu.Lock()
+				assigned[p] = true
+				childMu.Unlock()
+				continue
+			}
 			childMu.Lock()
 			childOther = append(childOther, line)
 			childMu.Unlock()
@@ -228,12 +267,21 @@ func testCrash(t *testing.T, tail bool) {
 		return childAcks[k] > 0
 	}
 
+	if initial == sarama.OffsetNewest {
+		kafkatest.WaitFor(t, 20*time.Second, "the child to own every partition", func() bool {
+			childMu.Lock()
+			defer childMu.Unlock()
+			return len(assigned) == partitions
+		})
+		c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
+	}
+
 	// Wait until the child committed the prefixes and reported the acks
 	// behind them.
 	watch.waitCommitted(t, wantCommitted, 20*time.Second)
 	if !waitCond(10*time.Second, func() bool {
 		for p := int32(0); p < partitions; p++ {
-			for o := int64(0); o < perPartition; o++ {
+			for o := start; o < end; o++ {
 				if !heldSet[po{p, o}] && !childAcked(po{p, o}) {
 					return false
 				}
@@ -256,7 +304,7 @@ func testCrash(t *testing.T, tail bool) {
 				if err != nil {
 					return false
 				}
-				for o := k.o + 1; o < perPartition; o++ {
+				for o := k.o + 1; o < end; o++ {
 					if !tl.Contains(o) {
 						return false
 					}
@@ -282,6 +330,7 @@ func testCrash(t *testing.T, tail bool) {
 	// More records arrive; the survivor takes over.
 	c.ProduceN(t, topic, partitions, partitions*50, nil)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = initial
 		cfg.MaxInFlight = 32
 		cfg.Ordering = safeack.Unordered
 		cfg.DisableCompletedTail = !tail

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -222,17 +223,24 @@ type commitWatch struct {
 	topic string
 	acks  *ackLog
 	polls int
+	// floor holds, per partition, the offset its group started at when
+	// that is not where its log starts (OffsetNewest on a topic with
+	// history): a commit below it makes the next owner re-handle history.
+	floor map[int32]int64
 }
 
 // newCommitWatch must run before the consumers start, so that every commit
 // is observed.
 func newCommitWatch(t *testing.T, c *kafkatest.Cluster, group, topic string, acks *ackLog) *commitWatch {
 	t.Helper()
-	return &commitWatch{c: c, log: c.ObserveCommits(t), group: group, topic: topic, acks: acks}
+	return &commitWatch{c: c, log: c.ObserveCommits(t), group: group, topic: topic, acks: acks, floor: make(map[int32]int64)}
 }
 
 // violation checks one commit of offsets at time at.
 func (w *commitWatch) violation(byPart map[int32][]int64, partition int32, committed int64, at time.Time) error {
+	if floor := w.floor[partition]; committed < floor {
+		return fmt.Errorf("partition %d committed %d, below where the group started (%d)", partition, committed, floor)
+	}
 	for _, off := range byPart[partition] {
 		if off >= committed {
 			break
@@ -399,4 +407,30 @@ func (l *ackLog) addAt(k po, at time.Time) {
 	l.mu.Lock()
 	l.acks[k] = append(l.acks[k], at)
 	l.mu.Unlock()
+}
+
+// startAfterHistory prepares a test of a group at initial on topic: at
+// OffsetNewest it produces perPartition records to every partition that no
+// member may handle (they precede the group), removes them from the
+// harness's accounting, and sets watch's floors past them. It returns the
+// offset the group starts at on every partition.
+func startAfterHistory(t *testing.T, c *kafkatest.Cluster, watch *commitWatch, topic string, partitions int, initial int64, perPartition int) int64 {
+	t.Helper()
+	if initial != sarama.OffsetNewest {
+		return 0
+	}
+	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
+	for p := int32(0); p < int32(partitions); p++ {
+		c.ForgetProduced(topic, p, int64(perPartition))
+		watch.floor[p] = int64(perPartition)
+	}
+	return int64(perPartition)
+}
+
+// initialName names a Consumer.Offsets.Initial value in test names.
+func initialName(initial int64) string {
+	if initial == sarama.OffsetNewest {
+		return "newest"
+	}
+	return "oldest"
 }

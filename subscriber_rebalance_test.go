@@ -95,14 +95,19 @@ func TestSubscriberRebalance(t *testing.T) {
 		{name: "eager-at-capacity", capacity: 20, holdAt: 5},
 		{name: "cooperative-at-capacity", cooperative: true, capacity: 20, holdAt: 5},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			testRebalance(t, tc.cooperative, tc.capacity, tc.holdAt)
-		})
+		for _, initial := range []int64{sarama.OffsetOldest, sarama.OffsetNewest} {
+			t.Run(tc.name+"/"+initialName(initial), func(t *testing.T) {
+				t.Parallel()
+				testRebalance(t, tc.cooperative, tc.capacity, tc.holdAt, initial)
+			})
+		}
 	}
 }
 
-func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64) {
+// testRebalance runs the scenario with the group's partitions found at
+// Consumer.Offsets.Initial: at OffsetNewest, with history before A joins
+// that no member may handle or commit below.
+func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64, initial int64) {
 	const (
 		partitions   = 4
 		drainTimeout = 500 * time.Millisecond
@@ -123,6 +128,7 @@ func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64) {
 			cfg.DrainTimeout = drainTimeout
 			cfg.MaxPendingPerPartition = capacity
 			cfg.OverwriteSaramaConfig.ClientID = clientID
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = initial
 			if cooperative {
 				cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
 					sarama.NewBalanceStrategyCooperativeSticky(),
@@ -144,8 +150,13 @@ func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64) {
 		})
 	}
 
-	// Member A, mid-stream, holding one record per partition.
-	produce(partitions * 100)
+	// Member A, mid-stream, holding one record per partition. At
+	// OffsetNewest A must own its partitions before the records come.
+	start := startAfterHistory(t, c, watch, topic, partitions, initial, 25)
+	holdAt += start
+	if initial == sarama.OffsetOldest {
+		produce(partitions * 100)
+	}
 	var toHold []po
 	for p := int32(0); p < partitions; p++ {
 		toHold = append(toHold, po{p, holdAt})
@@ -158,6 +169,12 @@ func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64) {
 		}
 		ackAll(m)
 	})
+	if initial == sarama.OffsetNewest {
+		kafkatest.WaitFor(t, 15*time.Second, "A to own every partition", func() bool {
+			return len(ownedPartitions(a, topic)) == partitions
+		})
+		produce(partitions * 100)
+	}
 	want := make(map[int32]int64)
 	for p := int32(0); p < partitions; p++ {
 		want[p] = holdAt
