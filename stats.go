@@ -19,8 +19,14 @@ type PartitionStats struct {
 
 	// SafeOffset is the completed prefix: the offset a consumer may resume
 	// from without losing an unfinished record. It is what gets marked.
+	// When Sarama started the partition at Consumer.Offsets.Initial (no
+	// commit, or one out of range), it is the broker's answer for that
+	// setting until the first record arrives, and from then on counts
+	// from that record.
 	SafeOffset int64
-	// MarkedOffset is the last offset handed to Sarama to commit.
+	// MarkedOffset is the last offset handed to Sarama to commit: the
+	// committed offset the assignment started from, or -1 until the first
+	// record fixes a start that Sarama resolved from Offsets.Initial.
 	MarkedOffset int64
 	// ConfirmedOffset is what the group coordinator holds as committed,
 	// read back after each commit interval; -1 when unknown or none. It
