@@ -206,7 +206,12 @@ func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, 
 	})
 	hwm := c.HighWaterMarks(t, topic)[0]
 	first := sc.first(hwm)
-	c.ProduceN(t, topic, 1, 10, nil) // live records
+	// Unique keys: the compaction case's topic is compacted (by any
+	// subtest's Compact), which drops records without a key.
+	uniqueKeys := func(label string) func(int) string {
+		return func(i int) string { return fmt.Sprintf("%s-%d", label, i) }
+	}
+	c.ProduceN(t, topic, 1, 10, uniqueKeys("live"))
 
 	var h po
 	select {
@@ -233,7 +238,7 @@ func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, 
 	require.NoError(t, sub1.Close())
 
 	// More records after member 1 left (issue 13 case 3 lost these).
-	c.ProduceN(t, topic, 1, 5, nil)
+	c.ProduceN(t, topic, 1, 5, uniqueKeys("after"))
 
 	// Member 2 must get the held record, nothing before the start, and
 	// together the members ack every record from the start on.
