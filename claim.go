@@ -108,7 +108,7 @@ type partitionWorker struct {
 	marked     int64 // last offset marked; written by run
 	confirmed  int64 // last offset the coordinator reported committed; -1 unknown
 	stuckFlag  bool  // mirrors stuck != nil for Stats
-	paused     bool  // the tail nears its budget; mirrors for Stats
+	paused     bool  // the tail nears its budget: run takes no records
 	pausedFor  time.Duration
 	tailBytes  int  // size of the last encoded tail
 	tailCut    bool // the last encoded tail did not fit whole
@@ -130,11 +130,17 @@ type partitionWorker struct {
 	stuck       *record                       // a record the unmarshaler rejected; the partition waits on it
 	seed        maphash.Seed
 	skip        frontier.Tail // completed tail read back from the last commit
-	tailBuf     []byte
-	rangeBuf    []frontier.Range
-	lastMeta    string
-	nextMarkAt  time.Time // the tail is encoded at most once per commit interval
-	pausedAt    time.Time
+
+	// markMu serializes marking: run marks plain advances at once, the
+	// session's commit loop marks completed tails once per commit interval.
+	// It guards the fields below.
+	markMu   sync.Mutex
+	tailBuf  []byte
+	rangeBuf []frontier.Range
+	lastMeta string
+	// requestCommit asks the session to commit soon; nil without a group.
+	requestCommit func()
+	pausedAt      time.Time
 }
 
 type partitionCounters struct {
@@ -232,22 +238,21 @@ func (w *partitionWorker) poke() {
 // run consumes the claim until it is revoked or the subscription stops,
 // then drains. It returns after the final mark.
 func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-chan struct{}) {
-	var retry, markLater *time.Timer
-	var retryC, markC <-chan time.Time
+	var retry *time.Timer
+	var retryC <-chan time.Time
 	w.sub.partitions.Add(1)
 	defer w.sub.partitions.Add(-1)
 	defer func() {
 		if retry != nil {
 			retry.Stop()
 		}
-		if markLater != nil {
-			markLater.Stop()
-		}
 	}()
 	for {
-		if due := w.markIfAdvanced(false); !due.IsZero() && markC == nil {
-			markLater = time.NewTimer(time.Until(due))
-			markC = markLater.C
+		if marked, allDone := w.markIfAdvanced(false); marked && allDone && w.requestCommit != nil &&
+			w.fetched.len() == 0 && len(messages) == 0 {
+			// Every record received is complete and no more are waiting:
+			// commit now rather than at the next interval.
+			w.requestCommit()
 		}
 
 		// Take records while few are ready to hand out (so the in-flight
@@ -318,9 +323,6 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 		case <-retryC:
 			retry, retryC = nil, nil
 			w.retryStuck()
-		case <-markC:
-			markLater, markC = nil, nil
-			w.markIfAdvanced(true)
 		case <-stop:
 			w.drain("stopped")
 			return
@@ -333,12 +335,13 @@ func (w *partitionWorker) run(messages <-chan *sarama.ConsumerMessage, stop <-ch
 
 // canAccept reports whether run may take another record from the claim.
 func (w *partitionWorker) canAccept() bool {
-	if w.stuck != nil || w.tailPaused() {
+	if w.stuck != nil {
 		return false
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.ready.len() < w.readyAhead() && w.roomLocked()
+	// paused: the completed tail nears its budget (PauseAtTailUsage).
+	return !w.paused && w.ready.len() < w.readyAhead() && w.roomLocked()
 }
 
 // readyAhead is how many ready records run keeps queued: the partition's
@@ -842,26 +845,35 @@ func (w *partitionWorker) nacked(r *record) {
 }
 
 // markIfAdvanced hands the completed prefix to Sarama when it changed,
-// with the completed tail in the metadata. With the tail on, encoding
-// happens at most once per commit interval, since Sarama commits no more
-// often: when a mark is waiting for that, markIfAdvanced returns when it is
-// due. force marks now (the wait is over, or the partition is draining).
-func (w *partitionWorker) markIfAdvanced(force bool) (due time.Time) {
-	tailOn := w.marker != nil && !w.sub.cfg.DisableCompletedTail
+// with the completed tail in the metadata. A tail is encoded only when
+// forced: by the session's commit loop just before each commit, once per
+// commit interval (Sarama commits no more often), or by a drain. Unforced
+// (run's call after completions), it marks only a prefix with no completed
+// record behind it, which needs no encoding, so a partition that keeps up
+// is marked at once. It reports whether it marked, and whether every record
+// taken so far is complete.
+func (w *partitionWorker) markIfAdvanced(force bool) (marked, allDone bool) {
 	if !w.dirty.Load() {
-		return time.Time{}
+		return false, false
 	}
+	tailOn := w.marker != nil && !w.sub.cfg.DisableCompletedTail
+	w.markMu.Lock()
+	defer w.markMu.Unlock()
 	w.mu.Lock()
-	if tailOn && !force && time.Now().Before(w.nextMarkAt) {
+	if tailOn && !force && w.tracker.Blocked() > 0 {
 		w.mu.Unlock()
-		return w.nextMarkAt
+		return false, false // the commit loop encodes the tail
 	}
-	w.dirty.Store(false)
+	if !w.dirty.Swap(false) {
+		w.mu.Unlock()
+		return false, false // marked by another caller meanwhile
+	}
 	safe, err := w.tracker.SafeOffset()
 	if err != nil {
 		w.mu.Unlock()
-		return time.Time{}
+		return false, false
 	}
+	allDone = w.tracker.Retained() == 0
 	w.accepted.dropBelow(safe) // keeps the log as short as the retained window
 	if tailOn {
 		w.rangeBuf = w.tracker.AppendCompleted(w.rangeBuf[:0])
@@ -878,6 +890,7 @@ func (w *partitionWorker) markIfAdvanced(force bool) (due time.Time) {
 	case w.marker == nil:
 	case safe > prev:
 		w.marker.MarkOffset(w.topic, w.partition, safe, meta)
+		marked = true
 	case safe == prev && meta != w.lastMeta:
 		// MarkOffset ignores a mark at or below Sarama's current offset, so
 		// a tail that grew behind an unchanged head is written with
@@ -886,33 +899,43 @@ func (w *partitionWorker) markIfAdvanced(force bool) (due time.Time) {
 		// offset, or the one fixStart committed) or an earlier mark, all at
 		// most safe.
 		w.marker.ResetOffset(w.topic, w.partition, safe, meta)
+		marked = true
 	}
 	w.lastMeta = meta
-	return time.Time{}
+	return marked, allDone
 }
 
 // encodeTail encodes the completed ranges in rangeBuf relative to safe,
-// within the metadata budget, and updates the pause state.
+// within the metadata budget, and updates the pause state. An empty tail
+// costs nothing and is not counted as an encode. Callers hold markMu.
 func (w *partitionWorker) encodeTail(safe int64) string {
+	var buf []byte
+	cut, encoded := false, len(w.rangeBuf) > 0
 	budget := w.sub.cfg.TailMetadataBudget
-	w.nextMarkAt = time.Now().Add(w.sub.cfg.commitInterval())
-	buf, bound, err := frontier.AppendTail(w.tailBuf[:0], safe, w.rangeBuf, budget)
-	if err != nil {
-		// The tracker's ranges are valid by construction; if not, commit
-		// plain offsets rather than anything doubtful.
-		w.sub.logger.Error("Cannot encode the completed tail; committing the offset alone", err, w.logFields)
-		buf = buf[:0]
+	if encoded {
+		var bound int64
+		var err error
+		buf, bound, err = frontier.AppendTail(w.tailBuf[:0], safe, w.rangeBuf, budget)
+		if err != nil {
+			// The tracker's ranges are valid by construction; if not, commit
+			// plain offsets rather than anything doubtful.
+			w.sub.logger.Error("Cannot encode the completed tail; committing the offset alone", err, w.logFields)
+			buf = buf[:0]
+		}
+		w.tailBuf = buf
+		cut = err == nil && bound != math.MaxInt64
 	}
-	w.tailBuf = buf
-	cut := err == nil && bound != math.MaxInt64
 	pause := false
-	if f := w.sub.cfg.PauseAtTailUsage; f > 0 && len(w.rangeBuf) > 0 {
+	if f := w.sub.cfg.PauseAtTailUsage; f > 0 && encoded {
 		pause = cut || float64(len(buf)) >= f*float64(budget)
 	}
 	now := time.Now()
 	w.mu.Lock()
-	w.counters.tailEncodes++
+	if encoded {
+		w.counters.tailEncodes++
+	}
 	w.tailBytes, w.tailCut = len(buf), cut
+	resumed := w.paused && !pause
 	if pause != w.paused {
 		if pause {
 			w.pausedAt = now
@@ -922,12 +945,11 @@ func (w *partitionWorker) encodeTail(safe int64) string {
 		w.paused = pause
 	}
 	w.mu.Unlock()
+	if resumed {
+		w.poke() // run may take records again
+	}
 	return string(buf)
 }
-
-// tailPaused reports whether taking records waits for the tail to shrink.
-// Only run writes paused, so run reads it without the lock.
-func (w *partitionWorker) tailPaused() bool { return w.paused }
 
 // drain ends the assignment: nothing more is handed out, contexts of
 // unacked messages are cancelled, acks are awaited up to DrainTimeout, the
@@ -989,7 +1011,9 @@ func (w *partitionWorker) drain(reason string) {
 	w.mu.Unlock()
 	close(w.abandoned)
 
-	if w.marker != nil && !w.sub.autoCommit() {
+	if w.marker != nil {
+		// Sarama discards what is marked but not committed when a
+		// partition is revoked: commit the final prefix now.
 		w.marker.Commit()
 	}
 	fields := w.logFields.Add(watermill.LogFields{

@@ -97,8 +97,13 @@ type SubscriberConfig struct {
 	DrainTimeout time.Duration
 
 	// CommitInterval is how often the completed prefix is committed when
-	// Sarama's auto-commit is disabled. With auto-commit enabled Sarama's
-	// own AutoCommit.Interval applies and this field is ignored.
+	// Sarama's auto-commit is disabled. With auto-commit enabled (Sarama's
+	// default) its AutoCommit.Interval sets the period instead and this
+	// field is ignored. Either way safeack commits itself: completed tails
+	// are encoded just before each commit, so a completed record is covered
+	// within one interval plus a round trip, and a partition whose every
+	// received record is complete is committed at once (early commits are
+	// at least a tenth of the interval, and at most 100 ms, apart).
 	// Default 1 s.
 	CommitInterval time.Duration
 
@@ -288,7 +293,10 @@ func (c SubscriberConfig) Validate() error {
 	return nil
 }
 
-// commitInterval is how often Sarama commits what was marked.
+// commitInterval is how often the completed prefixes are committed: Sarama's
+// auto-commit interval when auto-commit is on, CommitInterval otherwise.
+// NewSubscriber keeps it in Subscriber.commitEvery before it turns Sarama's
+// own auto-commit off in its private copy.
 func (c *SubscriberConfig) commitInterval() time.Duration {
 	if oc := c.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit; oc.Enable {
 		return oc.Interval

@@ -36,6 +36,9 @@ var ErrSubscriberClosed = errors.New("safeack: subscriber closed")
 type Subscriber struct {
 	cfg    SubscriberConfig
 	logger watermill.LoggerAdapter
+	// commitEvery is the commit interval: Sarama's AutoCommit.Interval when
+	// the caller enabled auto-commit, CommitInterval otherwise.
+	commitEvery time.Duration
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -60,10 +63,19 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
+	cfg := config.withDefaults()
+	// safeack commits itself, at Sarama's auto-commit interval when
+	// auto-commit is on (CommitInterval otherwise), so that a completed tail
+	// is encoded just before each commit rather than on a tick of its own,
+	// and so that a partition with nothing left running is committed at
+	// once (see groupHandler.commitLoop). The copy is safeack's own.
+	commitEvery := cfg.commitInterval()
+	cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
 	return &Subscriber{
-		cfg:     config.withDefaults(),
-		logger:  logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
-		closing: make(chan struct{}),
+		cfg:         cfg,
+		commitEvery: commitEvery,
+		logger:      logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
+		closing:     make(chan struct{}),
 	}, nil
 }
 
@@ -150,10 +162,6 @@ func (sub *subscription) passToken() bool {
 	default:
 		return false
 	}
-}
-
-func (sub *subscription) autoCommit() bool {
-	return sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable
 }
 
 func (sub *subscription) retrySleep() time.Duration {
@@ -278,6 +286,7 @@ type groupHandler struct {
 	workers   map[int32]*partitionWorker
 	stop      chan struct{}
 	done      chan struct{}
+	soon      chan struct{} // capacity 1: a partition asks for a commit now
 }
 
 // Setup reads the committed offsets and metadata of the claimed partitions
@@ -302,27 +311,85 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.workers = make(map[int32]*partitionWorker, len(claimed))
 	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
-	go h.commitLoop(sess, h.stop, h.done)
+	h.soon = make(chan struct{}, 1)
+	go h.commitLoop(sess, h.stop, h.done, h.soon)
 	return nil
 }
 
-// commitLoop commits every CommitInterval when Sarama's auto-commit is off,
-// and after each commit interval reads back what the coordinator holds,
-// which Stats reports as the confirmed offset.
-func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done chan struct{}) {
+// commitSoon asks the commit loop to commit without waiting for the next
+// interval. It never blocks.
+func (h *groupHandler) commitSoon() {
+	select {
+	case h.soon <- struct{}{}:
+	default:
+	}
+}
+
+// earlyCommitGap is the least time between a commit and an early one: a
+// tenth of the commit interval, at most maxEarlyCommitGap. A partition that
+// keeps catching up (every record complete, none waiting) then costs at most
+// ten commits per interval, and at most one per maxEarlyCommitGap.
+func earlyCommitGap(interval time.Duration) time.Duration {
+	return min(interval/10, maxEarlyCommitGap)
+}
+
+const maxEarlyCommitGap = 100 * time.Millisecond
+
+// commitLoop commits the session's marks once per commit interval: it first
+// marks every partition's completed tail, so that a completed record waits
+// at most one interval (plus the commit's round trip) to be covered, then
+// commits, then reads back what the coordinator holds (Stats'
+// ConfirmedOffset). A partition with every received record complete asks
+// for a commit at once (commitSoon), within earlyCommitGap.
+func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done, soon chan struct{}) {
 	defer close(done)
-	t := time.NewTicker(h.sub.cfg.commitInterval())
+	interval := h.sub.s.commitEvery
+	t := time.NewTicker(interval)
 	defer t.Stop()
+	var early *time.Timer
+	var earlyC <-chan time.Time
+	defer func() {
+		if early != nil {
+			early.Stop()
+		}
+	}()
+	last := time.Now()
+	commit := func() {
+		sess.Commit()
+		last = time.Now()
+	}
 	for {
 		select {
 		case <-t.C:
-			if !h.sub.autoCommit() {
-				sess.Commit()
-			}
+			h.markTails()
+			commit()
 			h.confirm()
+		case <-soon:
+			if wait := earlyCommitGap(interval) - time.Since(last); wait <= 0 {
+				commit()
+			} else if earlyC == nil {
+				early = time.NewTimer(wait)
+				earlyC = early.C
+			}
+		case <-earlyC:
+			early, earlyC = nil, nil
+			commit()
 		case <-stop:
 			return
 		}
+	}
+}
+
+// markTails marks every partition's completed prefix with its tail.
+func (h *groupHandler) markTails() {
+	h.mu.Lock()
+	workers := make([]*partitionWorker, 0, len(h.workers))
+	for _, w := range h.workers {
+		workers = append(workers, w)
+	}
+	h.mu.Unlock()
+	for _, w := range workers {
+		w.markIfAdvanced(true)
 	}
 }
 
@@ -375,9 +442,7 @@ func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) 
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	close(h.stop)
 	<-h.done
-	if !h.sub.autoCommit() {
-		sess.Commit()
-	}
+	sess.Commit()
 	return nil
 }
 
@@ -390,6 +455,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	}
 	w.hwm = claim.HighWaterMarkOffset
 	w.pauser = h.group
+	w.requestCommit = h.commitSoon
 	if c, ok := h.committedOffset(claim.Partition()); ok {
 		if start.resolved {
 			w.skipCompleted(c, start.offset)

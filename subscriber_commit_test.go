@@ -132,3 +132,45 @@ func (w *keyWatch) errors() []string {
 	defer w.mu.Unlock()
 	return append([]string(nil), w.errs...)
 }
+
+// TestCommitWhenAllComplete: a partition whose every received record is
+// complete is committed at once, not at the next commit interval. The
+// interval here is far longer than the test's deadline, so only the early
+// commit can pass it; with auto-commit on (Sarama's interval) and off
+// (CommitInterval), and with the completed tail on and off.
+func TestCommitWhenAllComplete(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	for _, autoCommit := range []bool{true, false} {
+		for _, tail := range []bool{true, false} {
+			t.Run(fmt.Sprintf("auto-commit=%v/tail=%v", autoCommit, tail), func(t *testing.T) {
+				t.Parallel()
+				const partitions = 2
+				topic := c.NewTopic(t, partitions)
+				group := c.NewGroup(t)
+				acks := newAckLog()
+				watch := newCommitWatch(t, c, group, topic, acks)
+				sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+					cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = autoCommit
+					cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Interval = time.Hour
+					cfg.CommitInterval = time.Hour
+					cfg.DisableCompletedTail = !tail
+					cfg.Ordering = safeack.Unordered
+				})
+				handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+					randomDelay(2 * time.Millisecond)
+					acks.ack(m)
+				})
+				for round := range 3 {
+					c.ProduceN(t, topic, partitions, 100, nil)
+					acks.waitAllAcked(t, c, topic, 15*time.Second)
+					// Well under the hour-long interval: only an early
+					// commit reaches it.
+					watch.waitCommitted(t, c.HighWaterMarks(t, topic), 10*time.Second)
+					t.Logf("round %d: end of every partition committed without waiting for the interval", round)
+				}
+				require.Positive(t, watch.check(t))
+			})
+		}
+	}
+}

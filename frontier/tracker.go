@@ -297,6 +297,10 @@ func (t *Tracker) Stats() Stats {
 // completed-but-blocked) in O(1).
 func (t *Tracker) Retained() int { return int(t.tail - t.head) }
 
+// Blocked returns the number of completed entries retained behind an
+// unfinished one (the completed tail) in O(1).
+func (t *Tracker) Blocked() int { return t.done }
+
 // Capacity returns the bound on retained entries.
 func (t *Tracker) Capacity() int { return t.capacity }
 
