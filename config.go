@@ -108,8 +108,10 @@ type SubscriberConfig struct {
 
 	// OrderingKey, when set with OrderByKey, computes the ordering key
 	// from the raw record instead of using the Kafka key (for example a
-	// header). Records whose ordering key is empty have no ordering
-	// constraint. It must be cheap and must not keep msg.
+	// header). Records whose ordering key is empty are ordered like
+	// key-less records: one at a time per partition. Returning distinct
+	// keys (say, the offset) lets them run concurrently. It must be cheap
+	// and must not keep msg.
 	OrderingKey func(msg *sarama.ConsumerMessage) []byte
 
 	// OnUnmarshalError decides the fate of a record the Unmarshaler
@@ -150,8 +152,12 @@ type Ordering int
 
 const (
 	// OrderByKey runs records with different keys concurrently and records
-	// with the same key one at a time, started in offset order. A record
-	// with an empty or nil key has no ordering constraint.
+	// with the same key one at a time, started in offset order. Records
+	// with an empty or nil key are ordered among themselves, one at a time
+	// per partition in offset order, as under OrderByPartition and in
+	// watermill-kafka (whose DefaultMarshaler sets no key); they run
+	// beside keyed records. Use Unordered, or an OrderingKey that returns
+	// distinct keys, to run key-less records concurrently.
 	OrderByKey Ordering = iota
 	// OrderByPartition keeps at most one record of a partition in flight,
 	// as watermill-kafka's subscriber does.
