@@ -41,7 +41,12 @@ type SubscriberConfig struct {
 
 	// OverwriteSaramaConfig holds Sarama settings. Nil means
 	// DefaultSaramaSubscriberConfig(). safeack never changes the caller's
-	// value: it works on a copy.
+	// value: it works on a copy, so one value may serve several
+	// subscribers. Sarama's balance strategies keep state between
+	// rebalances, so each consumer group gets fresh instances of the ones
+	// in Consumer.Group.Rebalance (range, roundrobin, sticky,
+	// cooperative-sticky); a BalanceStrategy of your own is shared as
+	// given and must be safe for concurrent use by several groups.
 	OverwriteSaramaConfig *sarama.Config
 
 	// ConsumerGroup is the Kafka consumer group. When empty, every partition
@@ -69,6 +74,14 @@ type SubscriberConfig struct {
 	// WaitForTopicCreationTimeout bounds that wait. Default 10 s.
 	WaitForTopicCreationTimeout time.Duration
 
+	// OTELEnabled, with a nil Tracer, traces each consumed record with
+	// OpenTelemetry through otelsarama: Tracer becomes
+	// kafka.NewOTELSaramaTracer(), as in watermill-kafka.
+	//
+	// Deprecated: set Tracer to kafka.NewOTELSaramaTracer() instead, as
+	// watermill-kafka advises.
+	OTELEnabled bool
+
 	// Tracer wraps the Sarama consumer and consumer-group handler, as in
 	// watermill-kafka (for example kafka.NewOTELSaramaTracer()). Nil: no
 	// tracing.
@@ -93,7 +106,8 @@ type SubscriberConfig struct {
 	// handed-out messages to be acked before giving up on them. Their
 	// records are then left for the next owner: at-least-once. Keep it
 	// below the group's Rebalance.Timeout. Without a ConsumerGroup nothing
-	// is committed, so nothing waits. Default 5 s.
+	// is committed, so nothing waits. Default 5 s, or half of
+	// Rebalance.Timeout when that is shorter.
 	DrainTimeout time.Duration
 
 	// CommitInterval is how often the completed prefix is committed when
@@ -195,11 +209,13 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.OverwriteSaramaConfig == nil {
 		c.OverwriteSaramaConfig = DefaultSaramaSubscriberConfig()
 	} else {
-		sc := *c.OverwriteSaramaConfig
-		c.OverwriteSaramaConfig = &sc
+		c.OverwriteSaramaConfig = copySaramaConfig(c.OverwriteSaramaConfig)
 	}
 	if c.Unmarshaler == nil {
 		c.Unmarshaler = kafka.DefaultMarshaler{}
+	}
+	if c.OTELEnabled && c.Tracer == nil {
+		c.Tracer = kafka.NewOTELSaramaTracer()
 	}
 	if c.NackResendSleep == 0 {
 		c.NackResendSleep = DefaultNackResendSleep
@@ -218,6 +234,12 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = DefaultDrainTimeout
+		// Unset, it must not turn a valid Sarama config into an invalid
+		// one (see Validate): half the rebalance timeout leaves the other
+		// half for the final commit and the rejoin.
+		if half := c.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout / 2; c.ConsumerGroup != "" && half < c.DrainTimeout {
+			c.DrainTimeout = half
+		}
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
