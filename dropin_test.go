@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
@@ -155,4 +156,38 @@ func TestSharedSaramaConfigStickyStrategy(t *testing.T) {
 		return count.Load() == int64(subscribers*len(topics)*n)
 	})
 	require.Same(t, strategy, shared.Consumer.Group.Rebalance.GroupStrategies[0], "the caller's config was changed")
+}
+
+// TestWatermillKafkaContextHelpers pins a difference the README lists:
+// watermill-kafka's context helpers use unexported keys, so on a safeack
+// message they report false; safeack's helpers of the same names answer.
+func TestWatermillKafkaContextHelpers(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	c.Produce(t, topic, kafkatest.Record{Key: []byte("k"), Value: []byte("v")})
+	sub := newTestSubscriber(t, c, c.NewGroup(t), nil)
+	msgs := mustSubscribe(t, sub, topic)
+
+	var m *message.Message
+	select {
+	case m = <-msgs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no message")
+	}
+	defer m.Ack()
+	ctx := m.Context()
+
+	_, ok1 := kafka.MessagePartitionFromCtx(ctx)
+	_, ok2 := kafka.MessagePartitionOffsetFromCtx(ctx)
+	_, ok3 := kafka.MessageTimestampFromCtx(ctx)
+	_, ok4 := kafka.MessageKeyFromCtx(ctx)
+	require.Equal(t, []bool{false, false, false, false}, []bool{ok1, ok2, ok3, ok4}, "watermill-kafka's helpers on a safeack message")
+
+	_, ok1 = safeack.MessagePartitionFromCtx(ctx)
+	_, ok2 = safeack.MessagePartitionOffsetFromCtx(ctx)
+	_, ok3 = safeack.MessageTimestampFromCtx(ctx)
+	key, ok4 := safeack.MessageKeyFromCtx(ctx)
+	require.Equal(t, []bool{true, true, true, true}, []bool{ok1, ok2, ok3, ok4}, "safeack's helpers")
+	require.Equal(t, "k", string(key))
 }
