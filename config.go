@@ -17,7 +17,10 @@ import (
 // watermill-kafka's kafka.NoSleep.
 const NoSleep time.Duration = kafka.NoSleep
 
-// Defaults applied by NewSubscriber to zero-valued fields.
+// Defaults applied by NewSubscriber to zero-valued fields. With a consumer
+// group, an unset DrainTimeout is DefaultDrainTimeout or half of the
+// group's Rebalance.Timeout, whichever is shorter, so that leaving it unset
+// never makes a Sarama config that Sarama accepts invalid.
 const (
 	DefaultMaxInFlight            = 64
 	DefaultMaxPendingPerPartition = 10_000
@@ -106,8 +109,7 @@ type SubscriberConfig struct {
 	// handed-out messages to be acked before giving up on them. Their
 	// records are then left for the next owner: at-least-once. Keep it
 	// below the group's Rebalance.Timeout. Without a ConsumerGroup nothing
-	// is committed, so nothing waits. Default 5 s, or half of
-	// Rebalance.Timeout when that is shorter.
+	// is committed, so nothing waits. Default 5 s.
 	DrainTimeout time.Duration
 
 	// CommitInterval is how often the completed prefix is committed when
