@@ -509,15 +509,27 @@ func (w *partitionWorker) roomLocked() bool {
 }
 
 // partitionReadAhead bounds the records taken ahead in OrderByPartition
-// mode. There, every record waits for the one before it, so reading further
-// ahead adds no concurrency, only memory; in key mode a deep read-ahead is
-// what lets other keys pass a busy one.
+// mode, and of key-less records in key mode. There, every record waits for
+// the one before it, so reading further ahead adds no concurrency, only
+// memory; in key mode a deep read-ahead is what lets other keys pass a busy
+// one.
 const partitionReadAhead = 16
 
 // readAheadLeft reports whether the ordering mode lets another record be
 // taken. Callers hold mu.
 func (w *partitionWorker) readAheadLeft() bool {
-	return w.sub.cfg.Ordering != OrderByPartition || w.gate.Waiting() < partitionReadAhead
+	switch w.sub.cfg.Ordering {
+	case OrderByPartition:
+		return w.gate.Waiting() < partitionReadAhead
+	case OrderByKey:
+		// Key-less records wait in one lane, as in partition mode. While
+		// they are nearly all the partition holds (a stream without keys),
+		// reading further ahead adds only memory; once other records are
+		// held, it is what lets keyed ones pass a slow key-less one.
+		lane := w.gate.WaitingFor(noKeyLane)
+		return lane < partitionReadAhead || w.tracker.Retained()-lane >= partitionReadAhead
+	}
+	return true
 }
 
 // accept registers a record with the tracker before anything else sees it,
@@ -627,10 +639,20 @@ func (w *partitionWorker) admit(r *record) {
 	w.mu.Unlock()
 }
 
+// noKeyLane is the gate key of records that must run one at a time in
+// their partition: every record under OrderByPartition, and key-less ones
+// under OrderByKey, which keep watermill-kafka's one-at-a-time order (its
+// DefaultMarshaler sets no key). No real key hashes to it (see
+// orderingKey), so a keyed record never waits for key-less ones or the
+// reverse.
+const noKeyLane uint64 = 0
+
+// orderingKey returns the gate key of m, and false when m may run beside
+// any other record.
 func (w *partitionWorker) orderingKey(m *sarama.ConsumerMessage) (uint64, bool) {
 	switch w.sub.cfg.Ordering {
 	case OrderByPartition:
-		return 0, true
+		return noKeyLane, true
 	case Unordered:
 		return 0, false
 	}
@@ -639,9 +661,15 @@ func (w *partitionWorker) orderingKey(m *sarama.ConsumerMessage) (uint64, bool) 
 		k = f(m)
 	}
 	if len(k) == 0 {
-		return 0, false
+		return noKeyLane, true
 	}
-	return maphash.Bytes(w.seed, k), true
+	h := maphash.Bytes(w.seed, k)
+	if h == noKeyLane {
+		// Share a lane with another key instead (a collision the gate
+		// already allows: it only serializes more).
+		h++
+	}
+	return h, true
 }
 
 // retryStuck retries a record the unmarshaler rejected, or hands it to
@@ -803,6 +831,9 @@ func (w *partitionWorker) completeLocked(r *record) (wake bool) {
 		if r.gated {
 			if next, ok := w.gate.Release(r.key); ok {
 				w.ready.push(next)
+				// The lane just fell below the read-ahead bound: run
+				// may take records again (see readAheadLeft).
+				wake = wake || (r.key == noKeyLane && w.gate.WaitingFor(noKeyLane) == partitionReadAhead-1)
 			}
 		}
 	}

@@ -17,7 +17,10 @@ import (
 // watermill-kafka's kafka.NoSleep.
 const NoSleep time.Duration = kafka.NoSleep
 
-// Defaults applied by NewSubscriber to zero-valued fields.
+// Defaults applied by NewSubscriber to zero-valued fields. With a consumer
+// group, an unset DrainTimeout is DefaultDrainTimeout or half of the
+// group's Rebalance.Timeout, whichever is shorter, so that leaving it unset
+// never makes a Sarama config that Sarama accepts invalid.
 const (
 	DefaultMaxInFlight            = 64
 	DefaultMaxPendingPerPartition = 10_000
@@ -41,7 +44,12 @@ type SubscriberConfig struct {
 
 	// OverwriteSaramaConfig holds Sarama settings. Nil means
 	// DefaultSaramaSubscriberConfig(). safeack never changes the caller's
-	// value: it works on a copy.
+	// value: it works on a copy, so one value may serve several
+	// subscribers. Sarama's balance strategies keep state between
+	// rebalances, so each consumer group gets fresh instances of the ones
+	// in Consumer.Group.Rebalance (range, roundrobin, sticky,
+	// cooperative-sticky); a BalanceStrategy of your own is shared as
+	// given and must be safe for concurrent use by several groups.
 	OverwriteSaramaConfig *sarama.Config
 
 	// ConsumerGroup is the Kafka consumer group. When empty, every partition
@@ -68,6 +76,14 @@ type SubscriberConfig struct {
 
 	// WaitForTopicCreationTimeout bounds that wait. Default 10 s.
 	WaitForTopicCreationTimeout time.Duration
+
+	// OTELEnabled, with a nil Tracer, traces each consumed record with
+	// OpenTelemetry through otelsarama: Tracer becomes
+	// kafka.NewOTELSaramaTracer(), as in watermill-kafka.
+	//
+	// Deprecated: set Tracer to kafka.NewOTELSaramaTracer() instead, as
+	// watermill-kafka advises.
+	OTELEnabled bool
 
 	// Tracer wraps the Sarama consumer and consumer-group handler, as in
 	// watermill-kafka (for example kafka.NewOTELSaramaTracer()). Nil: no
@@ -113,8 +129,10 @@ type SubscriberConfig struct {
 
 	// OrderingKey, when set with OrderByKey, computes the ordering key
 	// from the raw record instead of using the Kafka key (for example a
-	// header). Records whose ordering key is empty have no ordering
-	// constraint. It must be cheap and must not keep msg.
+	// header). Records whose ordering key is empty are ordered like
+	// key-less records: one at a time per partition. Returning distinct
+	// keys (say, the offset) lets them run concurrently. It must be cheap
+	// and must not keep msg.
 	OrderingKey func(msg *sarama.ConsumerMessage) []byte
 
 	// OnUnmarshalError decides the fate of a record the Unmarshaler
@@ -155,8 +173,12 @@ type Ordering int
 
 const (
 	// OrderByKey runs records with different keys concurrently and records
-	// with the same key one at a time, started in offset order. A record
-	// with an empty or nil key has no ordering constraint.
+	// with the same key one at a time, started in offset order. Records
+	// with an empty or nil key are ordered among themselves, one at a time
+	// per partition in offset order, as under OrderByPartition and in
+	// watermill-kafka (whose DefaultMarshaler sets no key); they run
+	// beside keyed records. Use Unordered, or an OrderingKey that returns
+	// distinct keys, to run key-less records concurrently.
 	OrderByKey Ordering = iota
 	// OrderByPartition keeps at most one record of a partition in flight,
 	// as watermill-kafka's subscriber does.
@@ -194,11 +216,13 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.OverwriteSaramaConfig == nil {
 		c.OverwriteSaramaConfig = DefaultSaramaSubscriberConfig()
 	} else {
-		sc := *c.OverwriteSaramaConfig
-		c.OverwriteSaramaConfig = &sc
+		c.OverwriteSaramaConfig = copySaramaConfig(c.OverwriteSaramaConfig)
 	}
 	if c.Unmarshaler == nil {
 		c.Unmarshaler = kafka.DefaultMarshaler{}
+	}
+	if c.OTELEnabled && c.Tracer == nil {
+		c.Tracer = kafka.NewOTELSaramaTracer()
 	}
 	if c.NackResendSleep == 0 {
 		c.NackResendSleep = DefaultNackResendSleep
@@ -217,6 +241,12 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = DefaultDrainTimeout
+		// Unset, it must not turn a valid Sarama config into an invalid
+		// one (see Validate): half the rebalance timeout leaves the other
+		// half for the final commit and the rejoin.
+		if half := c.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout / 2; c.ConsumerGroup != "" && half < c.DrainTimeout {
+			c.DrainTimeout = half
+		}
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval

@@ -13,10 +13,13 @@ import (
 	"github.com/safeack/safeack"
 )
 
-// A router handler on safeack runs up to MaxInFlight messages at once,
-// with records of the same key one at a time. The router acks when the
-// handler returns; safeack commits only past records whose handlers all
-// returned.
+// A router handler on safeack runs up to MaxInFlight messages at once.
+// Under the default OrderByKey, records with the same Kafka key run one at
+// a time, and records without a key (what kafka.DefaultMarshaler
+// publishes) one at a time per partition, as in watermill-kafka: publish
+// with kafka.NewWithPartitioningMarshaler to give records keys, or choose
+// Unordered, to run them concurrently. The router acks when the handler
+// returns; safeack commits only past records whose handlers all returned.
 func ExampleNewSubscriber() {
 	logger := watermill.NewStdLogger(false, false)
 	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{

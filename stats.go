@@ -44,7 +44,9 @@ type PartitionStats struct {
 	Blocked int
 	// InFlight counts messages handed out and not yet acked or nacked.
 	InFlight int
-	// WaitingForKey counts records waiting for a busy ordering key.
+	// WaitingForKey counts records waiting for a busy ordering key (in
+	// partition mode, and for key-less records in key mode, for the
+	// record before them).
 	WaitingForKey int
 	// OldestUnfinished is the offset of the oldest unfinished record, valid
 	// when HasUnfinished.

@@ -212,7 +212,7 @@ func (sub *subscription) stopping(ctx context.Context) bool {
 
 // consumeOnce runs one client connection until it fails or is stopped.
 func (sub *subscription) consumeOnce(parent context.Context) error {
-	client, err := sarama.NewClient(sub.cfg.Brokers, sub.cfg.OverwriteSaramaConfig)
+	client, err := sarama.NewClient(sub.cfg.Brokers, copySaramaConfig(sub.cfg.OverwriteSaramaConfig))
 	if err != nil {
 		return fmt.Errorf("cannot create Sarama client: %w", err)
 	}

@@ -17,7 +17,7 @@ type topicSpec struct {
 	partitions int
 	n          int
 	valueSize  int
-	keys       int // record i gets key "k<i % keys>"; 0: no key; -1: a unique key per record
+	keys       int // record i gets key "k<i % keys>"; 0: no key (safeack/key then runs one at a time per partition); -1: a unique key per record
 }
 
 func (s *topicSpec) partition(i int) int32 { return int32(i % s.partitions) }

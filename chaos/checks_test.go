@@ -34,6 +34,7 @@ func TestChecksCatchViolations(t *testing.T) {
 	ev('S', 3, "b", 8) // starts after 0@5 of the same key, same assignment
 	ev('A', 3, "b", 30)
 	ev('S', 4, "", 9)
+	ev('S', 6, "", 9) // overlaps 0@4: key-less records run one at a time per partition
 	ev('A', 4, "", 10)
 	// 0@6 is never acked.
 	end := map[int32]int64{0: 7}
@@ -53,7 +54,7 @@ func TestChecksCatchViolations(t *testing.T) {
 	var v verdict
 	l.checkCommits(&v, views, end)
 	l.checkKeyOrder(&v)
-	want := []string{"early", "tail", "hole", "past end", "garbage", "still running", "started 0@3 after offset 5"}
+	want := []string{"early", "tail", "hole", "past end", "garbage", "still running", "started 0@3 after offset 5", "0@6 with no key started while 0@4"}
 	all := strings.Join(v.msgs, "\n")
 	for _, w := range want {
 		if !strings.Contains(all, w) {

@@ -197,7 +197,9 @@ func (l *ledger) checkCommits(v *verdict, views []commitView, end map[int32]int6
 // checkKeyOrder checks invariant 6 over each consumer's events: two records
 // of a key never run at the same time, and within one assignment the
 // records of a key start in offset order (a nacked record starts again at
-// the same offset). It returns how many keyed starts it checked.
+// the same offset). Key-less records count as one key per partition: under
+// OrderByKey they run one at a time in their partition, as in
+// watermill-kafka. It returns how many starts it checked.
 func (l *ledger) checkKeyOrder(v *verdict) int {
 	l.mu.Lock()
 	byConsumer := make(map[int][]event)
@@ -216,25 +218,26 @@ func (l *ledger) checkKeyOrder(v *verdict) int {
 		running := make(map[string]po) // key -> the record of it running now
 		last := make(map[lane]int64)
 		for _, e := range evs {
-			if e.key == "" {
-				continue
+			key, name := e.key, fmt.Sprintf("key %q", e.key)
+			if key == "" {
+				key, name = fmt.Sprintf("\x00%d", e.p), "no key"
 			}
 			k := po{e.p, e.o}
 			switch e.kind {
 			case 'S':
 				checked++
-				if r, busy := running[e.key]; busy {
-					v.add("consumer %d: record %v of key %q started while %v of the same key was still running", id, k, e.key, r)
+				if r, busy := running[key]; busy {
+					v.add("consumer %d: record %v with %s started while %v with the same key was still running", id, k, name, r)
 				}
-				running[e.key] = k
-				ln := lane{e.p, e.assign, e.key}
+				running[key] = k
+				ln := lane{e.p, e.assign, key}
 				if prev, ok := last[ln]; ok && e.o < prev {
-					v.add("consumer %d, assignment %d of partition %d: key %q started %v after offset %d", id, e.assign, e.p, e.key, k, prev)
+					v.add("consumer %d, assignment %d of partition %d: %s started %v after offset %d", id, e.assign, e.p, name, k, prev)
 				}
 				last[ln] = e.o
 			case 'A', 'N':
-				if running[e.key] == k {
-					delete(running, e.key)
+				if running[key] == k {
+					delete(running, key)
 				}
 			}
 		}

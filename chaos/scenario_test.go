@@ -277,7 +277,7 @@ func (sc *scenario) verify(end map[int32]int64) {
 	}
 	sc.fig.Passed = !t.Failed()
 	report(sc.fig)
-	t.Logf("%s: %d keyed handler starts checked for key order", sc.name, keyed)
+	t.Logf("%s: %d handler starts checked for key order (key-less ones per partition)", sc.name, keyed)
 	if !sc.churnEnd.IsZero() {
 		t.Logf("%s: during the churn (%v) %d records were acked, of %d produced",
 			sc.name, sc.churnEnd.Sub(sc.started).Round(time.Second), sc.led.ackedBefore(sc.churnEnd), sc.churnProduced)

@@ -13,8 +13,9 @@
 //	go run ./router_example
 //	open http://127.0.0.1:8080/
 //
-// -brokers host:port,... (or KAFKA_BROKERS) uses a real cluster instead; the
-// topics are created when missing. It stops on SIGINT or SIGTERM, or after
+// -brokers host:port,... (or SAFEACK_KAFKA_BROKERS, which scripts/kafka.sh
+// start prints, or KAFKA_BROKERS) uses a real cluster instead; the topics are
+// created when missing. It stops on SIGINT or SIGTERM, or after
 // -duration, draining the records in flight.
 package main
 
@@ -112,7 +113,7 @@ func main() {
 func parseFlags(args []string, getenv func(string) string) (Config, error) {
 	cfg := DefaultConfig()
 	fs := flag.NewFlagSet("router_example", flag.ContinueOnError)
-	brokers := fs.String("brokers", getenv("KAFKA_BROKERS"), "comma-separated `host:port` list of a real Kafka cluster (default $KAFKA_BROKERS; empty starts an embedded broker)")
+	brokers := fs.String("brokers", brokersFromEnv(getenv), "comma-separated `host:port` list of a real Kafka cluster (default $SAFEACK_KAFKA_BROKERS, else $KAFKA_BROKERS; empty starts an embedded broker)")
 	version := fs.String("kafka-version", cfg.KafkaVersion.String(), "Kafka `version` Sarama assumes (it negotiates down through ApiVersions)")
 	fs.StringVar(&cfg.Topic, "topic", cfg.Topic, "topic to produce to and consume")
 	fs.StringVar(&cfg.DeadLetterTopic, "dlq", cfg.DeadLetterTopic, "dead-letter topic for records that keep failing")
@@ -127,7 +128,7 @@ func parseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.Float64Var(&cfg.PoisonRate, "poison-rate", cfg.PoisonRate, "fraction of records that always fail and go to the dead-letter topic")
 	fs.Float64Var(&cfg.FlakyRate, "flaky-rate", cfg.FlakyRate, "fraction of handler runs that fail and are retried")
 	ordering := fs.String("ordering", "key", "ordering mode: key, partition or unordered")
-	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", cfg.MaxInFlight, "messages handed to handlers at once (the router's concurrency)")
+	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", cfg.MaxInFlight, fmt.Sprintf("messages handed to handlers at once (the router's concurrency); 0 means safeack's default, %d", safeack.DefaultMaxInFlight))
 	fs.DurationVar(&cfg.CommitInterval, "commit-interval", cfg.CommitInterval, "how often completed prefixes are committed")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "stop after this long (0: run until SIGINT/SIGTERM)")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "`address` of the live page and /metrics (empty: none)")
@@ -159,6 +160,16 @@ func parseFlags(args []string, getenv func(string) string) (Config, error) {
 		return cfg, fmt.Errorf("-ordering %q: want key, partition or unordered", *ordering)
 	}
 	return cfg, cfg.validate()
+}
+
+// brokersFromEnv returns the brokers the environment names: the variable
+// the README, the test suite and scripts/kafka.sh use, or, when it is
+// unset, the one this example read before.
+func brokersFromEnv(getenv func(string) string) string {
+	if b := getenv("SAFEACK_KAFKA_BROKERS"); b != "" {
+		return b
+	}
+	return getenv("KAFKA_BROKERS")
 }
 
 func (c Config) validate() error {

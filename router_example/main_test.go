@@ -250,9 +250,26 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("parsed: %+v", cfg)
 	}
 
-	cfg, err = parseFlags([]string{"-brokers", "b:1"}, env(map[string]string{"KAFKA_BROKERS": "k1:9092"}))
+	cfg, err = parseFlags([]string{"-brokers", "b:1"}, env(map[string]string{"KAFKA_BROKERS": "k1:9092", "SAFEACK_KAFKA_BROKERS": "s1:9092"}))
 	if err != nil || fmt.Sprint(cfg.Brokers) != "[b:1]" {
 		t.Fatalf("-brokers over the environment: %v %+v", err, cfg.Brokers)
+	}
+
+	// SAFEACK_KAFKA_BROKERS, which the README and scripts/kafka.sh use,
+	// wins over KAFKA_BROKERS, which still works alone.
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"SAFEACK_KAFKA_BROKERS": "s1:9092,s2:9092"}, "[s1:9092 s2:9092]"},
+		{map[string]string{"SAFEACK_KAFKA_BROKERS": "s1:9092", "KAFKA_BROKERS": "k1:9092"}, "[s1:9092]"},
+		{map[string]string{"KAFKA_BROKERS": "k1:9092"}, "[k1:9092]"},
+		{map[string]string{"SAFEACK_KAFKA_BROKERS": "", "KAFKA_BROKERS": "k1:9092"}, "[k1:9092]"},
+	} {
+		cfg, err = parseFlags(nil, env(tc.env))
+		if err != nil || fmt.Sprint(cfg.Brokers) != tc.want {
+			t.Errorf("environment %v: brokers %v, %v; want %s", tc.env, cfg.Brokers, err, tc.want)
+		}
 	}
 
 	for _, bad := range [][]string{

@@ -9,12 +9,16 @@
 #      the partitions);
 #   2. scripts/cdpshot (DevTools protocol, real time): waits for the drawing,
 #      preferably with a slow head holding a partition back, and saves
-#      .artifacts/live-page.png, copied to docs/live-page.png for the README.
+#      .artifacts/live-page.png (copied to docs/live-page.png, the README's
+#      screenshot, only with UPDATE_DOCS=1).
 # Finally it stops the example with SIGINT and checks it drained and exited 0.
 #
 # Installs Debian's chromium when it is missing (apt-get, as root or through
-# sudo). Environment: CHROMIUM (binary), KEEP_DOCS=1 (do not touch
-# docs/live-page.png), SHOT_WAIT (real-time wait before the screenshot, 12s).
+# sudo). Environment: CHROMIUM (binary), UPDATE_DOCS=1 (refresh the tracked
+# docs/live-page.png; by default no tracked file changes), SHOT_WAIT
+# (real-time wait before the screenshot, 12s). Like router_example, it uses
+# the cluster SAFEACK_KAFKA_BROKERS names, when set, instead of the embedded
+# broker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -122,8 +126,9 @@ report=$("$ART/cdpshot" -chromium "$CHROMIUM" -url "$URL" -out "$ART/live-page.p
 say "screenshot: $report"
 grep -q '"status":"live"' <<<"$report" || die "the page was not live when shot: $report"
 [ -s "$ART/live-page.png" ] || die "no screenshot"
-if [ -z "${KEEP_DOCS:-}" ]; then
+if [ -n "${UPDATE_DOCS:-}" ]; then
   cp "$ART/live-page.png" docs/live-page.png
+  say "updated docs/live-page.png"
 fi
 
 # --- stop and drain --------------------------------------------------------

@@ -83,6 +83,14 @@ func (g *Gate[T]) Busy() int { return len(g.busy) }
 // Waiting reports how many items wait for a busy key.
 func (g *Gate[T]) Waiting() int { return g.waiting }
 
+// WaitingFor reports how many items wait for key.
+func (g *Gate[T]) WaitingFor(key uint64) int {
+	if l, ok := g.busy[key]; ok {
+		return len(l.items) - l.head
+	}
+	return 0
+}
+
 // Drain removes every waiting item, calling fn on each in no particular
 // key order (but in admission order per key), and makes every key idle.
 func (g *Gate[T]) Drain(fn func(T)) {

@@ -105,6 +105,9 @@ func TestModel(t *testing.T) {
 			}
 			l.queue = l.queue[1:]
 		}
+		if n := g.WaitingFor(key); n != len(l.queue) {
+			t.Fatalf("op %d: WaitingFor(%d) = %d, model %d", i, key, n, len(l.queue))
+		}
 	}
 }
 
