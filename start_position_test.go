@@ -442,6 +442,7 @@ func TestStartPositionWithoutGroup(t *testing.T) {
 		return func(cfg *safeack.SubscriberConfig) {
 			cfg.ConsumerGroup = ""
 			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = initial
+			cfg.Ordering = safeack.Unordered // key-less records out at once, unacked
 		}
 	}
 
