@@ -574,8 +574,9 @@ func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 }
 
 // fixStart starts the bookkeeping at the first record delivered, when
-// Sarama resolved the start itself (Consumer.Offsets.Initial: the group had
-// no commit, or its commit was out of range). That record is where fetching
+// Sarama resolved the start itself (Consumer.Offsets.Initial: a commit out
+// of range, or no commit on a partition whose start Setup could not pin,
+// see groupHandler.pinStarts). That record is where fetching
 // really started, or the first one that exists after it (compaction,
 // transaction markers). The position is committed before the record is
 // handed out, so a group that delivered anything has an in-range commit at

@@ -22,8 +22,8 @@ import (
 // compaction or an aborted transaction at the start), at Sarama's default
 // OffsetNewest and at OffsetOldest, with auto-commit on and off and the
 // completed tail on and off. Member 1 holds the first record it gets and
-// acks the rest; every commit the broker sees must lie in [first, held] and
-// cover only acked records; after member 1 closes, member 2 must get the
+// acks the rest; every commit the broker sees must lie between the
+// partition's real start and the held record and cover only acked records; after member 1 closes, member 2 must get the
 // held record, and nothing before the first record.
 
 // startCase is one way a partition can be found when a member joins.
@@ -206,6 +206,13 @@ func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, 
 	})
 	hwm := c.HighWaterMarks(t, topic)[0]
 	first := sc.first(hwm)
+	// floor is the partition's real start: where Offsets.Initial resolved.
+	// Commits never go below it; they may stay below first when offsets
+	// between are gone (compaction, an aborted transaction).
+	floor := hwm
+	if sc.initial == sarama.OffsetOldest {
+		floor = c.LogStartOffsets(t, topic)[0]
+	}
 	// Unique keys: the compaction case's topic is compacted (by any
 	// subtest's Compact), which drops records without a key.
 	uniqueKeys := func(label string) func(int) string {
@@ -224,16 +231,19 @@ func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, 
 	acks.waitAllAckedFrom(t, c, topic, 0, first, []po{h}, 15*time.Second)
 
 	// The held record's position reaches the broker, and Stats agrees.
-	kafkatest.WaitFor(t, 10*time.Second, fmt.Sprintf("the group's commit to reach the held offset %d", h.o), func() bool {
-		return c.CommittedOffsets(t, group, topic)[0].Offset == h.o
-	})
-	kafkatest.WaitFor(t, 10*time.Second, "Stats to show the held record's position as safe, marked and confirmed", func() bool {
+	var pos int64
+	kafkatest.WaitFor(t, 10*time.Second, "the held record's position to be safe, marked and confirmed at the broker", func() bool {
 		ps, ok := statsOf(sub1, topic, 0)
-		return ok && ps.SafeOffset == h.o && ps.MarkedOffset == h.o && ps.ConfirmedOffset == h.o &&
-			ps.HasUnfinished && ps.OldestUnfinished == h.o
+		if !ok {
+			return false
+		}
+		pos = ps.SafeOffset
+		return ps.MarkedOffset == pos && ps.ConfirmedOffset == pos && ps.HasUnfinished && ps.OldestUnfinished == h.o &&
+			c.CommittedOffsets(t, group, topic)[0].Offset == pos
 	})
+	require.True(t, pos >= floor && pos <= h.o, "committed %d while holding %d; the partition starts at %d", pos, h.o, floor)
 	ps, _ := statsOf(sub1, topic, 0)
-	require.Equal(t, max(ps.HighWaterMark-h.o, 0), ps.Lag, "lag counts from the safe offset")
+	require.Equal(t, max(ps.HighWaterMark-pos, 0), ps.Lag, "lag counts from the safe offset")
 	require.GreaterOrEqual(t, ps.HighWaterMark, end)
 	require.NoError(t, sub1.Close())
 
@@ -264,23 +274,23 @@ func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, 
 	kafkatest.WaitFor(t, 10*time.Second, "the group to commit the end of the partition", func() bool {
 		return c.CommittedOffsets(t, group, topic)[0].Offset == final
 	})
-	checkStartCommits(t, c, commits, group, topic, first, acks)
+	checkStartCommits(t, c, commits, group, topic, floor, acks)
 }
 
 // checkStartCommits checks every observed commit of group on partition 0 of
-// topic: never below first (the partition's real start), never past the
+// topic: never below floor (the partition's real start), never past the
 // high-water mark, never past a record not acked before the commit was seen.
 // On a real cluster, where commits cannot be observed, it checks the final
 // committed offset the same way.
-func checkStartCommits(t *testing.T, c *kafkatest.Cluster, log *kafkatest.CommitLog, group, topic string, first int64, acks *ackLog) {
+func checkStartCommits(t *testing.T, c *kafkatest.Cluster, log *kafkatest.CommitLog, group, topic string, floor int64, acks *ackLog) {
 	t.Helper()
 	end := c.HighWaterMarks(t, topic)[0]
 	check := func(off int64, at time.Time) error {
-		if off < first || off > end {
-			return fmt.Errorf("commit %d outside [%d, %d]", off, first, end)
+		if off < floor || off > end {
+			return fmt.Errorf("commit %d outside [%d, %d]", off, floor, end)
 		}
 		for _, p := range c.ProducedRecords(topic) {
-			if p.Partition != 0 || p.Offset < first || p.Offset >= off {
+			if p.Partition != 0 || p.Offset < floor || p.Offset >= off {
 				continue
 			}
 			ackAt, ok := acks.first(po{0, p.Offset})
@@ -342,13 +352,35 @@ func (l *ackLog) waitAllAckedFrom(t *testing.T, c *kafkatest.Cluster, topic stri
 // of OffsetNewest); the first record handled fixes the start, which is
 // committed before anything past it: issue 13 case 6 committed 0 while a
 // later record was held, so the next member re-handled the skipped ones.
+//
+// With eager balancing the new partition comes in a new session, whose Setup
+// commits its start before fetching; with cooperative-sticky it is added to
+// the running session without Setup, and its first record fixes the start.
 func TestStartPositionNewPartition(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.Start(t)
+	for _, cooperative := range []bool{false, true} {
+		name := "eager"
+		if cooperative {
+			name = "cooperative"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testNewPartition(t, c, cooperative)
+		})
+	}
+}
+
+func testNewPartition(t *testing.T, c *kafkatest.Cluster, cooperative bool) {
 	topic := c.NewTopic(t, 1)
 	group := c.NewGroup(t)
 	commits := c.ObserveCommits(t)
 	configure := func(cfg *safeack.SubscriberConfig) {
+		if cooperative {
+			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+				sarama.NewBalanceStrategyCooperativeSticky(),
+			}
+		}
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
 		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 500 * time.Millisecond
 		cfg.Ordering = safeack.Unordered
@@ -499,4 +531,53 @@ func TestStartPositionWithoutGroup(t *testing.T) {
 			return ok && ps.SafeOffset == 30 && ps.Lag == 0
 		})
 	})
+}
+
+// TestStartPositionCommittedBeforeFetching: a new group at OffsetNewest has
+// its position at the broker before it fetches anything, so records
+// produced after a member got the partition are not lost when that member
+// leaves before handing any of them out (its handlers were all busy): the
+// next member resumes at the pinned start, not at the then-newest offset.
+func TestStartPositionCommittedBeforeFetching(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	c.ProduceN(t, topic, 1, 30, nil) // history: before the group, never handled
+	configure := func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
+		cfg.DrainTimeout = 200 * time.Millisecond
+	}
+
+	sub1 := newTestSubscriber(t, c, group, configure)
+	_ = mustSubscribe(t, sub1, topic) // never read: nothing is handed out
+	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own the partition", func() bool {
+		_, ok := statsOf(sub1, topic, 0)
+		return ok
+	})
+	require.EqualValues(t, 30, c.CommittedOffsets(t, group, topic)[0].Offset,
+		"the group's start is committed before anything is fetched")
+	c.ProduceN(t, topic, 1, 10, nil)
+	kafkatest.WaitFor(t, 10*time.Second, "member 1 to fetch the new records", func() bool {
+		ps, ok := statsOf(sub1, topic, 0)
+		return ok && ps.Delivered > 30
+	})
+	require.NoError(t, sub1.Close())
+
+	acks := newAckLog()
+	sub2 := newTestSubscriber(t, c, group, configure)
+	var mu sync.Mutex
+	var history []po
+	handleAll(mustSubscribe(t, sub2, topic), func(m *message.Message) {
+		if k, _ := msgPO(m); k.o < 30 {
+			mu.Lock()
+			history = append(history, k)
+			mu.Unlock()
+		}
+		acks.ack(m)
+	})
+	acks.waitAllAckedFrom(t, c, topic, 0, 30, nil, 15*time.Second)
+	mu.Lock()
+	require.Empty(t, history, "records from before the group were handled")
+	mu.Unlock()
 }

@@ -296,15 +296,18 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.sub.logger.Debug("Consumer group session started", h.sub.logFields.Add(watermill.LogFields{
 		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(claimed),
 	}))
-	var committed map[int32]committedOffset
-	if !h.sub.cfg.DisableCompletedTail {
-		var err error
-		committed, err = fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
-		if err != nil {
-			// Without the tail every record after the committed offset is
-			// redelivered: more repeats, nothing lost.
-			h.sub.logger.Error("Cannot read committed metadata; completed tails are not skipped this session", err, h.sub.logFields)
-		}
+	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
+	if err != nil {
+		// Without the tail every record after the committed offset is
+		// redelivered: more repeats, nothing lost. Partitions without a
+		// commit start at their first record (fixStart).
+		h.sub.logger.Error("Cannot read committed offsets; completed tails are not skipped this session", err, h.sub.logFields)
+		committed = nil
+	} else {
+		h.pinStarts(sess, claimed, committed)
+	}
+	if h.sub.cfg.DisableCompletedTail {
+		committed = nil
 	}
 	h.mu.Lock()
 	h.committed = committed
@@ -314,6 +317,40 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.soon = make(chan struct{}, 1)
 	go h.commitLoop(sess, h.stop, h.done, h.soon)
 	return nil
+}
+
+// pinStarts commits a start position for the claimed partitions on which
+// the group has no commit, before Sarama starts them: Offsets.Initial
+// resolved now. Sarama then fetches from exactly there (the claim's
+// InitialOffset is that offset), and the group's position is at the broker
+// before any record is fetched, so a member that dies or loses the
+// partition before handing a record out does not leave the next one to
+// resolve Offsets.Initial afresh (at OffsetNewest, skipping what came in
+// between). Partitions whose start cannot be pinned here (a cooperative
+// claim added without Setup, a commit out of range, an error) start at
+// their first record instead (fixStart).
+func (h *groupHandler) pinStarts(sess sarama.ConsumerGroupSession, claimed []int32, committed map[int32]committedOffset) {
+	initial := h.sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
+	pinned := 0
+	for _, p := range claimed {
+		if c, ok := committed[p]; !ok || c.offset >= 0 {
+			continue
+		}
+		start, err := h.client.GetOffset(h.sub.topic, p, initial)
+		if err != nil {
+			h.sub.logger.Debug("Cannot resolve the start offset; the partition starts at its first record",
+				h.sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "err": err.Error()}))
+			continue
+		}
+		sess.MarkOffset(h.sub.topic, p, start, "")
+		committed[p] = committedOffset{offset: start}
+		pinned++
+	}
+	if pinned > 0 {
+		sess.Commit()
+		h.sub.logger.Debug("Committed the start of partitions without a commit",
+			h.sub.logFields.Add(watermill.LogFields{"partitions": pinned}))
+	}
 }
 
 // commitSoon asks the commit loop to commit without waiting for the next
