@@ -106,10 +106,14 @@ type SubscriberConfig struct {
 	MaxPendingPerPartition int
 
 	// DrainTimeout is how long a revoked partition, or Close, waits for
-	// handed-out messages to be acked before giving up on them. Their
-	// records are then left for the next owner: at-least-once. Keep it
-	// below the group's Rebalance.Timeout. Without a ConsumerGroup nothing
-	// is committed, so nothing waits. Default 5 s.
+	// handed-out messages to be acked before giving up on them. The drain
+	// hands out nothing new, but the contexts of messages already handed
+	// out stay alive until it gives up: a handler that finishes within
+	// DrainTimeout has its ack committed. When the drain gives up, those
+	// contexts are cancelled and the records are left for the next owner:
+	// at-least-once. Keep it below the group's Rebalance.Timeout. Without
+	// a ConsumerGroup nothing is committed, so nothing waits: contexts are
+	// cancelled at once. Default 5 s.
 	DrainTimeout time.Duration
 
 	// CommitInterval is how often the completed prefix is committed when
