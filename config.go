@@ -158,8 +158,12 @@ type SubscriberConfig struct {
 
 	// TailMetadataBudget bounds the commit metadata in bytes. It must not
 	// exceed the broker's offset.metadata.max.bytes (4096 by default), or
-	// the broker rejects the commit. When the tail does not fit, its longest
-	// fitting prefix is kept. Default frontier.DefaultMetadataBudget.
+	// the broker rejects the commit: Subscribe reads that setting from the
+	// group coordinator (DescribeConfigs) and fails with ErrInvalidConfig
+	// when the budget is above it. A broker that does not report it, or
+	// refuses to describe its config, is not judged (Subscribe logs it).
+	// When the tail does not fit, its longest fitting prefix is kept.
+	// Default frontier.DefaultMetadataBudget.
 	TailMetadataBudget int
 
 	// PauseAtTailUsage, between 0 and 1, pauses taking records from a
