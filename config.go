@@ -113,7 +113,8 @@ type SubscriberConfig struct {
 	// contexts are cancelled and the records are left for the next owner:
 	// at-least-once. Keep it below the group's Rebalance.Timeout. Without
 	// a ConsumerGroup nothing is committed, so nothing waits: contexts are
-	// cancelled at once. Default 5 s.
+	// cancelled at once. Default 5 s, or half of Rebalance.Timeout when
+	// that is shorter (see DefaultDrainTimeout).
 	DrainTimeout time.Duration
 
 	// CommitInterval is how often the completed prefix is committed when
