@@ -74,17 +74,23 @@ type partitionWorker struct {
 	marker    offsetMarker // nil without a consumer group
 	logFields watermill.LogFields
 
-	// ctx is the assignment's context: it ends with the assignment, and
-	// with it the contexts of the messages handed out (see parentCtx).
+	// ctx is the assignment's context: it ends when the assignment starts
+	// ending (the drain begins). From then on nothing new is handed out,
+	// SkipRevoked skips handlers not yet started and AssignmentEnded
+	// reports true; running handlers keep their message contexts.
 	ctx    context.Context
 	cancel context.CancelFunc
-	// parentCtx carries ctx's values without its cancellation, so that a
-	// message context does not register in ctx's children (a map insert and
-	// delete per message); await cancels message contexts when ctx ends.
+	// parentCtx carries ctx's values without its cancellation: a message
+	// context must outlive ctx through the drain, and not registering in
+	// ctx's children saves a map insert and delete per message.
 	parentCtx context.Context
-	// abandoned closes when the assignment is over: waiters for acks of
-	// messages that outlived the drain stop waiting.
+	// abandoned closes when the drain gives up (DrainTimeout passed, or
+	// nothing is left to wait for): the waiters of messages still
+	// unanswered cancel their contexts and stop waiting. awaiting counts
+	// those waiters, so that the drain returns only once every message
+	// context is cancelled.
 	abandoned chan struct{}
+	awaiting  sync.WaitGroup
 
 	wake chan struct{} // capacity 1: "state under mu changed"
 
@@ -432,6 +438,7 @@ func (w *partitionWorker) startDelivery(r *record) {
 func (w *partitionWorker) sent() {
 	r := w.next
 	w.next = nil
+	w.awaiting.Add(1) // only run adds, and run is the one that waits
 	go w.await(r)
 }
 
@@ -707,6 +714,7 @@ func (w *partitionWorker) setStuck(r *record) {
 // goroutine into completions or redeliveries: first r's, then those of the
 // records it hands out itself after an ack.
 func (w *partitionWorker) await(r *record) {
+	defer w.awaiting.Done()
 	for r != nil {
 		wm, cancel := r.wm, r.cancel
 		acked, answered := w.waitAnswer(wm, cancel)
@@ -717,25 +725,19 @@ func (w *partitionWorker) await(r *record) {
 	}
 }
 
-// waitAnswer waits for the Ack or Nack of wm. When the assignment ends it
-// cancels the message's context (it does not derive from the assignment's)
-// and keeps waiting; once the assignment is abandoned it gives up, frees the
+// waitAnswer waits for the Ack or Nack of wm. The message's context does
+// not end with the assignment: a handler still running when the drain
+// starts may finish within DrainTimeout. Once the drain gives up (the
+// assignment is abandoned), waitAnswer cancels the context, frees the
 // token and reports answered false.
 func (w *partitionWorker) waitAnswer(wm *message.Message, cancel context.CancelFunc) (acked, answered bool) {
-	select {
-	case <-w.ctx.Done():
-		cancel()
-	case <-wm.Acked():
-		return true, true
-	case <-wm.Nacked():
-		return false, true
-	}
 	select {
 	case <-wm.Acked():
 		return true, true
 	case <-wm.Nacked():
 		return false, true
 	case <-w.abandoned:
+		cancel()
 		w.holding.Add(-1)
 		w.sub.releaseToken()
 		return false, false
@@ -983,12 +985,15 @@ func (w *partitionWorker) encodeTail(safe int64) string {
 	return string(buf)
 }
 
-// drain ends the assignment: nothing more is handed out, contexts of
-// unacked messages are cancelled, acks are awaited up to DrainTimeout, the
-// final completed prefix is marked (and committed when commits are manual),
-// and the tracker is revoked so that later acks change nothing.
+// drain ends the assignment: nothing more is handed out, acks of the
+// messages handed out are awaited up to DrainTimeout with their contexts
+// alive, the final completed prefix is marked (and committed when commits
+// are manual), the tracker is revoked so that later acks change nothing,
+// and only then are the contexts of messages still unanswered cancelled.
+// Cancelling first would turn work that could still finish into failures
+// (and, behind a plain dead-letter middleware, into dead letters).
 func (w *partitionWorker) drain(reason string) {
-	w.cancel()
+	w.cancel() // the assignment is ending; message contexts live on
 	if w.next != nil {
 		w.unsend(w.next)
 		w.next = nil
@@ -1041,7 +1046,11 @@ func (w *partitionWorker) drain(reason string) {
 	w.gate.Drain(nil)
 	w.ready.clear()
 	w.mu.Unlock()
+	// Give up: the waiters cancel the contexts of messages still
+	// unanswered. Waiting for them means Close and a revocation return
+	// with every message context of the assignment ended.
 	close(w.abandoned)
+	w.awaiting.Wait()
 
 	if w.marker != nil {
 		// Sarama discards what is marked but not committed when a

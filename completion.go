@@ -161,7 +161,9 @@ func (c *Completion) Partition() int32 {
 // AssignmentEnded reports whether the partition assignment that delivered
 // msg has ended (revoked in a rebalance, or the subscriber is closing).
 // Work started for it now may be done again by the partition's next owner.
-// It is false for messages not delivered by a safeack Subscriber.
+// It turns true when the drain starts; the message's context stays alive
+// until the drain gives up (DrainTimeout), and an ack before then still
+// counts. It is false for messages not delivered by a safeack Subscriber.
 func AssignmentEnded(msg *message.Message) bool {
 	r, ok := recordFromCtx(msg.Context())
 	return ok && r.owner.ctx.Err() != nil

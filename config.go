@@ -106,10 +106,15 @@ type SubscriberConfig struct {
 	MaxPendingPerPartition int
 
 	// DrainTimeout is how long a revoked partition, or Close, waits for
-	// handed-out messages to be acked before giving up on them. Their
-	// records are then left for the next owner: at-least-once. Keep it
-	// below the group's Rebalance.Timeout. Without a ConsumerGroup nothing
-	// is committed, so nothing waits. Default 5 s.
+	// handed-out messages to be acked before giving up on them. The drain
+	// hands out nothing new, but the contexts of messages already handed
+	// out stay alive until it gives up: a handler that finishes within
+	// DrainTimeout has its ack committed. When the drain gives up, those
+	// contexts are cancelled and the records are left for the next owner:
+	// at-least-once. Keep it below the group's Rebalance.Timeout. Without
+	// a ConsumerGroup nothing is committed, so nothing waits: contexts are
+	// cancelled at once. Default 5 s, or half of Rebalance.Timeout when
+	// that is shorter (see DefaultDrainTimeout).
 	DrainTimeout time.Duration
 
 	// CommitInterval is how often the completed prefix is committed when
@@ -154,8 +159,12 @@ type SubscriberConfig struct {
 
 	// TailMetadataBudget bounds the commit metadata in bytes. It must not
 	// exceed the broker's offset.metadata.max.bytes (4096 by default), or
-	// the broker rejects the commit. When the tail does not fit, its longest
-	// fitting prefix is kept. Default frontier.DefaultMetadataBudget.
+	// the broker rejects the commit: Subscribe reads that setting from the
+	// group coordinator (DescribeConfigs) and fails with ErrInvalidConfig
+	// when the budget is above it. A broker that does not report it, or
+	// refuses to describe its config, is not judged (Subscribe logs it).
+	// When the tail does not fit, its longest fitting prefix is kept.
+	// Default frontier.DefaultMetadataBudget.
 	TailMetadataBudget int
 
 	// PauseAtTailUsage, between 0 and 1, pauses taking records from a

@@ -133,7 +133,9 @@ func ExampleDeferredCompletion() {
 // The middleware chain that keeps the completed-prefix guarantee with
 // Watermill's own middleware, outermost first: a record that keeps failing
 // is retried, then dead-lettered with its original topic, partition and
-// offset in metadata, and only then completed. Never add
+// offset in metadata, and only then completed. A record whose handler was
+// cut short by a revocation or Close is not dead-lettered: safeack's
+// PoisonQueue leaves it to the partition's next owner. Never add
 // middleware.InstantAck: it acks before the handler runs.
 func Example_routerMiddleware() {
 	var (
@@ -143,7 +145,7 @@ func Example_routerMiddleware() {
 		handle message.NoPublishHandlerFunc // the business handler
 	)
 
-	poisonQueue, err := middleware.PoisonQueue(dlqPub, "orders.dlq")
+	poisonQueue, err := safeack.PoisonQueue(dlqPub, "orders.dlq")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -153,9 +155,14 @@ func Example_routerMiddleware() {
 		}),
 		safeack.SkipRevoked,   // a revoked assignment's messages are left to the next owner
 		safeack.KafkaMetadata, // kafka_topic, kafka_partition, kafka_partition_offset, kafka_key
-		poisonQueue,           // after the retries: publish to the DLQ, then ack
-		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond, Multiplier: 2}.Middleware,
-		middleware.Timeout(30*time.Second), // per attempt; revocation also ends the context
+		poisonQueue,           // after the retries: publish to the DLQ, then ack; never on shutdown
+		middleware.Retry{
+			MaxRetries:          3,
+			InitialInterval:     100 * time.Millisecond,
+			Multiplier:          2,
+			ResetContextOnRetry: true, // each attempt gets a fresh Timeout
+		}.Middleware,
+		middleware.Timeout(30*time.Second), // per attempt; the end of a drain also ends the context
 		middleware.Recoverer,               // a panic becomes an error Retry and PoisonQueue see
 		safeack.DeferredCompletion,         // safeack.CompletionFromCtx in the handler
 	)

@@ -11,12 +11,16 @@ package safeack
 //		safeack.Telemetry(hook),          // sees every outcome, skips included
 //		safeack.SkipRevoked,              // no work for a revoked assignment
 //		safeack.KafkaMetadata,            // original topic/partition/offset for the DLQ
-//		poisonQueue,                      // middleware.PoisonQueue: publish, then ack
-//		middleware.Retry{...}.Middleware, // bounded retries inside the poison queue
+//		poisonQueue,                      // safeack.PoisonQueue: publish, then ack; never on shutdown
+//		middleware.Retry{...}.Middleware, // bounded retries inside the poison queue (ResetContextOnRetry)
 //		middleware.Timeout(d),            // per attempt
 //		middleware.Recoverer,             // a panic becomes an error Retry sees
 //		safeack.DeferredCompletion,       // CompletionFromCtx in the handler
 //	)
+//
+// Watermill's middleware.PoisonQueue would dead-letter a record whose
+// handler was cut short by a revocation or Close; safeack.PoisonQueue
+// leaves it to the partition's next owner.
 //
 // middleware.InstantAck must not be used: it acks before the handler runs,
 // so the record counts as completed and may be committed while its handler
@@ -165,7 +169,7 @@ const (
 // metadata, under MetadataTopic, MetadataPartition, MetadataOffset and
 // MetadataKey, overwriting values of the same names (which, arriving from
 // upstream, would describe another record). Placed outside
-// middleware.PoisonQueue, it makes the dead-lettered copy say where the
+// PoisonQueue, it makes the dead-lettered copy say where the
 // record came from. Partition and offset are decimal; the key is the raw
 // bytes.
 //

@@ -502,7 +502,8 @@ func TestMiddlewareSkipRevoked(t *testing.T) {
 		done    = newDoneLog()
 	)
 	// holdFirst delays the first delivery of every record to A until its
-	// assignment ends (the message context is cancelled with it).
+	// assignment ends. The message context stays alive through the drain:
+	// SkipRevoked must act on the assignment's end, not on the context.
 	holdFirst := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			k := mwOffset(t, m)
@@ -511,9 +512,9 @@ func TestMiddlewareSkipRevoked(t *testing.T) {
 			held[k] = true
 			mu.Unlock()
 			if first {
-				select {
-				case <-m.Context().Done():
-				case <-time.After(mwWait):
+				waitCond(mwWait, func() bool { return safeack.AssignmentEnded(m) })
+				if m.Context().Err() != nil {
+					t.Errorf("record %v: context cancelled when the drain started", k)
 				}
 			}
 			return h(m)
@@ -745,8 +746,8 @@ func TestMiddlewareRecoverer(t *testing.T) {
 }
 
 // TestMiddlewareTimeout: middleware.Timeout ends the handler's context,
-// and so does the revocation of the message's partition, long before the
-// timeout.
+// and so does the revocation of the message's partition (once its drain
+// gives up on the handler), long before the timeout.
 func TestMiddlewareTimeout(t *testing.T) {
 	t.Parallel()
 	t.Run("deadline", func(t *testing.T) {

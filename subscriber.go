@@ -46,6 +46,7 @@ type Subscriber struct {
 	subs      sync.WaitGroup
 
 	registry registry
+	ready    readiness // for Ready and WaitReady
 }
 
 var (
@@ -83,6 +84,14 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 // arrive on. Up to MaxInFlight messages may be unacked at once. The channel
 // closes when ctx is cancelled or the Subscriber is closed, after the
 // partitions drained.
+//
+// Subscribe connects before it returns: it fails when no broker can be
+// reached within the time the Sarama config allows (Net.DialTimeout,
+// Metadata.Retry, Metadata.Timeout), or ctx ends first, and when
+// TailMetadataBudget is above the group coordinator's
+// offset.metadata.max.bytes. Once connected, a subscription whose
+// connection fails reconnects every ReconnectRetrySleep until ctx ends or
+// the Subscriber is closed; Ready tells whether it is consuming.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if s.closed.Load() {
 		return nil, ErrSubscriberClosed
@@ -107,19 +116,47 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	s.logger.Info("Subscribing to Kafka topic", sub.logFields)
 
+	// The first connection is made here, so that a cluster that cannot be
+	// reached is an error, not a silent retry loop.
+	client, err := sub.connect(ctx)
+	if err == nil {
+		err = sub.checkTailBudget(client)
+	}
+	if err == nil && s.closed.Load() {
+		err = ErrSubscriberClosed
+	}
+	if err != nil {
+		if client != nil {
+			_ = client.Close()
+		}
+		if errors.Is(err, ErrSubscriberClosed) || errors.Is(err, ErrInvalidConfig) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("safeack: subscribing to %q: %w", topic, err)
+	}
+
+	if s.cfg.ConsumerGroup == "" {
+		s.ready.set(sub, phaseConsuming, nil)
+	} else {
+		s.ready.set(sub, phaseJoining, nil)
+	}
 	s.subs.Add(1)
 	go func() {
 		defer s.subs.Done()
-		sub.run(ctx)
+		sub.run(ctx, client)
+		s.ready.remove(sub)
 		close(sub.output)
 	}()
 	return sub.output, nil
 }
 
 // Close stops every subscription: partitions stop handing out messages,
-// message contexts are cancelled, acks are awaited up to DrainTimeout, the
-// final completed prefixes are committed, the group is left and every
-// output channel is closed. It is safe to call more than once and
+// acks of the messages handed out are awaited up to DrainTimeout while
+// their contexts stay alive (a handler that finishes in time has its ack
+// committed), then the contexts of messages still unanswered are
+// cancelled, the final completed prefixes are committed, the group is left
+// and every output channel is closed. When Close returns, every message
+// context is cancelled. It is safe to call more than once and
 // concurrently with acks. A JoinGroup request already in flight cannot be
 // interrupted (Sarama does not cancel it), so Close can wait up to the
 // client's Net.ReadTimeout when it lands mid-rebalance.
@@ -172,10 +209,32 @@ func (sub *subscription) retrySleep() time.Duration {
 }
 
 // run consumes until ctx ends or the Subscriber closes, reconnecting after
-// errors as watermill-kafka does.
-func (sub *subscription) run(ctx context.Context) {
+// errors as watermill-kafka does. client is the first connection, made by
+// Subscribe.
+func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 	for {
-		err := sub.consumeOnce(ctx)
+		if client == nil {
+			c, err := sub.connect(ctx)
+			if err != nil {
+				if sub.stopping(ctx) {
+					return
+				}
+				sub.logger.Error("Cannot connect to Kafka; retrying", err, sub.logFields)
+				sub.s.ready.set(sub, phaseConnecting, err)
+				if !sub.pause(ctx) {
+					return
+				}
+				continue
+			}
+			client = c
+		}
+		if sub.cfg.ConsumerGroup == "" {
+			sub.s.ready.set(sub, phaseConsuming, nil)
+		} else {
+			sub.s.ready.set(sub, phaseJoining, nil)
+		}
+		err := sub.consumeOnce(ctx, client)
+		client = nil
 		if sub.stopping(ctx) {
 			return
 		}
@@ -184,18 +243,29 @@ func (sub *subscription) run(ctx context.Context) {
 		} else {
 			sub.logger.Info("Consumer stopped; reconnecting", sub.logFields)
 		}
-		if d := sub.retrySleep(); d > 0 {
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-sub.s.closing:
-				t.Stop()
-				return
-			}
+		sub.s.ready.set(sub, phaseConnecting, err)
+		if !sub.pause(ctx) {
+			return
 		}
+	}
+}
+
+// pause waits ReconnectRetrySleep before a reconnect. It reports false
+// when ctx ended or the Subscriber closed meanwhile.
+func (sub *subscription) pause(ctx context.Context) bool {
+	d := sub.retrySleep()
+	if d <= 0 {
+		return !sub.stopping(ctx)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-sub.s.closing:
+		return false
 	}
 }
 
@@ -210,12 +280,9 @@ func (sub *subscription) stopping(ctx context.Context) bool {
 	}
 }
 
-// consumeOnce runs one client connection until it fails or is stopped.
-func (sub *subscription) consumeOnce(parent context.Context) error {
-	client, err := sarama.NewClient(sub.cfg.Brokers, copySaramaConfig(sub.cfg.OverwriteSaramaConfig))
-	if err != nil {
-		return fmt.Errorf("cannot create Sarama client: %w", err)
-	}
+// consumeOnce runs one client connection until it fails or is stopped,
+// and closes the client.
+func (sub *subscription) consumeOnce(parent context.Context, client sarama.Client) error {
 	defer func() {
 		if err := client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
 			sub.logger.Error("Cannot close Sarama client", err, sub.logFields)
@@ -316,6 +383,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
 	h.soon = make(chan struct{}, 1)
 	go h.commitLoop(sess, h.stop, h.done, h.soon)
+	h.sub.s.ready.set(h.sub, phaseConsuming, nil)
 	return nil
 }
 
@@ -477,6 +545,7 @@ func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) 
 
 // Cleanup stops the commit loop and commits what the claims marked.
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
+	h.sub.s.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
 	close(h.stop)
 	<-h.done
 	sess.Commit()

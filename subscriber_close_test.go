@@ -14,37 +14,46 @@ import (
 )
 
 // TestSubscriberCloseWhileHandlersRun closes a subscriber while handlers
-// hold messages: their contexts are cancelled, Close returns within
-// DrainTimeout plus a margin, the output channel closes, a later Ack does
-// nothing, Close may be called concurrently and again, and the final commit
-// is exactly the completed prefix at close time. Held messages acked in
-// answer to the cancellation (within DrainTimeout) are covered by it.
+// hold messages: their contexts stay alive through the drain and are
+// cancelled when it gives up, Close returns within DrainTimeout plus a
+// margin, the output channel closes, a later Ack does nothing, Close may be
+// called concurrently and again, and the final commit is exactly the
+// completed prefix at close time. Held handlers that finish during the
+// drain (finishing-during-drain) do so with their contexts alive, Close
+// returns without waiting out DrainTimeout, and their acks are committed.
 func TestSubscriberCloseWhileHandlersRun(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name        string
-		autoCommit  bool
-		ackOnCancel bool // held handlers ack when their context is cancelled
+		name       string
+		autoCommit bool
+		finish     bool // held handlers finish, and ack, once the drain started
 	}{
 		{name: "auto-commit", autoCommit: true},
 		{name: "manual-commit", autoCommit: false},
-		{name: "acked-during-drain", autoCommit: true, ackOnCancel: true},
+		{name: "finishing-during-drain", autoCommit: true, finish: true},
+		{name: "finishing-during-drain-manual-commit", autoCommit: false, finish: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			testCloseWhileHandlersRun(t, tc.autoCommit, tc.ackOnCancel)
+			testCloseWhileHandlersRun(t, tc.autoCommit, tc.finish)
 		})
 	}
 }
 
-func testCloseWhileHandlersRun(t *testing.T, autoCommit, ackOnCancel bool) {
+func testCloseWhileHandlersRun(t *testing.T, autoCommit, finish bool) {
 	const (
 		partitions   = 2
 		perPartition = 50
 		holdAt       = 20
-		drainTimeout = 700 * time.Millisecond
 		margin       = 3 * time.Second
+		finishIn     = 150 * time.Millisecond // a held handler's work left at Close
 	)
+	drainTimeout := 700 * time.Millisecond
+	if finish {
+		// Long, so that a Close that waited it out cannot be mistaken for
+		// a slow one.
+		drainTimeout = 4 * time.Second
+	}
 	c := kafkatest.Start(t)
 	topic := c.NewTopic(t, partitions)
 	group := c.NewGroup(t)
@@ -64,16 +73,31 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, ackOnCancel bool) {
 	hold := newHolder(po{0, holdAt}, po{1, holdAt})
 	var handlersWG sync.WaitGroup
 	handlersWG.Add(partitions)
+	var liveMu sync.Mutex
+	var deadAtFinish []po // held handlers whose context ended before they finished
 	outputClosed := handleAll(msgs, func(m *message.Message) {
 		if !hold.take(m) {
 			acks.ack(m)
 			return
 		}
 		defer handlersWG.Done()
-		<-m.Context().Done() // the handler runs until Close cancels it
-		if ackOnCancel {
-			acks.ack(m)
+		if !finish {
+			<-m.Context().Done() // the handler runs until the drain gives up
+			return
 		}
+		// The handler is still working when Close starts, and finishes
+		// well within DrainTimeout.
+		for !safeack.AssignmentEnded(m) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(finishIn)
+		if m.Context().Err() != nil {
+			k, _ := msgPO(m)
+			liveMu.Lock()
+			deadAtFinish = append(deadAtFinish, k)
+			liveMu.Unlock()
+		}
+		acks.ack(m)
 	})
 
 	// Everything but the held records is acked and committed as far as
@@ -101,7 +125,7 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, ackOnCancel bool) {
 	select {
 	case <-handlersDone:
 	case <-time.After(drainTimeout + margin):
-		t.Fatal("Close did not cancel the contexts of the held messages")
+		t.Fatal("the held handlers did not end: Close did not cancel their contexts")
 	}
 	for range 2 {
 		select {
@@ -113,9 +137,15 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, ackOnCancel bool) {
 	}
 	took := time.Since(start)
 	t.Logf("Close returned after %v", took.Round(time.Millisecond))
-	if !ackOnCancel {
+	if finish {
+		require.Empty(t, deadAtFinish, "held handlers found their context cancelled while the drain still waited for them")
+		require.Less(t, took, drainTimeout, "Close waited out DrainTimeout although every handler had finished")
+	} else {
 		// It waited for the held acks up to DrainTimeout.
 		require.GreaterOrEqual(t, took, drainTimeout, "Close returned before DrainTimeout with messages unacked")
+	}
+	for k, h := range hold.all() {
+		require.Error(t, h.m.Context().Err(), "the context of held %v outlived Close", k)
 	}
 	select {
 	case <-outputClosed:
@@ -126,7 +156,7 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, ackOnCancel bool) {
 
 	// Late acks do nothing; Close again is fine; Subscribe is refused.
 	for k, h := range hold.all() {
-		if !ackOnCancel {
+		if !finish {
 			require.NotPanics(t, func() { acks.ackLate(h.m) }, "late ack of %v", k)
 		}
 	}
@@ -135,7 +165,7 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, ackOnCancel bool) {
 	require.ErrorIs(t, err, safeack.ErrSubscriberClosed)
 
 	// The final commit is the completed prefix at close time.
-	if ackOnCancel {
+	if finish {
 		want = map[int32]int64{0: perPartition, 1: perPartition}
 	}
 	require.Equal(t, want, watch.committed(t), "committed offsets after Close")

@@ -278,20 +278,19 @@ func (a *app) ensureTopics() error {
 	return nil
 }
 
-// newRouter builds the router: safeack's middleware around Watermill's
-// PoisonQueue, Retry and Recoverer, in the order middleware.go documents.
+// newRouter builds the router: safeack's middleware (its PoisonQueue
+// among them) around Watermill's Retry and Recoverer, in the order
+// middleware.go documents.
 func (a *app) newRouter(dlq message.Publisher) (*message.Router, error) {
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, a.logger)
 	if err != nil {
 		return nil, err
 	}
-	// Only real failures go to the dead-letter topic: a handler stopped
-	// because the subscriber is closing (or its partition was revoked)
-	// returns a context error, and that record is left uncommitted for
-	// whoever consumes the partition next.
-	poison, err := middleware.PoisonQueueWithFilter(dlq, a.cfg.DeadLetterTopic, func(err error) bool {
-		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
-	})
+	// Only real failures go to the dead-letter topic: safeack's
+	// PoisonQueue nacks a record whose handler was cut short because the
+	// subscriber is closing (or its partition was revoked), and that record
+	// is left uncommitted for whoever consumes the partition next.
+	poison, err := safeack.PoisonQueue(dlq, a.cfg.DeadLetterTopic)
 	if err != nil {
 		return nil, err
 	}

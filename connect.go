@@ -1,0 +1,132 @@
+package safeack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// connect makes a Sarama client for the subscription and checks that it
+// reached the cluster, within the time the Sarama config allows
+// (Net.DialTimeout, Metadata.Retry, Metadata.Timeout). It returns early,
+// with ctx's error or ErrSubscriberClosed, when ctx ends or the Subscriber
+// closes first; a client that connects after that is closed.
+func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
+	type result struct {
+		client sarama.Client
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := newConnectedClient(sub.cfg.Brokers, copySaramaConfig(sub.cfg.OverwriteSaramaConfig))
+		done <- result{c, err}
+	}()
+	abandon := func() {
+		go func() {
+			if r := <-done; r.client != nil {
+				_ = r.client.Close()
+			}
+		}()
+	}
+	select {
+	case r := <-done:
+		return r.client, r.err
+	case <-ctx.Done():
+		abandon()
+		return nil, ctx.Err()
+	case <-sub.s.closing:
+		abandon()
+		return nil, ErrSubscriberClosed
+	}
+}
+
+// newConnectedClient is sarama.NewClient that fails when no broker can be
+// reached. NewClient connects only to fetch full metadata; without
+// Metadata.Full it is asked for metadata here, with the same tolerance of
+// a partly available cluster.
+func newConnectedClient(brokers []string, cfg *sarama.Config) (sarama.Client, error) {
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create Sarama client for brokers %v: %w", brokers, err)
+	}
+	if !cfg.Metadata.Full {
+		if err := client.RefreshMetadata(); err != nil && !partialMetadata(err) {
+			_ = client.Close()
+			return nil, fmt.Errorf("cannot reach Kafka brokers %v: %w", brokers, err)
+		}
+	}
+	return client, nil
+}
+
+// partialMetadata reports errors that sarama.NewClient accepts: the
+// cluster answered, but part of it is unavailable or not authorized.
+func partialMetadata(err error) bool {
+	return errors.Is(err, sarama.ErrLeaderNotAvailable) || errors.Is(err, sarama.ErrReplicaNotAvailable) ||
+		errors.Is(err, sarama.ErrTopicAuthorizationFailed) || errors.Is(err, sarama.ErrClusterAuthorizationFailed)
+}
+
+// brokerMetadataMaxBytes is the broker setting that bounds commit
+// metadata (4096 bytes by default in Apache Kafka).
+const brokerMetadataMaxBytes = "offset.metadata.max.bytes"
+
+// checkTailBudget checks TailMetadataBudget against the
+// offset.metadata.max.bytes of the group's coordinator, which refuses
+// every commit whose metadata is larger. A coordinator that cannot be
+// asked (no DescribeConfigs permission) or does not report the setting
+// is not judged: the check is skipped with a log line.
+func (sub *subscription) checkTailBudget(client sarama.Client) error {
+	if sub.cfg.ConsumerGroup == "" || sub.cfg.DisableCompletedTail {
+		return nil // nothing committed, or no metadata in the commits
+	}
+	limit, err := coordinatorMetadataLimit(client, sub.cfg.ConsumerGroup)
+	if err != nil {
+		sub.logger.Info("Cannot read the broker's "+brokerMetadataMaxBytes+"; TailMetadataBudget is not checked against it",
+			sub.logFields.Add(watermill.LogFields{"err": err.Error(), "tail_metadata_budget": sub.cfg.TailMetadataBudget}))
+		return nil
+	}
+	if budget := sub.cfg.TailMetadataBudget; budget > limit {
+		return fieldError("TailMetadataBudget", "%d bytes is above the group coordinator's %s (%d): it would reject every commit; lower TailMetadataBudget or raise the broker setting",
+			budget, brokerMetadataMaxBytes, limit)
+	}
+	return nil
+}
+
+// errNotReported is returned by coordinatorMetadataLimit for a broker that
+// answers DescribeConfigs without the setting.
+var errNotReported = errors.New("not reported by the broker")
+
+// coordinatorMetadataLimit reads offset.metadata.max.bytes from the
+// group's coordinator. Broker configs are described by the broker itself.
+func coordinatorMetadataLimit(client sarama.Client, group string) (int, error) {
+	coord, err := client.Coordinator(group)
+	if err != nil {
+		return 0, fmt.Errorf("finding the group coordinator: %w", err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return 0, err
+	}
+	// Not closed: closing this admin would close the subscription's client.
+	entries, err := admin.DescribeConfig(sarama.ConfigResource{
+		Type:        sarama.BrokerResource,
+		Name:        strconv.Itoa(int(coord.ID())),
+		ConfigNames: []string{brokerMetadataMaxBytes},
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		if e.Name == brokerMetadataMaxBytes {
+			n, err := strconv.Atoi(e.Value)
+			if err != nil {
+				return 0, fmt.Errorf("%s=%q: %w", brokerMetadataMaxBytes, e.Value, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, errNotReported
+}

@@ -1,0 +1,96 @@
+package safeack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+)
+
+// ErrAssignmentEnded is wrapped around a handler's error by PoisonQueue
+// when it nacks the message instead of dead-lettering it, because the
+// message's partition assignment ended (or its subscriber cancelled its
+// context) before the handler gave up. The wrapped error is kept:
+// errors.Is still finds, say, context.Canceled.
+var ErrAssignmentEnded = errors.New("safeack: assignment ended; not dead-lettered, left to the partition's next owner")
+
+// PoisonQueue is router middleware that dead-letters a message whose
+// handler failed, as Watermill's middleware.PoisonQueue does (it publishes
+// the message to topic with pub, with the reason_poisoned metadata, and
+// returns nil so that the router acks it and its record completes) — but
+// never a message whose failure may come from the subscriber ending the
+// work rather than from the record:
+//
+//   - for a message of a safeack Subscriber: its partition assignment
+//     ended (revoked in a rebalance, or the Subscriber closing; see
+//     AssignmentEnded) before the handler gave up. This covers a handler
+//     that returns its context's error once a drain gives up on it, and
+//     one that fails while its assignment drains;
+//   - for a message of any other subscriber: the message's context, as it
+//     entered PoisonQueue, had ended when the handler gave up (Watermill
+//     subscribers cancel it when they close).
+//
+// Such a message is nacked instead: the handler's error, wrapped with
+// ErrAssignmentEnded, goes on to the router. Nothing is acked for it, the
+// committed offset stays before it, and the partition's next owner
+// handles it; a record that really is poison is dead-lettered there, after
+// that owner's own retries.
+//
+// Use it in place of middleware.PoisonQueue with a safeack Subscriber:
+// with Watermill's, a handler that honours its context and is cut short
+// by a rebalance or a shutdown would have its record published to the
+// dead-letter topic and acked, never processed. Place it outside
+// middleware.Retry, and keep middleware.Timeout inside it: a deadline set
+// outside would look like the subscriber's cancellation.
+func PoisonQueue(pub message.Publisher, topic string) (message.HandlerMiddleware, error) {
+	return PoisonQueueWithFilter(pub, topic, nil)
+}
+
+// PoisonQueueWithFilter is PoisonQueue that dead-letters only errors for
+// which shouldGoToPoisonQueue reports true, as Watermill's
+// middleware.PoisonQueueWithFilter; other errors nack the message. A nil
+// filter dead-letters every error. The filter is not asked about a
+// failure that PoisonQueue leaves to the partition's next owner.
+func PoisonQueueWithFilter(pub message.Publisher, topic string, shouldGoToPoisonQueue func(err error) bool) (message.HandlerMiddleware, error) {
+	if pub == nil {
+		return nil, errors.New("safeack: PoisonQueue with a nil publisher")
+	}
+	pq, err := middleware.PoisonQueueWithFilter(pub, topic, func(err error) bool {
+		if errors.Is(err, ErrAssignmentEnded) {
+			return false
+		}
+		return shouldGoToPoisonQueue == nil || shouldGoToPoisonQueue(err)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("safeack: %w", err)
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			// The subscriber's context, before middleware inside (Timeout,
+			// Retry) replaces it with contexts of their own.
+			entry := msg.Context()
+			guarded := func(msg *message.Message) ([]*message.Message, error) {
+				events, err := h(msg)
+				if err != nil && !errors.Is(err, ErrAssignmentEnded) && endedBySubscriber(entry) {
+					err = fmt.Errorf("%w: %w", ErrAssignmentEnded, err)
+				}
+				return events, err
+			}
+			return pq(guarded)(msg)
+		}
+	}, nil
+}
+
+// endedBySubscriber reports whether the subscriber ended the work of the
+// message whose context, as delivered, is ctx. For a safeack message that
+// is the end of its assignment: the context ends only after it (when the
+// drain gives up), so a context that ended alone was ended by middleware
+// outside PoisonQueue, which must not count.
+func endedBySubscriber(ctx context.Context) bool {
+	if r, ok := recordFromCtx(ctx); ok {
+		return r.owner.ctx.Err() != nil
+	}
+	return ctx.Err() != nil
+}

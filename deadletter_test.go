@@ -1,0 +1,360 @@
+package safeack_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// shutdownRun is one run of TestPoisonQueueShutdown: the records, which of
+// them are poison, and what the handlers and the dead-letter topic saw.
+type shutdownRun struct {
+	c      *kafkatest.Cluster
+	topic  string
+	dlq    string
+	group  string
+	dlqPub message.Publisher
+
+	release chan struct{} // lets slow first deliveries finish
+
+	mu        sync.Mutex
+	processed map[po]int  // handler returned nil
+	delivered map[po]int  // handler started
+	slowHeld  map[po]bool // a slow first delivery is running
+	canceled  map[po]bool // a handler saw its context cancelled
+}
+
+func newShutdownRun(t *testing.T) *shutdownRun {
+	c := kafkatest.Start(t)
+	r := &shutdownRun{
+		c:         c,
+		topic:     c.NewTopic(t, 4),
+		dlq:       c.NewTopic(t, 1),
+		group:     c.NewGroup(t),
+		release:   make(chan struct{}),
+		processed: make(map[po]int),
+		delivered: make(map[po]int),
+		slowHeld:  make(map[po]bool),
+		canceled:  make(map[po]bool),
+	}
+	pcfg := c.SaramaConfig()
+	pcfg.Producer.Partitioner = sarama.NewHashPartitioner
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: pcfg}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	r.dlqPub = pub
+	return r
+}
+
+// Which records are poison (fail every time) and which are slow (the
+// first delivery runs until its context ends or the test releases it).
+func isPoison(k po) bool { return k.o%41 == 3 }
+func isSlow(k po) bool   { return k.o == 30 }
+
+var errPoisonRecord = errors.New("poison record")
+
+// handler works for a few milliseconds, honouring its context as a real
+// handler calling a database or an HTTP service would.
+func (r *shutdownRun) handler(m *message.Message) error {
+	k, ok := msgPO(m)
+	if !ok {
+		return errors.New("no Kafka position in the context")
+	}
+	r.mu.Lock()
+	r.delivered[k]++
+	first := r.delivered[k] == 1
+	if first && isSlow(k) {
+		r.slowHeld[k] = true
+	}
+	r.mu.Unlock()
+	var work <-chan time.Time
+	var release <-chan struct{}
+	if first && isSlow(k) {
+		release = r.release
+	} else {
+		work = time.After(time.Duration(10+rand.IntN(20)) * time.Millisecond)
+	}
+	select {
+	case <-work:
+	case <-release:
+	case <-m.Context().Done():
+		r.mu.Lock()
+		r.canceled[k] = true
+		r.mu.Unlock()
+		return m.Context().Err()
+	}
+	if isPoison(k) {
+		return fmt.Errorf("record %v: %w", k, errPoisonRecord)
+	}
+	r.mu.Lock()
+	r.processed[k]++
+	r.mu.Unlock()
+	return nil
+}
+
+// member starts a subscriber of the group behind a router with the
+// middleware chain the README recommends.
+func (r *shutdownRun) member(t *testing.T, cooperative bool) (*safeack.Subscriber, *message.Router) {
+	sub := newTestSubscriber(t, r.c, r.group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		cfg.MaxInFlight = 64
+		cfg.DrainTimeout = time.Second
+		if cooperative {
+			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+				sarama.NewBalanceStrategyCooperativeSticky(),
+			}
+		}
+	})
+	poison, err := safeack.PoisonQueue(r.dlqPub, r.dlq)
+	require.NoError(t, err)
+	router := mwRouter(t, sub, r.topic, r.handler,
+		safeack.SkipRevoked,
+		safeack.KafkaMetadata,
+		poison,
+		middleware.Retry{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, Multiplier: 2, ResetContextOnRetry: true}.Middleware,
+		middleware.Recoverer,
+	)
+	return sub, router
+}
+
+func (r *shutdownRun) processedCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.processed)
+}
+
+func (r *shutdownRun) slowHeldCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.slowHeld)
+}
+
+// requireOnlySlowCanceled checks that the drains gave up only on the slow
+// handlers: every other handler running at Close or revocation finished
+// with its context alive.
+func (r *shutdownRun) requireOnlySlowCanceled(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k := range r.canceled {
+		require.True(t, isSlow(k), "the context of %v was cancelled although its handler could finish within DrainTimeout", k)
+	}
+}
+
+// check waits until the group committed every record, then checks that
+// every record but the poison ones was processed, and that the dead-letter
+// topic holds exactly the poison ones.
+func (r *shutdownRun) check(t *testing.T) {
+	t.Helper()
+	hwm := r.c.HighWaterMarks(t, r.topic)
+	mwWaitCommitted(t, r.c, r.group, r.topic, hwm)
+
+	var poison []po
+	r.mu.Lock()
+	var lost []po
+	for _, p := range r.c.ProducedRecords(r.topic) {
+		k := po{p.Partition, p.Offset}
+		if isPoison(k) {
+			poison = append(poison, k)
+			continue
+		}
+		if r.processed[k] == 0 {
+			lost = append(lost, k)
+		}
+	}
+	canceled := len(r.canceled)
+	r.mu.Unlock()
+	require.Empty(t, lost, "records never processed")
+	t.Logf("%d handlers saw their context cancelled", canceled)
+
+	// Read the dead-letter topic back.
+	n := int(r.c.HighWaterMarks(t, r.dlq)[0])
+	reader := newTestSubscriber(t, r.c, "", nil)
+	msgs := mustSubscribe(t, reader, r.dlq)
+	dead := make(map[po]int)
+	var notPoison []string
+	for range n {
+		select {
+		case m := <-msgs:
+			m.Ack()
+			p, err1 := strconv.ParseInt(m.Metadata.Get(safeack.MetadataPartition), 10, 32)
+			o, err2 := strconv.ParseInt(m.Metadata.Get(safeack.MetadataOffset), 10, 64)
+			require.NoError(t, errors.Join(err1, err2), "dead letter without its position: %v", m.Metadata)
+			k := po{int32(p), o}
+			dead[k]++
+			if !isPoison(k) {
+				notPoison = append(notPoison, fmt.Sprintf("%v (%s)", k, m.Metadata.Get(middleware.ReasonForPoisonedKey)))
+			}
+		case <-time.After(mwWait):
+			t.Fatalf("read %d of the %d dead letters", len(dead), n)
+		}
+	}
+	require.Empty(t, notPoison, "records dead-lettered that are not poison")
+	var missing []po
+	for _, k := range poison {
+		if dead[k] == 0 {
+			missing = append(missing, k)
+		}
+	}
+	require.Empty(t, missing, "poison records not dead-lettered")
+	if n != len(poison) {
+		t.Logf("%d dead letters for %d poison records", n, len(poison))
+	}
+}
+
+// TestPoisonQueueShutdown runs the recommended middleware chain (Retry
+// inside safeack.PoisonQueue) under load, with handlers that honour their
+// context, a few poison records and one slow record per partition that
+// the drain gives up on. A Close, and a cooperative revocation, dead-letter
+// nothing but the poison records, and every other record is processed by
+// the member that owns it next.
+func TestPoisonQueueShutdown(t *testing.T) {
+	t.Parallel()
+	const perPartition = 750
+	t.Run("close", func(t *testing.T) {
+		t.Parallel()
+		r := newShutdownRun(t)
+		r.c.ProduceN(t, r.topic, 4, 4*perPartition, nil)
+		_, a := r.member(t, false)
+		kafkatest.WaitFor(t, mwWait, "A to process some records and hold the slow ones", func() bool {
+			return r.processedCount() >= 300 && r.slowHeldCount() == 4
+		})
+		require.Less(t, r.processedCount(), 4*perPartition-200, "A was done before Close: no load to close under")
+		require.NoError(t, a.Close())
+		r.requireOnlySlowCanceled(t)
+
+		r.member(t, false) // the next subscriber of the group
+		r.check(t)
+	})
+	t.Run("cooperative-revoke", func(t *testing.T) {
+		t.Parallel()
+		r := newShutdownRun(t)
+		r.c.ProduceN(t, r.topic, 4, 4*perPartition, nil)
+		a, _ := r.member(t, true)
+		kafkatest.WaitFor(t, mwWait, "A to process some records and hold the slow ones", func() bool {
+			return r.processedCount() >= 300 && r.slowHeldCount() == 4
+		})
+		require.Less(t, r.processedCount(), 4*perPartition-200, "A was done before B joined: no load to revoke under")
+		b, _ := r.member(t, true)
+		kafkatest.WaitFor(t, mwWait, "the group to settle with both members", func() bool {
+			ao, bo := ownedPartitions(a, r.topic), ownedPartitions(b, r.topic)
+			for p := range bo {
+				if _, both := ao[p]; both {
+					return false
+				}
+			}
+			return len(ao) > 0 && len(bo) > 0 && len(ao)+len(bo) == 4
+		})
+		// A's slow records of the partitions it kept may finish now.
+		close(r.release)
+		r.check(t)
+		r.mu.Lock()
+		assert.NotEmpty(t, r.canceled, "the drain of a revoked partition gave up on no handler")
+		r.mu.Unlock()
+		r.requireOnlySlowCanceled(t)
+	})
+}
+
+// recordingPublisher keeps what is published, for tests without a broker.
+type recordingPublisher struct {
+	mu  sync.Mutex
+	got []*message.Message
+}
+
+func (p *recordingPublisher) Publish(_ string, msgs ...*message.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.got = append(p.got, msgs...)
+	return nil
+}
+
+func (p *recordingPublisher) Close() error { return nil }
+
+func (p *recordingPublisher) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.got)
+}
+
+// TestPoisonQueueForeignMessages: with messages of another subscriber,
+// PoisonQueue dead-letters a failure while the message's context is alive
+// (and the filter agrees), and nacks it when the subscriber had cancelled
+// the context; a Timeout inside it does not count as the subscriber's.
+func TestPoisonQueueForeignMessages(t *testing.T) {
+	t.Parallel()
+	_, err := safeack.PoisonQueue(&recordingPublisher{}, "")
+	require.ErrorIs(t, err, middleware.ErrInvalidPoisonQueueTopic)
+	_, err = safeack.PoisonQueue(nil, "dlq")
+	require.Error(t, err)
+
+	fail := func(err error) message.HandlerFunc {
+		return func(*message.Message) ([]*message.Message, error) { return nil, err }
+	}
+	honour := func(m *message.Message) ([]*message.Message, error) {
+		<-m.Context().Done()
+		return nil, m.Context().Err()
+	}
+	newMsg := func(ctx context.Context) *message.Message {
+		m := message.NewMessage(watermill.NewUUID(), []byte("x"))
+		m.SetContext(ctx)
+		return m
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	boom := errors.New("boom")
+
+	for _, tc := range []struct {
+		name   string
+		ctx    context.Context
+		h      message.HandlerFunc
+		inner  []message.HandlerMiddleware
+		filter func(error) bool
+		dead   bool
+	}{
+		{name: "failure", ctx: context.Background(), h: fail(boom), dead: true},
+		{name: "filtered-out", ctx: context.Background(), h: fail(boom), filter: func(error) bool { return false }},
+		{name: "subscriber-cancelled", ctx: cancelled, h: fail(context.Canceled)},
+		{name: "subscriber-cancelled-other-error", ctx: cancelled, h: fail(boom)},
+		{name: "timeout-inside", ctx: context.Background(), h: honour, inner: []message.HandlerMiddleware{middleware.Timeout(time.Millisecond)}, dead: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pub := &recordingPublisher{}
+			pq, err := safeack.PoisonQueueWithFilter(pub, "dlq", tc.filter)
+			require.NoError(t, err)
+			h := tc.h
+			for _, mw := range slices.Backward(tc.inner) {
+				h = mw(h)
+			}
+			_, err = pq(h)(newMsg(tc.ctx))
+			if tc.dead {
+				require.NoError(t, err)
+				require.Equal(t, 1, pub.count())
+				return
+			}
+			require.Error(t, err)
+			require.Zero(t, pub.count(), "dead-lettered")
+			if tc.ctx.Err() != nil {
+				require.ErrorIs(t, err, safeack.ErrAssignmentEnded)
+			} else {
+				require.NotErrorIs(t, err, safeack.ErrAssignmentEnded)
+			}
+		})
+	}
+}

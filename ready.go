@@ -1,0 +1,156 @@
+package safeack
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// ErrNotReady is wrapped by the errors Ready and WaitReady return while a
+// subscription is not consuming.
+var ErrNotReady = errors.New("safeack: not ready")
+
+// phase is where a subscription stands, for Ready.
+type phase int
+
+const (
+	// phaseConnecting: no connection; the last one failed or ended.
+	phaseConnecting phase = iota
+	// phaseJoining: connected, joining the consumer group (or
+	// rebalancing): no assignment yet.
+	phaseJoining
+	// phaseConsuming: in a group session with its assignment; without a
+	// consumer group, connected.
+	phaseConsuming
+)
+
+type subStatus struct {
+	topic string
+	group string
+	phase phase
+	err   error // what ended the last connection, in phaseConnecting
+}
+
+// readiness tracks the phase of every subscription of a Subscriber.
+type readiness struct {
+	mu   sync.Mutex
+	subs map[*subscription]*subStatus
+	// changed is closed, and replaced, at every change: WaitReady waits
+	// on it instead of polling.
+	changed chan struct{}
+}
+
+func (r *readiness) set(sub *subscription, p phase, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.subs == nil {
+		r.subs = make(map[*subscription]*subStatus)
+	}
+	st := r.subs[sub]
+	if st == nil {
+		st = &subStatus{topic: sub.topic, group: sub.cfg.ConsumerGroup}
+		r.subs[sub] = st
+	}
+	st.phase, st.err = p, err
+	r.notifyLocked()
+}
+
+func (r *readiness) remove(sub *subscription) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.subs, sub)
+	r.notifyLocked()
+}
+
+func (r *readiness) notifyLocked() {
+	if r.changed != nil {
+		close(r.changed)
+		r.changed = nil
+	}
+}
+
+// check returns a channel closed at the next change, and what Ready
+// reports.
+func (r *readiness) check() (<-chan struct{}, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.changed == nil {
+		r.changed = make(chan struct{})
+	}
+	if len(r.subs) == 0 {
+		return r.changed, fmt.Errorf("%w: no subscription", ErrNotReady)
+	}
+	var waiting []*subStatus
+	for _, st := range r.subs {
+		if st.phase != phaseConsuming {
+			waiting = append(waiting, st)
+		}
+	}
+	if len(waiting) == 0 {
+		return r.changed, nil
+	}
+	slices.SortFunc(waiting, func(a, b *subStatus) int { return cmp.Compare(a.topic, b.topic) })
+	var why []string
+	for _, st := range waiting {
+		switch {
+		case st.phase == phaseJoining:
+			why = append(why, fmt.Sprintf("topic %q: joining consumer group %q", st.topic, st.group))
+		case st.err != nil:
+			why = append(why, fmt.Sprintf("topic %q: reconnecting after: %v", st.topic, st.err))
+		default:
+			why = append(why, fmt.Sprintf("topic %q: connecting", st.topic))
+		}
+	}
+	return r.changed, fmt.Errorf("%w: %s", ErrNotReady, strings.Join(why, "; "))
+}
+
+// Ready reports whether the Subscriber is consuming, for readiness probes.
+// It returns nil when every subscription (every Subscribe call not yet
+// ended) is connected to the cluster and, with a ConsumerGroup, is a member
+// of the group's current generation holding its assignment. The
+// assignment may be empty: a group can have more members than the topic
+// has partitions. Otherwise it returns an error wrapping ErrNotReady that
+// says, per topic, what the subscription is doing: joining the group (also
+// during a rebalance), or connecting again after the error that ended its
+// connection. Before the first Subscribe it reports ErrNotReady, and after
+// Close ErrSubscriberClosed.
+//
+// Ready does no I/O: it reports what the consumer last saw. A broker that
+// went away shows once Sarama notices (a failed heartbeat or fetch ends
+// the group session). Subscribe itself fails when the first connection
+// cannot be made.
+func (s *Subscriber) Ready() error {
+	if s.closed.Load() {
+		return ErrSubscriberClosed
+	}
+	_, err := s.ready.check()
+	return err
+}
+
+// WaitReady blocks until Ready reports nil and returns nil, or until ctx
+// ends or the Subscriber is closed, and then returns the error Ready
+// reports (joined with ctx's error). Use it to start serving only once the
+// subscriptions have their assignments, after router.Running() or after
+// Subscribe.
+func (s *Subscriber) WaitReady(ctx context.Context) error {
+	for {
+		if s.closed.Load() {
+			return ErrSubscriberClosed
+		}
+		changed, err := s.ready.check()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-s.closing:
+			return ErrSubscriberClosed
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), err)
+		}
+	}
+}
