@@ -49,12 +49,17 @@ type memberSpec struct {
 // workSpec is what a handler does with a record: sleep up to Max; one
 // record in SlowEvery sleeps between SlowMin and SlowMax instead (a slow
 // head that holds the committed prefix back while later records complete);
-// one delivery in NackEvery is nacked (and redelivered).
+// one delivery in NackEvery is nacked (and redelivered). When HoldFor is
+// set, every delivery of a record at offset HoldOffset (of any partition)
+// sleeps HoldFor instead: at OffsetNewest, the first record of each
+// partition (see scenario.begin).
 type workSpec struct {
 	Max              time.Duration
 	SlowEvery        int
 	SlowMin, SlowMax time.Duration
 	NackEvery        int
+	HoldOffset       int64
+	HoldFor          time.Duration
 }
 
 var defaultWork = workSpec{
@@ -65,7 +70,11 @@ var defaultWork = workSpec{
 	NackEvery: 100,
 }
 
-func (w workSpec) sleep() {
+func (w workSpec) sleep(offset int64) {
+	if w.HoldFor > 0 && offset == w.HoldOffset {
+		time.Sleep(w.HoldFor)
+		return
+	}
 	d := rand.N(w.Max + 1)
 	if w.SlowEvery > 0 && rand.IntN(w.SlowEvery) == 0 {
 		d = w.SlowMin + rand.N(w.SlowMax-w.SlowMin+1)
@@ -154,7 +163,7 @@ func handle(m *message.Message, sub *safeack.Subscriber, topic string, s sink, w
 	k, _ := safeack.MessageKeyFromCtx(m.Context())
 	key := string(k)
 	s.start(p, o, key, assignment(sub, topic, p))
-	work.sleep()
+	work.sleep(o)
 	if work.nack() {
 		s.nack(p, o, key)
 		m.Nack()

@@ -94,6 +94,20 @@ func (l *ledger) setFloor(floor map[int32]int64) {
 // floorOf returns where the group started on partition p. Callers hold mu.
 func (l *ledger) floorOf(p int32) int64 { return l.floor[p] }
 
+// deliveredFrom reports whether every partition of floor had a handler
+// start at or above its floor.
+func (l *ledger) deliveredFrom(floor map[int32]int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seen := make(map[int32]bool, len(floor))
+	for _, e := range l.events {
+		if f, ok := floor[e.p]; ok && e.kind == 'S' && e.o >= f {
+			seen[e.p] = true
+		}
+	}
+	return len(seen) == len(floor)
+}
+
 func (l *ledger) acked(k po) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()

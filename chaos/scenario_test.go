@@ -55,7 +55,8 @@ type scenario struct {
 	churnEnd      time.Time // when the churn phase ended
 	churnProduced int64     // records produced by then
 
-	floor map[int32]int64 // where the group started (see begin); nil: 0
+	floor       map[int32]int64 // where the group started (see begin); nil: 0
+	startIssues []string        // start positions not committed (see begin)
 }
 
 // endChurn marks the end of the churn phase: what was acked before it shows
@@ -201,27 +202,42 @@ func (sc *scenario) cleanup() {
 	}
 }
 
-// historyPerPartition is how many records each partition holds before the
-// first consumer joins at OffsetNewest.
-const historyPerPartition = 50
+// At OffsetNewest: each partition holds historyPerPartition records before
+// the first consumer joins, and every delivery of the first record after
+// them is held holdFirst (workSpec.HoldOffset), so that the trouble starts
+// while each partition's start is unfinished. holdFirst stays below the
+// members' DrainTimeout (newMember): a handler that outlives the drain of
+// its revoked partition can still be running when the same member gets the
+// partition back and is handed the record again, and the key-order check
+// would report the two runs of one key.
+const (
+	historyPerPartition = 50
+	holdFirst           = 1500 * time.Millisecond
+)
 
 // begin starts the producer, writing about rate records a second, and the
 // first consumers: start starts them, owned returns the partitions each of
-// them owns now.
+// them owns now. When begin returns, the trouble may start.
 //
-// At OffsetOldest the producer starts first. At OffsetNewest each partition
-// first gets historyPerPartition records that no consumer may ever handle;
-// then start runs and, once the consumers own every partition (each some,
-// none twice: the group is settled, and each claim has resolved where it
-// fetches from), the end of every partition becomes its floor: where the
-// group started, the first record the checks count, and the lowest offset
-// any commit may hold. Nothing is produced between the two, and only then
-// does the producer start. begin then waits until the group has committed a
-// position on every partition (the first record of each fixes it, see
-// safeack's fixStart) before it returns and the trouble starts: until then
-// a partition has no position, and an owner that lost it would leave the
-// next one to start at the then newest offset, past the records produced in
-// between, as any consumer at OffsetNewest would.
+// At OffsetOldest the producer starts first, and begin returns at once.
+//
+// At OffsetNewest each partition first gets historyPerPartition records
+// that no consumer may ever handle; then start runs and, once the
+// consumers own every partition (each some, none twice: the group is
+// settled, and each claim has resolved where it fetches from), the end of
+// every partition becomes its floor: where the group started, the first
+// record the checks count, and the lowest offset any commit may hold.
+// Nothing is produced between the two; then the producer starts. begin
+// returns once a handler started on every partition: safeack committed
+// each partition's start before handing out its first record (fixStart),
+// and begin checks that the broker holds it. Those first records are held
+// holdFirst, so the crashes and rebalances that follow find every
+// partition's start unfinished: without that commit the next owner would
+// start at the newest offset and skip them. The trouble does not start
+// earlier, while a partition has delivered nothing: the group has no
+// position on it then, and a partition that changed hands would start
+// over at the newest offset, past the records produced in between, as any
+// consumer at OffsetNewest does.
 func (sc *scenario) begin(rate int, start func(), owned func() [][]int32) {
 	t := sc.t
 	t.Helper()
@@ -232,6 +248,7 @@ func (sc *scenario) begin(rate int, start func(), owned func() [][]int32) {
 	}
 	sc.c.ProduceN(t, sc.topic, sc.partitions, sc.partitions*historyPerPartition, nil)
 	sc.note("history produced: %d records a partition", historyPerPartition)
+	sc.work.HoldOffset, sc.work.HoldFor = historyPerPartition, holdFirst
 	start()
 	t0 := time.Now()
 	if !waitCond(2*time.Minute, func() bool { return ownsAll(owned(), sc.partitions) }) {
@@ -239,27 +256,55 @@ func (sc *scenario) begin(rate int, start func(), owned func() [][]int32) {
 	}
 	sc.note("the group owns every partition: %v", owned())
 	sc.floor = sc.sampler.ends(t)
+	for p, f := range sc.floor {
+		if f != historyPerPartition {
+			t.Fatalf("%s: partition %d ends at %d before the producer starts, not after its %d records of history", sc.name, p, f, historyPerPartition)
+		}
+	}
 	sc.led.setFloor(sc.floor)
 	sc.note("floor %v; producer starts", sc.floor)
 	sc.startProducer(rate)
 	t1 := time.Now()
-	if !waitCond(time.Minute, func() bool {
-		co, err := sc.sampler.poll()
+	if !waitCond(time.Minute, func() bool { return sc.led.deliveredFrom(sc.floor) }) {
+		t.Fatalf("%s: not every partition delivered a record within 1m of the producer's start", sc.name)
+	}
+	sc.note("every partition delivered its first record")
+	t2 := time.Now()
+	// The start was committed before the first record was handed out (a
+	// failed commit is retried at the next commit interval), and that
+	// record is still held: the broker must hold exactly the start. A
+	// short look, so that the trouble still finds the starts unfinished.
+	const look = 500 * time.Millisecond
+	seen := make(map[int32][]int64)
+	var co map[int32]kafkatest.CommittedOffset
+	waitCond(look, func() bool {
+		got, err := sc.sampler.poll()
 		if err != nil {
 			return false
 		}
-		for p := range int32(sc.partitions) {
-			if co[p].Offset < 0 {
-				return false
+		co = got
+		all := true
+		for p, f := range sc.floor {
+			if o := co[p].Offset; len(seen[p]) == 0 || seen[p][len(seen[p])-1] != o {
+				seen[p] = append(seen[p], o)
 			}
+			all = all && co[p].Offset == f
 		}
-		return true
-	}) {
-		t.Fatalf("%s: the group did not commit a position on every partition within 1m of the producer's start", sc.name)
+		return all
+	})
+	for p := range int32(sc.partitions) {
+		switch c, ok := co[p]; {
+		case !ok:
+			sc.startIssues = append(sc.startIssues, fmt.Sprintf("partition %d: the committed offsets could not be read within %v of every partition delivering a record", p, look))
+		case c.Offset != sc.floor[p]:
+			sc.startIssues = append(sc.startIssues, fmt.Sprintf(
+				"partition %d delivered its first record (offset %d, held %v), but in the %v after that the group's committed offset was %v (-1: none), not that start %d: a member that died then would have left the next owner to start at the newest offset",
+				p, sc.floor[p], holdFirst, look, seen[p], sc.floor[p]))
+		}
 	}
-	sc.note("the group committed a position on every partition")
-	t.Logf("%s: the group owned every partition %v after the first consumers started; floor %v; every partition committed %v after the producer started",
-		sc.name, t1.Sub(t0).Round(time.Millisecond), sc.floor, time.Since(t1).Round(time.Millisecond))
+	sc.note("start positions checked: %v", co)
+	t.Logf("%s: the group owned every partition %v after the first consumers started; floor %v; every partition delivered a record %v after the producer started",
+		sc.name, t1.Sub(t0).Round(time.Millisecond), sc.floor, t2.Sub(t1).Round(time.Millisecond))
 }
 
 // ownsAll reports whether sets, the partitions each consumer owns, cover
@@ -378,6 +423,9 @@ func (sc *scenario) verify(end map[int32]int64) {
 	sc.fig.Commits = len(views)
 	if len(views) == 0 {
 		v.add("no commit was observed")
+	}
+	for _, m := range sc.startIssues {
+		v.add("%s", m)
 	}
 	sc.led.checkCommits(&v, views, end)
 	sc.led.checkHistory(&v)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -80,8 +81,13 @@ func crashLoop(t *testing.T, initial int64) {
 	}, func() [][]int32 {
 		return [][]int32{live[0].ownedNow(), live[1].ownedNow()}
 	})
-	for range crashes() {
-		time.Sleep(sc.between(500*time.Millisecond, 3*time.Second))
+	for i := range crashes() {
+		gap := sc.between(500*time.Millisecond, 3*time.Second)
+		if i == 0 && initial == sarama.OffsetNewest {
+			// While the first records are held (see scenario.begin).
+			gap = sc.between(200*time.Millisecond, holdFirst-500*time.Millisecond)
+		}
+		time.Sleep(gap)
 		j := sc.rng.IntN(len(live))
 		live[j].kill()
 		sc.fig.Crashes++
