@@ -36,11 +36,12 @@
 // first record of each partition (the floor) is held 1.5 s by every
 // handler it reaches, the broker must hold each partition's start while it
 // is held (safeack commits the start before it hands out the first
-// record), and the trouble starts then, so that the crashes and
-// rebalances meet unfinished starts. It does not start earlier: while a
-// partition has delivered nothing the group has no position on it, and a
-// partition that changes hands then starts over at the newest offset,
-// past what was produced meanwhile, as with any consumer at OffsetNewest.
+// record, at the latest), and the trouble starts then, so that the crashes
+// and rebalances meet unfinished starts. It does not start earlier, so
+// that the scenarios do not depend on how early safeack commits a start: a
+// partition that changes hands before its start is committed starts over
+// at the newest offset, past what was produced meanwhile, as with any
+// consumer at OffsetNewest.
 // The records column of the figures counts from the floor.
 //
 // Scenarios:

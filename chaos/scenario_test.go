@@ -228,16 +228,17 @@ const (
 // every partition becomes its floor: where the group started, the first
 // record the checks count, and the lowest offset any commit may hold.
 // Nothing is produced between the two; then the producer starts. begin
-// returns once a handler started on every partition: safeack committed
-// each partition's start before handing out its first record (fixStart),
-// and begin checks that the broker holds it. Those first records are held
-// holdFirst, so the crashes and rebalances that follow find every
-// partition's start unfinished: without that commit the next owner would
-// start at the newest offset and skip them. The trouble does not start
-// earlier, while a partition has delivered nothing: the group has no
-// position on it then, and a partition that changed hands would start
-// over at the newest offset, past the records produced in between, as any
-// consumer at OffsetNewest does.
+// returns once a handler started on every partition: safeack commits a
+// partition's start before it hands out the first record (at the latest:
+// fixStart), and begin checks that the broker holds a position on every
+// partition. Those first records are held holdFirst, so the crashes and
+// rebalances that follow find every partition's start unfinished: without
+// that commit the next owner would start at the newest offset and skip
+// them. The trouble does not start earlier, so that the scenario does not
+// depend on how early safeack commits a start (before any record is
+// fetched, or with the first one): a partition that changes hands before
+// its start is committed starts over at the newest offset, past the
+// records produced in between, as with any consumer at OffsetNewest.
 func (sc *scenario) begin(rate int, start func(), owned func() [][]int32) {
 	t := sc.t
 	t.Helper()
