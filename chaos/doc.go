@@ -69,7 +69,7 @@
 //	  go test -tags chaos -race -count=1 -parallel 4 -v -short -timeout 20m ./chaos/
 //
 // .ci/run runs the short version with -race -parallel 4 -v, on the embedded
-// broker and against scripts/kafka.sh's broker (about 35-45 s and 50 s on
+// broker and against scripts/kafka.sh's broker (about 35-45 s and 55 s on
 // two cores). The scenarios mostly wait on the group protocol, so -parallel 4
 // (more than GOMAXPROCS) is what keeps the suite short.
 //
