@@ -75,3 +75,55 @@ func TestChecksCatchViolations(t *testing.T) {
 		t.Errorf("duplicates %d/%d, want 1/1", twice, extra)
 	}
 }
+
+// TestChecksFloor feeds the checks a made-up history of a group that
+// started at offset 3 (OffsetNewest, three records of history): a record
+// below the floor handled, a commit below it, and one never acked from it
+// are violations; a commit at the floor before anything was acked is not.
+func TestChecksFloor(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	l := newLedger()
+	l.setFloor(map[int32]int64{0: 3})
+	seq := uint64(0)
+	ev := func(kind byte, o int64, ms int) {
+		seq++
+		l.add(event{consumer: 1, seq: seq, kind: kind, p: 0, o: o, assign: 1, at: at(ms)})
+	}
+	ev('S', 3, 1)
+	ev('A', 3, 2)
+	ev('S', 1, 3) // history
+	ev('A', 1, 4)
+	ev('S', 4, 5)
+	ev('A', 4, 6)
+	// 0@5 is never acked.
+	end := map[int32]int64{0: 6}
+	views := []commitView{
+		{source: "start", at: at(0), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 3}}},
+		{source: "fine", at: at(10), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 5}}},
+		{source: "below", at: at(10), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 0}}},
+		{source: "early", at: at(5), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 5}}}, // 0@4 acked at 6
+		{source: "hole", at: at(10), offsets: map[int32]kafkatest.CommittedOffset{0: {Offset: 6}}},
+	}
+	var v verdict
+	l.checkCommits(&v, views, end)
+	l.checkHistory(&v)
+	want := []string{"below where the group started (3)", "early", "hole", "handled record 0@1"}
+	all := strings.Join(v.msgs, "\n")
+	for _, w := range want {
+		if !strings.Contains(all, w) {
+			t.Errorf("no violation mentions %q; got:\n%s", w, all)
+		}
+	}
+	for _, ok := range []string{"start", "fine"} {
+		if strings.Contains(all, ok+":") {
+			t.Errorf("a valid commit (%s) was reported:\n%s", ok, all)
+		}
+	}
+	if v.n != len(want) {
+		t.Errorf("%d violations, want %d:\n%s", v.n, len(want), all)
+	}
+	if miss := l.missing(end); len(miss) != 1 || miss[0] != (po{0, 5}) {
+		t.Errorf("missing %v, want [0@5]", miss)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,18 +40,26 @@ type memberSpec struct {
 	Group       string
 	Session     time.Duration
 	Cooperative bool
-	Work        workSpec
+	// Initial is Consumer.Offsets.Initial; 0 keeps the harness's
+	// (OffsetOldest).
+	Initial int64
+	Work    workSpec
 }
 
 // workSpec is what a handler does with a record: sleep up to Max; one
 // record in SlowEvery sleeps between SlowMin and SlowMax instead (a slow
 // head that holds the committed prefix back while later records complete);
-// one delivery in NackEvery is nacked (and redelivered).
+// one delivery in NackEvery is nacked (and redelivered). When HoldFor is
+// set, every delivery of a record at offset HoldOffset (of any partition)
+// sleeps HoldFor instead: at OffsetNewest, the first record of each
+// partition (see scenario.begin).
 type workSpec struct {
 	Max              time.Duration
 	SlowEvery        int
 	SlowMin, SlowMax time.Duration
 	NackEvery        int
+	HoldOffset       int64
+	HoldFor          time.Duration
 }
 
 var defaultWork = workSpec{
@@ -61,7 +70,11 @@ var defaultWork = workSpec{
 	NackEvery: 100,
 }
 
-func (w workSpec) sleep() {
+func (w workSpec) sleep(offset int64) {
+	if w.HoldFor > 0 && offset == w.HoldOffset {
+		time.Sleep(w.HoldFor)
+		return
+	}
 	d := rand.N(w.Max + 1)
 	if w.SlowEvery > 0 && rand.IntN(w.SlowEvery) == 0 {
 		d = w.SlowMin + rand.N(w.SlowMax-w.SlowMin+1)
@@ -87,6 +100,9 @@ func newMember(spec memberSpec, base *sarama.Config, logger watermill.LoggerAdap
 	// out while it waits in JoinGroup, and then never answers that
 	// JoinGroup; the member only notices at this timeout.
 	sc.Net.ReadTimeout = 15 * time.Second
+	if spec.Initial != 0 {
+		sc.Consumer.Offsets.Initial = spec.Initial
+	}
 	if spec.Cooperative {
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}
@@ -147,7 +163,7 @@ func handle(m *message.Message, sub *safeack.Subscriber, topic string, s sink, w
 	k, _ := safeack.MessageKeyFromCtx(m.Context())
 	key := string(k)
 	s.start(p, o, key, assignment(sub, topic, p))
-	work.sleep()
+	work.sleep(o)
 	if work.nack() {
 		s.nack(p, o, key)
 		m.Nack()
@@ -225,6 +241,18 @@ func TestChaosChild(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Subscribe: %v", err)
 	}
+	go func() {
+		// The partitions the member owns, whenever they change: at
+		// OffsetNewest the parent starts producing only once the group
+		// owns every partition.
+		last := ""
+		for range time.Tick(20 * time.Millisecond) {
+			if f := ownedField(ownedPartitions(sub, spec.Topic)); f != last {
+				last = f
+				out.line("O %d %s", out.seq.Add(1), f)
+			}
+		}
+	}()
 	// The parent closes our stdin to stop us, or dies.
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	_ = sub.Close()
@@ -238,7 +266,9 @@ func TestChaosChild(t *testing.T) {
 //	A <seq> <partition> <offset> <unix-nanos> <key>
 //	N <seq> <partition> <offset> <key>
 //
-// seq orders the process's events; an empty key is written as "-".
+// seq orders the process's events; an empty key is written as "-". The
+// child also writes the partitions it owns whenever they change, as
+// "O <seq> <p,p,...>" ("-" for none; see ownedField).
 type lineSink struct {
 	mu  sync.Mutex
 	w   *bufio.Writer
@@ -274,6 +304,47 @@ func (s *lineSink) ack(p int32, o int64, key string) func() {
 
 func (s *lineSink) nack(p int32, o int64, key string) {
 	s.line("N %d %d %d %s", s.seq.Add(1), p, o, keyField(key))
+}
+
+// ownedPartitions returns the partitions of topic that sub owns now, in
+// order. A partition shows in Stats once its claim started, that is once
+// Sarama resolved where fetching starts.
+func ownedPartitions(sub *safeack.Subscriber, topic string) []int32 {
+	var out []int32
+	for _, ps := range sub.Stats() {
+		if ps.Topic == topic {
+			out = append(out, ps.Partition)
+		}
+	}
+	return out
+}
+
+// ownedField writes a set of partitions as "p,p,..." ("-" when empty), and
+// parseOwned reads it back.
+func ownedField(ps []int32) string {
+	if len(ps) == 0 {
+		return "-"
+	}
+	f := make([]string, len(ps))
+	for i, p := range ps {
+		f[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(f, ",")
+}
+
+func parseOwned(s string) ([]int32, bool) {
+	if s == "-" {
+		return nil, true
+	}
+	var out []int32
+	for _, f := range strings.Split(s, ",") {
+		p, err := strconv.ParseInt(f, 10, 32)
+		if err != nil {
+			return nil, false
+		}
+		out = append(out, int32(p))
+	}
+	return out, true
 }
 
 // parseLine turns a child's line into an event of consumer id.
@@ -340,6 +411,16 @@ type child struct {
 	stopping atomic.Bool // killed or stopped on purpose
 	other    atomic.Int64
 	sc       *scenario
+
+	mu    sync.Mutex
+	owned []int32 // the partitions the process last said it owns
+}
+
+// ownedNow returns the partitions the process last said it owns.
+func (ch *child) ownedNow() []int32 {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return slices.Clone(ch.owned)
 }
 
 // spawn starts a consumer process reporting into sc's ledger.
@@ -383,6 +464,14 @@ func (sc *scenario) spawn() *child {
 			line := r.Text()
 			if e, ok := parseLine(ch.id, line); ok {
 				sc.led.add(e)
+			} else if f := strings.Fields(line); len(f) == 3 && f[0] == "O" {
+				if ps, ok := parseOwned(f[2]); ok {
+					ch.mu.Lock()
+					ch.owned = ps
+					ch.mu.Unlock()
+				} else {
+					ch.other.Add(1)
+				}
 			} else if line == "BYE" {
 				ch.bye.Store(true)
 			} else {
@@ -484,6 +573,9 @@ func (sc *scenario) join() *member {
 	sc.mu.Unlock()
 	return m
 }
+
+// ownedNow returns the partitions the member owns now.
+func (m *member) ownedNow() []int32 { return ownedPartitions(m.sub, m.sc.topic) }
 
 // leave closes the member's Subscriber (drain, final commit, leave the
 // group) and waits for its handlers.

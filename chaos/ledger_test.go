@@ -5,6 +5,7 @@ package chaos
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -42,6 +43,11 @@ type ledger struct {
 	acks     map[po]int
 	firstAck map[po]time.Time
 	nacks    int
+	// floor is, per partition, where the group started: the records
+	// below it are history, produced before the group joined at
+	// OffsetNewest, that no consumer may handle and no commit may go
+	// below. Empty at OffsetOldest: every partition starts at 0.
+	floor map[int32]int64
 }
 
 func newLedger() *ledger {
@@ -78,19 +84,44 @@ func (l *ledger) addLocked(e event) {
 	}
 }
 
+// setFloor sets where the group started on each partition (see floor).
+func (l *ledger) setFloor(floor map[int32]int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.floor = maps.Clone(floor)
+}
+
+// floorOf returns where the group started on partition p. Callers hold mu.
+func (l *ledger) floorOf(p int32) int64 { return l.floor[p] }
+
+// deliveredFrom reports whether every partition of floor had a handler
+// start at or above its floor.
+func (l *ledger) deliveredFrom(floor map[int32]int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seen := make(map[int32]bool, len(floor))
+	for _, e := range l.events {
+		if f, ok := floor[e.p]; ok && e.kind == 'S' && e.o >= f {
+			seen[e.p] = true
+		}
+	}
+	return len(seen) == len(floor)
+}
+
 func (l *ledger) acked(k po) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.acks[k] > 0
 }
 
-// missing returns the records of [0, end) per partition without an ack.
+// missing returns the records of [floor, end) per partition without an
+// ack.
 func (l *ledger) missing(end map[int32]int64) []po {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []po
 	for p, e := range end {
-		for o := int64(0); o < e; o++ {
+		for o := l.floorOf(p); o < e; o++ {
 			if l.acks[po{p, o}] == 0 {
 				out = append(out, po{p, o})
 			}
@@ -122,21 +153,23 @@ func (v *verdict) add(format string, args ...any) {
 	}
 }
 
-// checkCommits checks invariant 1 over every commit: each record below a
-// committed offset was acked before the commit was made, and each record
-// the completed tail in its metadata claims was too. end is the end of
-// every partition.
+// checkCommits checks invariant 1 over every commit: each record from the
+// partition's floor up to a committed offset was acked before the commit
+// was made, and each record the completed tail in its metadata claims was
+// too; and invariant 8: no commit is below the floor, where the group
+// started. end is the end of every partition.
 func (l *ledger) checkCommits(v *verdict, views []commitView, end map[int32]int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	// prefix[p][c] is the latest first-ack time of the records below c, and
-	// hole[p] the first record never acked (or end).
+	// prefix[p][c] is the latest first-ack time of the records in
+	// [floor, c), and hole[p] the first record from the floor never acked
+	// (or end).
 	prefix := make(map[int32][]time.Time, len(end))
 	hole := make(map[int32]int64, len(end))
 	for p, e := range end {
 		pm := make([]time.Time, e+1)
 		hole[p] = e
-		for o := int64(0); o < e; o++ {
+		for o := l.floorOf(p); o < e; o++ {
 			a, ok := l.firstAck[po{p, o}]
 			if !ok && hole[p] == e {
 				hole[p] = o
@@ -161,11 +194,14 @@ func (l *ledger) checkCommits(v *verdict, views []commitView, end map[int32]int6
 			case co.Offset > e:
 				v.add("%s: partition %d committed %d, past the end of the log %d", c.source, p, co.Offset, e)
 				continue
+			case co.Offset < l.floorOf(p):
+				v.add("%s: partition %d committed %d, below where the group started (%d)", c.source, p, co.Offset, l.floorOf(p))
+				continue
 			case co.Offset > hole[p]:
 				v.add("%s: partition %d committed %d, past record %v which was never acked", c.source, p, co.Offset, po{p, hole[p]})
 				continue
 			case !prefix[p][co.Offset].Before(c.at):
-				for o := int64(0); o < co.Offset; o++ {
+				for o := l.floorOf(p); o < co.Offset; o++ {
 					if a := l.firstAck[po{p, o}]; !a.Before(c.at) {
 						v.add("%s at %s: partition %d committed %d, past record %v first acked %v later",
 							c.source, c.at.Format("15:04:05.000000"), p, co.Offset, po{p, o}, a.Sub(c.at))
@@ -190,6 +226,26 @@ func (l *ledger) checkCommits(v *verdict, views []commitView, end map[int32]int6
 					}
 				}
 			}
+		}
+	}
+}
+
+// checkHistory checks that no consumer handled a record below its
+// partition's floor: history the group, joining at OffsetNewest, must never
+// see. It reports each such record once.
+func (l *ledger) checkHistory(v *verdict) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.floor) == 0 {
+		return
+	}
+	seen := make(map[po]bool)
+	for _, e := range l.events {
+		k := po{e.p, e.o}
+		if e.o < l.floorOf(e.p) && !seen[k] {
+			seen[k] = true
+			v.add("consumer %d handled record %v, below where the group started (%d): history produced before it joined at OffsetNewest",
+				e.consumer, k, l.floorOf(e.p))
 		}
 	}
 }

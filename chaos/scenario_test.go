@@ -33,6 +33,7 @@ type scenario struct {
 	rng        *rand.Rand
 	session    time.Duration
 	coop       bool
+	initial    int64 // Consumer.Offsets.Initial of every consumer
 	work       workSpec
 
 	led     *ledger
@@ -53,6 +54,9 @@ type scenario struct {
 
 	churnEnd      time.Time // when the churn phase ended
 	churnProduced int64     // records produced by then
+
+	floor       map[int32]int64 // where the group started (see begin); nil: 0
+	startIssues []string        // start positions not committed (see begin)
 }
 
 // endChurn marks the end of the churn phase: what was acked before it shows
@@ -73,7 +77,30 @@ func (sc *scenario) note(format string, args ...any) {
 type scenarioOpts struct {
 	partitions int
 	coop       bool
-	cluster    []kafkatest.Option
+	// initial is the consumers' Consumer.Offsets.Initial: OffsetOldest
+	// (the harness's, when 0) or OffsetNewest (see begin).
+	initial int64
+	cluster []kafkatest.Option
+}
+
+// initials are the Consumer.Offsets.Initial settings the crash and
+// rebalance scenarios run at: the harness's, and Sarama's default.
+var initials = []int64{sarama.OffsetOldest, sarama.OffsetNewest}
+
+// initialName names a Consumer.Offsets.Initial setting in test names.
+func initialName(initial int64) string {
+	if initial == sarama.OffsetNewest {
+		return "newest"
+	}
+	return "oldest"
+}
+
+// initialSuffix is appended to a scenario's name at OffsetNewest.
+func initialSuffix(initial int64) string {
+	if initial == sarama.OffsetNewest {
+		return "-newest"
+	}
+	return ""
 }
 
 func newScenario(t *testing.T, name string, o scenarioOpts) *scenario {
@@ -81,6 +108,9 @@ func newScenario(t *testing.T, name string, o scenarioOpts) *scenario {
 	c := kafkatest.Start(t, o.cluster...)
 	h := fnv.New64a()
 	h.Write([]byte(name))
+	if o.initial == 0 {
+		o.initial = sarama.OffsetOldest
+	}
 	sc := &scenario{
 		t:          t,
 		name:       name,
@@ -88,6 +118,7 @@ func newScenario(t *testing.T, name string, o scenarioOpts) *scenario {
 		partitions: o.partitions,
 		rng:        rand.New(rand.NewPCG(seed, h.Sum64())),
 		coop:       o.coop,
+		initial:    o.initial,
 		work:       defaultWork,
 		led:        newLedger(),
 		logs:       newTailBuffer(4 << 20),
@@ -113,7 +144,7 @@ func newScenario(t *testing.T, name string, o scenarioOpts) *scenario {
 	sc.commits = c.ObserveCommits(t)
 	sc.sampler = startSampler(t, c, sc.group, sc.topic, o.partitions)
 	t.Cleanup(sc.cleanup)
-	t.Logf("%s: topic %s, group %s, session %v, seed %d", name, sc.topic, sc.group, sc.session, seed)
+	t.Logf("%s: topic %s, group %s, session %v, Offsets.Initial %s, seed %d", name, sc.topic, sc.group, sc.session, initialName(sc.initial), seed)
 	return sc
 }
 
@@ -130,6 +161,7 @@ func (sc *scenario) spec() memberSpec {
 		Group:       sc.group,
 		Session:     sc.session,
 		Cooperative: sc.coop,
+		Initial:     sc.initial,
 		Work:        sc.work,
 	}
 }
@@ -170,6 +202,134 @@ func (sc *scenario) cleanup() {
 	}
 }
 
+// At OffsetNewest: each partition holds historyPerPartition records before
+// the first consumer joins, and every delivery of the first record after
+// them is held holdFirst (workSpec.HoldOffset), so that the trouble starts
+// while each partition's start is unfinished. holdFirst stays below the
+// members' DrainTimeout (newMember): a handler that outlives the drain of
+// its revoked partition can still be running when the same member gets the
+// partition back and is handed the record again, and the key-order check
+// would report the two runs of one key.
+const (
+	historyPerPartition = 50
+	holdFirst           = 1500 * time.Millisecond
+)
+
+// begin starts the producer, writing about rate records a second, and the
+// first consumers: start starts them, owned returns the partitions each of
+// them owns now. When begin returns, the trouble may start.
+//
+// At OffsetOldest the producer starts first, and begin returns at once.
+//
+// At OffsetNewest each partition first gets historyPerPartition records
+// that no consumer may ever handle; then start runs and, once the
+// consumers own every partition (each some, none twice: the group is
+// settled, and each claim has resolved where it fetches from), the end of
+// every partition becomes its floor: where the group started, the first
+// record the checks count, and the lowest offset any commit may hold.
+// Nothing is produced between the two; then the producer starts. begin
+// returns once a handler started on every partition: safeack commits a
+// partition's start before it hands out the first record (at the latest:
+// fixStart), and begin checks that the broker holds a position on every
+// partition. Those first records are held holdFirst, so the crashes and
+// rebalances that follow find every partition's start unfinished: without
+// that commit the next owner would start at the newest offset and skip
+// them. The trouble does not start earlier, so that the scenario does not
+// depend on how early safeack commits a start (before any record is
+// fetched, or with the first one): a partition that changes hands before
+// its start is committed starts over at the newest offset, past the
+// records produced in between, as with any consumer at OffsetNewest.
+func (sc *scenario) begin(rate int, start func(), owned func() [][]int32) {
+	t := sc.t
+	t.Helper()
+	if sc.initial != sarama.OffsetNewest {
+		sc.startProducer(rate)
+		start()
+		return
+	}
+	sc.c.ProduceN(t, sc.topic, sc.partitions, sc.partitions*historyPerPartition, nil)
+	sc.note("history produced: %d records a partition", historyPerPartition)
+	sc.work.HoldOffset, sc.work.HoldFor = historyPerPartition, holdFirst
+	start()
+	t0 := time.Now()
+	if !waitCond(2*time.Minute, func() bool { return ownsAll(owned(), sc.partitions) }) {
+		t.Fatalf("%s: the first consumers did not come to own every partition within 2m (they own %v)", sc.name, owned())
+	}
+	sc.note("the group owns every partition: %v", owned())
+	sc.floor = sc.sampler.ends(t)
+	for p, f := range sc.floor {
+		if f != historyPerPartition {
+			t.Fatalf("%s: partition %d ends at %d before the producer starts, not after its %d records of history", sc.name, p, f, historyPerPartition)
+		}
+	}
+	sc.led.setFloor(sc.floor)
+	sc.note("floor %v; producer starts", sc.floor)
+	sc.startProducer(rate)
+	t1 := time.Now()
+	if !waitCond(time.Minute, func() bool { return sc.led.deliveredFrom(sc.floor) }) {
+		t.Fatalf("%s: not every partition delivered a record within 1m of the producer's start", sc.name)
+	}
+	sc.note("every partition delivered its first record")
+	t2 := time.Now()
+	// The start was committed before the first record was handed out (a
+	// failed commit is retried at the next commit interval): the broker
+	// must hold a position on every partition. That it is not below the
+	// floor nor past an unacked record, the commit checks see: these polls
+	// are among the commits they check. While the first record is held, a
+	// position can only come from that commit. A short look, so that the
+	// trouble still finds the starts unfinished.
+	const look = 500 * time.Millisecond
+	seen := make(map[int32][]int64)
+	var co map[int32]kafkatest.CommittedOffset
+	waitCond(look, func() bool {
+		got, err := sc.sampler.poll()
+		if err != nil {
+			return false
+		}
+		co = got
+		all := true
+		for p := range sc.floor {
+			if o := co[p].Offset; len(seen[p]) == 0 || seen[p][len(seen[p])-1] != o {
+				seen[p] = append(seen[p], o)
+			}
+			all = all && co[p].Offset >= 0
+		}
+		return all
+	})
+	for p := range int32(sc.partitions) {
+		switch c, ok := co[p]; {
+		case !ok:
+			sc.startIssues = append(sc.startIssues, fmt.Sprintf("partition %d: the committed offsets could not be read within %v of every partition delivering a record", p, look))
+		case c.Offset < 0:
+			sc.startIssues = append(sc.startIssues, fmt.Sprintf(
+				"partition %d delivered its first record (offset %d, held %v), but in the %v after that the group had no committed position on it (polls saw %v; -1: none): a member that died then would have left the next owner to start at the newest offset, past the records since",
+				p, sc.floor[p], holdFirst, look, seen[p]))
+		}
+	}
+	sc.note("start positions checked: %v", co)
+	t.Logf("%s: the group owned every partition %v after the first consumers started; floor %v; every partition delivered a record %v after the producer started",
+		sc.name, t1.Sub(t0).Round(time.Millisecond), sc.floor, t2.Sub(t1).Round(time.Millisecond))
+}
+
+// ownsAll reports whether sets, the partitions each consumer owns, cover
+// partitions 0..n-1, each consumer owning some and no partition owned
+// twice.
+func ownsAll(sets [][]int32, n int) bool {
+	seen := make(map[int32]bool, n)
+	for _, s := range sets {
+		if len(s) == 0 {
+			return false
+		}
+		for _, p := range s {
+			if seen[p] || p < 0 || p >= int32(n) {
+				return false
+			}
+			seen[p] = true
+		}
+	}
+	return len(seen) == n
+}
+
 // between returns a random duration in [lo, hi].
 func (sc *scenario) between(lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(sc.rng.Int64N(int64(hi-lo)+1))
@@ -185,10 +345,17 @@ func (sc *scenario) finish(drainTimeout time.Duration, stop func()) {
 	sc.prod.stop()
 	end := sc.sampler.ends(t)
 	sc.fig.Records = 0
-	for _, e := range end {
-		sc.fig.Records += int(e)
+	history := 0
+	for p, e := range end {
+		sc.fig.Records += int(e - sc.floor[p])
+		history += int(sc.floor[p])
 	}
-	t.Logf("%s: producer stopped: %d records (%d sends failed and were retried); draining", sc.name, sc.fig.Records, sc.prod.failed.Load())
+	if history > 0 {
+		t.Logf("%s: producer stopped: %d records from the floor, after %d of history (%d sends failed and were retried); draining",
+			sc.name, sc.fig.Records, history, sc.prod.failed.Load())
+	} else {
+		t.Logf("%s: producer stopped: %d records (%d sends failed and were retried); draining", sc.name, sc.fig.Records, sc.prod.failed.Load())
+	}
 
 	sc.note("producer stopped at %v", end)
 	drained := waitCond(drainTimeout, func() bool { return len(sc.led.missing(end)) == 0 })
@@ -261,7 +428,11 @@ func (sc *scenario) verify(end map[int32]int64) {
 	if len(views) == 0 {
 		v.add("no commit was observed")
 	}
+	for _, m := range sc.startIssues {
+		v.add("%s", m)
+	}
 	sc.led.checkCommits(&v, views, end)
+	sc.led.checkHistory(&v)
 	keyed := sc.led.checkKeyOrder(&v)
 	sc.fig.Twice, sc.fig.Extra = sc.led.duplicates()
 	sc.led.mu.Lock()

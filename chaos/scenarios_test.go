@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -46,15 +47,47 @@ func leaveAll(ms []*member) {
 // TestCrashLoop runs two consumer processes while a producer writes, and
 // SIGKILLs one of them at a random moment (0.5 to 3 s apart) -chaos.kills
 // times, starting a replacement after each kill. A final process then joins,
-// the survivors stop gracefully, and the final one drains the topic.
+// the survivors stop gracefully, and the final one drains the topic. It
+// runs with the consumers at OffsetOldest and at OffsetNewest (see
+// scenario.begin).
 func TestCrashLoop(t *testing.T) {
 	t.Parallel()
-	sc := newScenario(t, "crash-loop", scenarioOpts{partitions: 6})
-	sc.startProducer(300)
-	live := []*child{sc.spawn(), sc.spawn()}
-	sc.fig.MemberChanges += 2
-	for range crashes() {
-		time.Sleep(sc.between(500*time.Millisecond, 3*time.Second))
+	sideBySide(t, crashLoop)
+}
+
+// sideBySide runs run once for each setting of initials, as subtests
+// named after it, at the same time. They share their parent's place among
+// the -parallel tests rather than take one each: the scenarios mostly wait
+// on the group protocol, and each pair then takes about as long as one
+// scenario did when there were no OffsetNewest variants.
+func sideBySide(t *testing.T, run func(t *testing.T, initial int64)) {
+	var wg sync.WaitGroup
+	for _, initial := range initials {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.Run(initialName(initial), func(t *testing.T) { run(t, initial) })
+		}()
+	}
+	wg.Wait()
+}
+
+func crashLoop(t *testing.T, initial int64) {
+	sc := newScenario(t, "crash-loop"+initialSuffix(initial), scenarioOpts{partitions: 6, initial: initial})
+	var live []*child
+	sc.begin(300, func() {
+		live = []*child{sc.spawn(), sc.spawn()}
+		sc.fig.MemberChanges += 2
+	}, func() [][]int32 {
+		return [][]int32{live[0].ownedNow(), live[1].ownedNow()}
+	})
+	for i := range crashes() {
+		gap := sc.between(500*time.Millisecond, 3*time.Second)
+		if i == 0 && initial == sarama.OffsetNewest {
+			// While the first records are held (see scenario.begin).
+			gap = sc.between(200*time.Millisecond, holdFirst-500*time.Millisecond)
+		}
+		time.Sleep(gap)
 		j := sc.rng.IntN(len(live))
 		live[j].kill()
 		sc.fig.Crashes++
@@ -80,26 +113,34 @@ func TestCrashLoop(t *testing.T) {
 
 // TestRebalanceStorm runs in-process members of one group while a producer
 // writes; every 150 to 500 ms a member joins or one leaves (between one and
-// five of them), with eager and with cooperative-sticky balancing.
+// five of them), with eager and with cooperative-sticky balancing, each
+// with the members at OffsetOldest and at OffsetNewest (see
+// scenario.begin).
 func TestRebalanceStorm(t *testing.T) {
 	t.Parallel()
 	for _, coop := range []bool{false, true} {
-		name := "rebalance-storm-eager"
+		balance := "eager"
 		if coop {
-			name = "rebalance-storm-cooperative"
+			balance = "cooperative"
 		}
-		t.Run(strings.TrimPrefix(name, "rebalance-storm-"), func(t *testing.T) {
+		t.Run(balance, func(t *testing.T) {
 			t.Parallel()
-			storm(t, name, coop)
+			sideBySide(t, func(t *testing.T, initial int64) {
+				storm(t, "rebalance-storm-"+balance+initialSuffix(initial), coop, initial)
+			})
 		})
 	}
 }
 
-func storm(t *testing.T, name string, coop bool) {
-	sc := newScenario(t, name, scenarioOpts{partitions: 8, coop: coop})
-	sc.startProducer(300)
-	live := []*member{sc.join(), sc.join()}
-	sc.fig.MemberChanges += 2
+func storm(t *testing.T, name string, coop bool, initial int64) {
+	sc := newScenario(t, name, scenarioOpts{partitions: 8, coop: coop, initial: initial})
+	var live []*member
+	sc.begin(300, func() {
+		live = []*member{sc.join(), sc.join()}
+		sc.fig.MemberChanges += 2
+	}, func() [][]int32 {
+		return [][]int32{live[0].ownedNow(), live[1].ownedNow()}
+	})
 	var leaving sync.WaitGroup
 	for deadline := time.Now().Add(churn()); time.Now().Before(deadline); {
 		time.Sleep(sc.between(150*time.Millisecond, 500*time.Millisecond))
