@@ -458,31 +458,72 @@ func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done, 
 			early.Stop()
 		}
 	}()
+	gap := earlyCommitGap(interval)
 	last := time.Now()
-	commit := func() {
+	retries := 0
+	later := func(wait time.Duration) {
+		if earlyC == nil {
+			early = time.NewTimer(wait)
+			earlyC = early.C
+		}
+	}
+	// commitEarly commits, then reads back what the broker holds: Sarama
+	// reports no failed commit to its caller, and a failed early commit
+	// would otherwise wait a whole interval for the next one.
+	commitEarly := func() {
+		sent := h.markedOffsets()
 		sess.Commit()
 		last = time.Now()
+		if h.confirm(sent) && retries < maxEarlyCommitRetries {
+			retries++
+			later(gap)
+			return
+		}
+		retries = 0
 	}
 	for {
 		select {
 		case <-t.C:
 			h.markTails()
-			commit()
-			h.confirm()
+			sess.Commit()
+			last = time.Now()
+			h.confirm(nil)
 		case <-soon:
-			if wait := earlyCommitGap(interval) - time.Since(last); wait <= 0 {
-				commit()
-			} else if earlyC == nil {
-				early = time.NewTimer(wait)
-				earlyC = early.C
+			if wait := gap - time.Since(last); wait <= 0 {
+				commitEarly()
+			} else {
+				later(wait)
 			}
 		case <-earlyC:
 			early, earlyC = nil, nil
-			commit()
+			commitEarly()
 		case <-stop:
 			return
 		}
 	}
+}
+
+// maxEarlyCommitRetries bounds the early commits repeated because the
+// broker did not take the previous one; after that the next interval's
+// commit tries again.
+const maxEarlyCommitRetries = 3
+
+// markedOffsets returns the offset each of the session's partitions last
+// handed to Sarama.
+func (h *groupHandler) markedOffsets() map[int32]int64 {
+	h.mu.Lock()
+	workers := make([]*partitionWorker, 0, len(h.workers))
+	for _, w := range h.workers {
+		workers = append(workers, w)
+	}
+	h.mu.Unlock()
+	out := make(map[int32]int64, len(workers))
+	for _, w := range workers {
+		w.mu.Lock()
+		out[w.partition] = w.marked
+		w.mu.Unlock()
+	}
+	return out
 }
 
 // markTails marks every partition's completed prefix with its tail.
@@ -499,7 +540,9 @@ func (h *groupHandler) markTails() {
 }
 
 // confirm reads the committed offsets of this session's partitions.
-func (h *groupHandler) confirm() {
+// It reports whether any partition of sent (offsets handed to Sarama
+// before a commit) is still committed below it: that commit failed.
+func (h *groupHandler) confirm(sent map[int32]int64) (behind bool) {
 	h.mu.Lock()
 	parts := make([]int32, 0, len(h.workers))
 	for p := range h.workers {
@@ -509,7 +552,7 @@ func (h *groupHandler) confirm() {
 	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
 	if err != nil {
 		h.sub.logger.Debug("Cannot read back committed offsets", h.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
-		return
+		return len(sent) > 0
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -517,7 +560,11 @@ func (h *groupHandler) confirm() {
 		if w := h.workers[p]; w != nil {
 			w.setConfirmed(c.offset)
 		}
+		if off, ok := sent[p]; ok && c.offset < off {
+			behind = true
+		}
 	}
+	return behind
 }
 
 // committedOffset returns what Setup read for partition. A cooperative
