@@ -269,17 +269,36 @@ func (w *commitWatch) poll(t *testing.T) map[int32]kafkatest.CommittedOffset {
 	co := w.c.CommittedOffsets(t, w.group, w.topic)
 	at := time.Now()
 	byPart := producedByPartition(w.c, w.topic)
-	for p, c := range co {
-		if c.Offset < 0 {
-			continue
+	violations := func() []error {
+		var errs []error
+		for p, c := range co {
+			if c.Offset < 0 {
+				continue
+			}
+			if err := w.violation(byPart, p, c.Offset, at); err != nil {
+				errs = append(errs, err)
+			}
 		}
-		if err := w.violation(byPart, p, c.Offset, at); err != nil {
-			t.Errorf("polled commit of group %s: %v", w.group, err)
-		}
+		return errs
+	}
+	// An ack is recorded before the handler acks, but one reported by a
+	// child process may still be in its stdout pipe when this read sees the
+	// commit it allowed: give the reporting a moment to catch up. A record
+	// never acked, or first acked after the read, still fails.
+	errs := violations()
+	if len(errs) > 0 && waitCond(ackReportSlack, func() bool { return len(violations()) == 0 }) {
+		errs = nil
+	}
+	for _, err := range errs {
+		t.Errorf("polled commit of group %s: %v", w.group, err)
 	}
 	w.polls++
 	return co
 }
+
+// ackReportSlack bounds how long a polled commit waits for the acks it
+// covers to be reported (see poll).
+const ackReportSlack = 2 * time.Second
 
 // check runs the invariant over every commit observed so far and returns
 // how many commits of the group touched the topic.
