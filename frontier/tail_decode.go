@@ -1,5 +1,8 @@
 package frontier
 
+// The completed-tail decoder behind DecodeTail. It never trusts its input:
+// see DecodeTail in tail.go for what it rejects and the wire format there.
+
 import (
 	"bytes"
 	"compress/flate"

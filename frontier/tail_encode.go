@@ -1,5 +1,8 @@
 package frontier
 
+// The completed-tail encoder behind EncodeTail and AppendTail. The wire
+// format is described in tail.go.
+
 import (
 	"bytes"
 	"compress/flate"
