@@ -1136,14 +1136,6 @@ type fifo[T any] struct {
 
 func (q *fifo[T]) len() int { return len(q.items) - q.head }
 
-// peek returns the first item, or the zero T when the queue is empty.
-func (q *fifo[T]) peek() (first T) {
-	if q.head < len(q.items) {
-		first = q.items[q.head]
-	}
-	return first
-}
-
 func (q *fifo[T]) push(v T) { q.items = append(q.items, v) }
 
 func (q *fifo[T]) pushFront(v T) {
@@ -1166,14 +1158,6 @@ func (q *fifo[T]) pop() T {
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	}
-	return v
-}
-
-func (q *fifo[T]) popBack() T {
-	var zero T
-	v := q.items[len(q.items)-1]
-	q.items[len(q.items)-1] = zero
-	q.items = q.items[:len(q.items)-1]
 	return v
 }
 
