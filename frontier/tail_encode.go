@@ -42,6 +42,19 @@ func tailEncLen(n int) int { return tailPrefixLen + tailB64.EncodedLen(n) }
 // tailUvarintLen is the length of binary.AppendUvarint(nil, x).
 func tailUvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
 
+// tailLenBound bounds the length of the metadata EncodeTail writes, with any
+// budget, for at most n ranges within [base, end). Every uvarint of a range
+// (its gap and length) and the bound code are at most end-base; the raw
+// payload is the shorter of runs and bitmap, deflate is used only when it is
+// shorter still, and a cut tail is shorter than the whole one.
+func tailLenBound(base, end int64, n int) int {
+	span := uint64(max(end-base, 1))
+	v := tailUvarintLen(span)
+	runs := tailUvarintLen(uint64(n)) + 2*n*v
+	bitmap := 2*v + int((span+7)/8)
+	return tailEncLen(tailUvarintLen(uint64(base)) + v + min(runs, bitmap))
+}
+
 // tailEncoder holds the scratch memory of one encoding; encoders are pooled
 // so that steady-state encoding does not allocate (a flate.Writer alone
 // weighs several hundred kilobytes).
