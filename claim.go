@@ -114,7 +114,7 @@ type partitionWorker struct {
 	marked     int64 // last offset marked; written by run
 	confirmed  int64 // last offset the coordinator reported committed; -1 unknown
 	stuckFlag  bool  // mirrors stuck != nil for Stats
-	paused     bool  // the tail nears its budget: run takes no records
+	paused     bool  // the tail nears its budget: run takes no records (see tailCheckDueLocked)
 	pausedFor  time.Duration
 	tailBytes  int  // size of the last encoded tail
 	tailCut    bool // the last encoded tail did not fit whole
@@ -147,6 +147,10 @@ type partitionWorker struct {
 	// requestCommit asks the session to commit soon; nil without a group.
 	requestCommit func()
 	pausedAt      time.Time
+	// tailRecheckAt: with PauseAtTailUsage, the tail is encoded between
+	// commits once its TailLenBound reaches this (an eighth above the
+	// bound at the last encoding).
+	tailRecheckAt int
 }
 
 type partitionCounters struct {
@@ -879,13 +883,14 @@ func (w *partitionWorker) nacked(r *record) {
 }
 
 // markIfAdvanced hands the completed prefix to Sarama when it changed,
-// with the completed tail in the metadata. A tail is encoded only when
-// forced: by the session's commit loop just before each commit, once per
-// commit interval (Sarama commits no more often), or by a drain. Unforced
-// (run's call after completions), it marks only a prefix with no completed
-// record behind it, which needs no encoding, so a partition that keeps up
-// is marked at once. It reports whether it marked, and whether every record
-// taken so far is complete.
+// with the completed tail in the metadata. A tail is encoded when forced: by
+// the session's commit loop just before each commit, once per commit
+// interval (Sarama commits no more often), or by a drain. Unforced (run's
+// call after completions), it marks a prefix with no completed record behind
+// it, which needs no encoding, so a partition that keeps up is marked at
+// once; a tail it encodes only when PauseAtTailUsage needs to know its size
+// (see tailCheckDueLocked). It reports whether it marked, and whether every
+// record taken so far is complete.
 func (w *partitionWorker) markIfAdvanced(force bool) (marked, allDone bool) {
 	if !w.dirty.Load() {
 		return false, false
@@ -894,7 +899,7 @@ func (w *partitionWorker) markIfAdvanced(force bool) (marked, allDone bool) {
 	w.markMu.Lock()
 	defer w.markMu.Unlock()
 	w.mu.Lock()
-	if tailOn && !force && w.tracker.Blocked() > 0 {
+	if tailOn && !force && w.tracker.Blocked() > 0 && !w.tailCheckDueLocked() {
 		w.mu.Unlock()
 		return false, false // the commit loop encodes the tail
 	}
@@ -911,6 +916,8 @@ func (w *partitionWorker) markIfAdvanced(force bool) (marked, allDone bool) {
 	w.accepted.dropBelow(safe) // keeps the log as short as the retained window
 	if tailOn {
 		w.rangeBuf = w.tracker.AppendCompleted(w.rangeBuf[:0])
+		b := w.tracker.TailLenBound()
+		w.tailRecheckAt = b + b/8 + 1
 	}
 	prev := w.marked
 	w.marked = max(prev, safe)
@@ -963,26 +970,57 @@ func (w *partitionWorker) encodeTail(safe int64) string {
 	if f := w.sub.cfg.PauseAtTailUsage; f > 0 && encoded {
 		pause = cut || float64(len(buf)) >= f*float64(budget)
 	}
-	now := time.Now()
 	w.mu.Lock()
 	if encoded {
 		w.counters.tailEncodes++
 	}
 	w.tailBytes, w.tailCut = len(buf), cut
-	resumed := w.paused && !pause
-	if pause != w.paused {
-		if pause {
-			w.pausedAt = now
-		} else {
-			w.pausedFor += now.Sub(w.pausedAt)
-		}
-		w.paused = pause
-	}
+	resumed := w.setPausedLocked(pause)
 	w.mu.Unlock()
 	if resumed {
 		w.poke() // run may take records again
 	}
 	return string(buf)
+}
+
+// tailCheckDueLocked is PauseAtTailUsage between commits: run asks it after
+// completions behind an unfinished head, where the tail is otherwise left to
+// the commit loop. The tracker's TailLenBound, O(1), bounds the encoded
+// tail. Below the fraction of the budget, the tail is too: nothing to
+// encode, and a paused partition resumes at once. At or above it, the tail
+// may have reached the fraction, and it is encoded now (which decides the
+// pause exactly) when the bound has grown by an eighth since the last
+// encoding: a tail that keeps growing is encoded O(log) times, each costing
+// O(retained), so the cost per completion stays constant. With
+// PauseAtTailUsage zero it costs one comparison. Callers hold markMu and mu.
+func (w *partitionWorker) tailCheckDueLocked() bool {
+	f := w.sub.cfg.PauseAtTailUsage
+	if f == 0 {
+		return false
+	}
+	bound := w.tracker.TailLenBound()
+	if float64(bound) < f*float64(w.sub.cfg.TailMetadataBudget) {
+		w.setPausedLocked(false) // run, the caller, takes records next
+		return false
+	}
+	return bound >= w.tailRecheckAt
+}
+
+// setPausedLocked sets the pause state (PauseAtTailUsage) and accounts the
+// time paused. It reports whether the partition resumed. Callers hold markMu
+// and mu.
+func (w *partitionWorker) setPausedLocked(pause bool) (resumed bool) {
+	if pause == w.paused {
+		return false
+	}
+	now := time.Now()
+	if pause {
+		w.pausedAt = now
+	} else {
+		w.pausedFor += now.Sub(w.pausedAt)
+	}
+	w.paused = pause
+	return !pause
 }
 
 // drain ends the assignment: nothing more is handed out, acks of the
@@ -1136,14 +1174,6 @@ type fifo[T any] struct {
 
 func (q *fifo[T]) len() int { return len(q.items) - q.head }
 
-// peek returns the first item, or the zero T when the queue is empty.
-func (q *fifo[T]) peek() (first T) {
-	if q.head < len(q.items) {
-		first = q.items[q.head]
-	}
-	return first
-}
-
 func (q *fifo[T]) push(v T) { q.items = append(q.items, v) }
 
 func (q *fifo[T]) pushFront(v T) {
@@ -1166,14 +1196,6 @@ func (q *fifo[T]) pop() T {
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	}
-	return v
-}
-
-func (q *fifo[T]) popBack() T {
-	var zero T
-	v := q.items[len(q.items)-1]
-	q.items[len(q.items)-1] = zero
-	q.items = q.items[:len(q.items)-1]
 	return v
 }
 

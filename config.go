@@ -174,6 +174,19 @@ type SubscriberConfig struct {
 	// completed behind it unrecorded. Zero (the default) never pauses: the
 	// tail is then truncated gracefully and only what does not fit may be
 	// handled twice after a crash.
+	//
+	// The pause follows the tail as records complete, not only at commits:
+	// a cheap bound on the tail's encoded size (from the number of completed
+	// ranges and the offsets they span) is checked after completions, and
+	// once it reaches the fraction the tail is encoded at once to measure
+	// it. From the moment the tail measures at or above the fraction, the
+	// partition takes no further record, however fast records arrive;
+	// records taken before then (handed out, or among the few dozen ready)
+	// still run, and their completions can grow the tail further: a fraction
+	// below one leaves them room. The partition resumes once the tail
+	// measures below the fraction again: at once when the bound shows it,
+	// else at the next commit interval's encoding. Stats reports Paused and
+	// PausedFor.
 	PauseAtTailUsage float64
 }
 

@@ -111,21 +111,26 @@ func coordinatorMetadataLimit(client sarama.Client, group string) (int, error) {
 		return 0, err
 	}
 	// Not closed: closing this admin would close the subscription's client.
-	entries, err := admin.DescribeConfig(sarama.ConfigResource{
+	results, err := admin.DescribeConfigs([]*sarama.ConfigResource{{
 		Type:        sarama.BrokerResource,
 		Name:        strconv.Itoa(int(coord.ID())),
 		ConfigNames: []string{brokerMetadataMaxBytes},
-	})
+	}}, sarama.DescribeConfigsOptions{})
 	if err != nil {
 		return 0, err
 	}
-	for _, e := range entries {
-		if e.Name == brokerMetadataMaxBytes {
-			n, err := strconv.Atoi(e.Value)
-			if err != nil {
-				return 0, fmt.Errorf("%s=%q: %w", brokerMetadataMaxBytes, e.Value, err)
+	for _, r := range results {
+		if r.ErrorCode != sarama.ErrNoError {
+			return 0, &sarama.DescribeConfigError{Err: r.ErrorCode, ErrMsg: r.ErrorMsg}
+		}
+		for _, e := range r.Configs {
+			if e.Name == brokerMetadataMaxBytes {
+				n, err := strconv.Atoi(e.Value)
+				if err != nil {
+					return 0, fmt.Errorf("%s=%q: %w", brokerMetadataMaxBytes, e.Value, err)
+				}
+				return n, nil
 			}
-			return n, nil
 		}
 	}
 	return 0, errNotReported

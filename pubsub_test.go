@@ -2,6 +2,7 @@ package safeack_test
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,7 +80,14 @@ func (e *suiteEnv) constructors() (tests.PubSubConstructor, tests.ConsumerGroupP
 		return e.publisher(t), e.subscriber(t, group)
 	}
 	return func(t *testing.T) (message.Publisher, message.Subscriber) {
-		return withGroup(t, "test")
+		// One group per test, shared by the subscribers the test makes
+		// (the persistence tests resume in the same group). The suite's
+		// tests run in parallel, each on its own topic: in one group for
+		// all (watermill-kafka's "test"), every member joining or leaving
+		// makes every test's members rebalance, each waiting for the
+		// others to drain, and on a loaded machine a test's subscriber
+		// then received nothing within the suite's timeouts.
+		return withGroup(t, "test-"+strings.ReplaceAll(t.Name(), "/", "."))
 	}, withGroup
 }
 

@@ -67,7 +67,9 @@ type PartitionStats struct {
 	TailBytes     int
 	TailTruncated bool
 	// TailEncodes counts completed tails encoded for this assignment: at
-	// most one per commit interval.
+	// most one per commit interval, plus, with PauseAtTailUsage, those that
+	// measure a growing tail between commits (a number logarithmic in its
+	// growth).
 	TailEncodes uint64
 	// Offered and Completed count records over the assignment's life.
 	Offered, Completed uint64

@@ -57,12 +57,8 @@ func drawChart(path string, sections []*section) error {
 		bars.Color = color.RGBA{R: 70, G: 120, B: 190, A: 255}
 		bars.LineStyle.Width = 0
 		p.Add(bars)
-		// Reverse so the first contender is on top.
-		rev := make([]string, len(labels))
-		for i, l := range labels {
-			rev[i] = l
-		}
-		p.NominalY(rev...)
+		// The inverted scale puts the first contender on top.
+		p.NominalY(labels...)
 		p.Y.Scale = plot.InvertedScale{Normalizer: plot.LinearScale{}}
 		maxv := 0.0
 		var xys plotter.XYs

@@ -295,7 +295,7 @@ func parseVariants(s string) ([]variant, error) {
 		}
 		name, rest, ok := strings.Cut(part, ":")
 		if !ok || name == "" {
-			return nil, fmt.Errorf("%q is not name:Field=value,...", part)
+			return nil, fmt.Errorf("%q is not name:Field=value[,Field=value]", part)
 		}
 		set, err := parseSettings(rest)
 		if err != nil {

@@ -108,12 +108,6 @@ func (l *ledger) deliveredFrom(floor map[int32]int64) bool {
 	return len(seen) == len(floor)
 }
 
-func (l *ledger) acked(k po) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.acks[k] > 0
-}
-
 // missing returns the records of [floor, end) per partition without an
 // ack.
 func (l *ledger) missing(end map[int32]int64) []po {

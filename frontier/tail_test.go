@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -727,5 +728,54 @@ func TestTailDecodeOwnBoundary(t *testing.T) {
 				t.Fatalf("budget %d: Contains(%d) at or past bound %d", budget, o, tail.Bound)
 			}
 		}
+	}
+}
+
+// TestTailLenBound: whatever the budget, EncodeTail writes no more than
+// tailLenBound says for the ranges' count and span, and for the tails of a
+// tracker's window the bound stays within a small factor of the encoding.
+func TestTailLenBound(t *testing.T) {
+	check := func(what string, base int64, rs []Range, budgets ...int) {
+		t.Helper()
+		m := tailRefMerge(rs)
+		if len(m) == 0 {
+			return
+		}
+		bound := tailLenBound(base, m[len(m)-1].To, len(m))
+		for _, b := range budgets {
+			meta, _, err := EncodeTail(base, rs, b)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			if len(meta) > bound {
+				t.Fatalf("%s, budget %d: %d bytes, above the bound %d (%d ranges over %d offsets)",
+					what, b, len(meta), bound, len(m), m[len(m)-1].To-base)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	for i := range 300 {
+		base, rs := tailRandom(r)
+		check(fmt.Sprintf("random tail %d", i), base, rs, 0, 8, 24, 100, r.IntN(5000), DefaultMetadataBudget, 1<<20)
+	}
+	for _, p := range []float64{0.01, 0.5, 0.9, 0.999} {
+		for _, n := range []int{2, 10, 100, 1000, 20_000} {
+			base, rs := tailShaped(r, n, p)
+			check(fmt.Sprintf("window of %d, %v done", n, p), base, rs, 48, DefaultMetadataBudget, 1<<20)
+		}
+	}
+	// The bound is close to the shorter raw encoding (deflate is what it
+	// cannot foresee), and a single range costs a few bytes.
+	for _, n := range []int{20, 2000, 20_000} {
+		base, rs := tailShaped(r, n, 0.5)
+		raw := tailEncLen(tailRefMinLen(base, rs, len(rs)))
+		bound := tailLenBound(base, rs[len(rs)-1].To, len(rs))
+		if bound > 2*raw+16 {
+			t.Fatalf("window of %d, half done: raw encoding %d bytes, bound %d", n, raw, bound)
+		}
+		t.Logf("window of %d, half done: raw encoding %d bytes, bound %d", n, raw, bound)
+	}
+	if bound := tailLenBound(100, 150, 1); bound > 16 {
+		t.Fatalf("one range: bound %d", bound)
 	}
 }

@@ -78,6 +78,8 @@ type Tracker struct {
 	safe      int64 // resume position of the completed prefix
 	delivered int64 // next of the last offered batch: the next offer starts at or after it
 	done      int   // completed entries still retained (blocked behind the head)
+	runs      int   // maximal runs of completed entries retained: the ranges of AppendCompleted
+	doneEnd   int64 // resume position of the last completed entry retained, while runs > 0
 	revoked   bool
 
 	offered   uint64 // records ever offered
@@ -206,11 +208,24 @@ func (t *Tracker) Complete(tk Ticket) bool {
 	t.completed++
 	if tk.seq != t.head {
 		t.done++
+		// A new run, unless it joins the run before it (the head is never
+		// complete, so the entry before is retained) or after it, or both.
+		t.runs++
+		if t.ring[(tk.seq-1)&t.mask].offset < 0 {
+			t.runs--
+		}
+		if tk.seq+1 != t.tail && t.ring[(tk.seq+1)&t.mask].offset < 0 {
+			t.runs--
+		}
+		t.doneEnd = max(t.doneEnd, e.resume)
 		return true
 	}
 	// The head completed: advance over it and every completed entry behind it.
 	t.safe = e.resume
 	t.head++
+	if t.head != t.tail && t.ring[t.head&t.mask].offset < 0 {
+		t.runs-- // the run behind the head joins the prefix
+	}
 	for t.head != t.tail {
 		e = &t.ring[t.head&t.mask]
 		if e.offset >= 0 {
@@ -241,7 +256,7 @@ func (t *Tracker) Revoke() {
 	t.revoked = true
 	t.ring = nil
 	t.head, t.tail = 0, 0
-	t.done = 0
+	t.done, t.runs = 0, 0
 }
 
 // Revoked reports whether Revoke was called.
@@ -306,6 +321,21 @@ func (t *Tracker) Capacity() int { return t.capacity }
 
 // Delivered returns the position after the last offered batch.
 func (t *Tracker) Delivered() int64 { return t.delivered }
+
+// TailLenBound returns, in O(1), an upper bound on the length of the
+// metadata that EncodeTail writes, whatever its budget, for the tail
+// AppendCompleted returns, relative to SafeOffset: 0 when that tail is
+// empty. It lets a caller that commits the tail tell cheaply, between
+// encodings, whether the tail may have grown near its budget. It grows with
+// the number of completed ranges and the offsets they span (at most a few
+// bytes per range, or one bit per offset), so it is close to the encoded
+// size of an incompressible tail and far above that of a regular one.
+func (t *Tracker) TailLenBound() int {
+	if t.runs == 0 || t.revoked {
+		return 0
+	}
+	return tailLenBound(t.safe, t.doneEnd, t.runs)
+}
 
 // AppendCompleted appends to dst the completed records retained behind the
 // oldest unfinished one, as half-open ranges [From, To) in ascending order.

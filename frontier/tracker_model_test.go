@@ -522,6 +522,20 @@ func (m *model) compare(p *partition) {
 			m.fail("%s.AppendCompleted = %v, want %v", p.name, m.buf, want)
 		}
 	}
+	if got := frontier.CompletedRuns(p.tr); !p.ref.revoked && got != len(want) {
+		m.fail("%s keeps %d completed runs, AppendCompleted has %d ranges", p.name, got, len(want))
+	}
+	// TailLenBound bounds the encoded tail, whatever the budget.
+	if !p.ref.revoked && len(m.buf) > 0 {
+		bound := p.tr.TailLenBound()
+		for _, budget := range []int{24, frontier.DefaultMetadataBudget, 1 << 20} {
+			if meta, _, err := frontier.EncodeTail(safe, m.buf, budget); err != nil || len(meta) > bound {
+				m.fail("%s: EncodeTail(%d, %v, %d) = %d bytes, %v; TailLenBound %d", p.name, safe, m.buf, budget, len(meta), err, bound)
+			}
+		}
+	} else if bound := p.tr.TailLenBound(); bound != 0 {
+		m.fail("%s.TailLenBound = %d with no tail", p.name, bound)
+	}
 	// Whatever the reference says, the tail must be what the codec accepts:
 	// non-empty, ascending, maximal (never adjacent) ranges after the oldest
 	// unfinished record.

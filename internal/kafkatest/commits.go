@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,8 +52,43 @@ type CommitLog struct {
 	mu      sync.Mutex
 	commits []ObservedCommit
 	changed chan struct{} // closed and replaced on every append
+}
 
-	stopped atomic.Bool
+// commitObservers fans every OffsetCommit request out to the cluster's
+// CommitLogs. It is one kfake control function, installed when the cluster
+// starts and never removed, rather than one per CommitLog: kfake removes a
+// control function from its list while iterating over that list, so the
+// function after one that drops itself is skipped for that request. With a
+// control per log, a test whose log dropped itself on the next commit made
+// the next log miss that commit (seen as a parallel test waiting forever
+// for an early commit the broker had stored).
+type commitObservers struct {
+	mu   sync.Mutex
+	logs map[*CommitLog]struct{}
+}
+
+// observeCommits installs the cluster's one OffsetCommit control function.
+// It handles nothing: the broker processes every request normally after it
+// has been recorded.
+func (c *Cluster) observeCommits() {
+	kf := c.kf
+	kf.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		r, ok := req.(*kmsg.OffsetCommitRequest)
+		if !ok {
+			return nil, nil, false
+		}
+		c.observers.mu.Lock()
+		defer c.observers.mu.Unlock()
+		if len(c.observers.logs) == 0 {
+			return nil, nil, false
+		}
+		oc := observed(kf, r)
+		for l := range c.observers.logs {
+			l.record(oc.clone())
+		}
+		return nil, nil, false
+	})
 }
 
 // CanObserveCommits reports whether ObserveCommits works here: only on the
@@ -74,29 +108,23 @@ func (c *Cluster) ObserveCommits(tb testing.TB) *CommitLog {
 		return nil
 	}
 	l := &CommitLog{changed: make(chan struct{})}
-	kf := c.kf
-	// The function runs inside kfake's request loop (serially with all other
-	// request handling), so it only copies the request under a short lock.
-	// Returning handled=false lets the broker process the request normally;
-	// KeepControl keeps the function installed even so, for every request.
-	kf.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		if l.stopped.Load() {
-			kf.DropControl()
-			return nil, nil, false
-		}
-		kf.KeepControl()
-		if r, ok := req.(*kmsg.OffsetCommitRequest); ok {
-			l.record(kf, r)
-		}
-		return nil, nil, false
+	// The cluster's control function (see observeCommits) runs inside
+	// kfake's request loop, serially with all other request handling, and
+	// only copies each request into the registered logs.
+	c.observers.mu.Lock()
+	c.observers.logs[l] = struct{}{}
+	c.observers.mu.Unlock()
+	tb.Cleanup(func() {
+		c.observers.mu.Lock()
+		delete(c.observers.logs, l)
+		c.observers.mu.Unlock()
 	})
-	// The control function can only remove itself, on the next commit; until
-	// then it is a no-op.
-	tb.Cleanup(func() { l.stopped.Store(true) })
 	return l
 }
 
-func (l *CommitLog) record(kf *kfake.Cluster, r *kmsg.OffsetCommitRequest) {
+// observed copies an OffsetCommit request as the broker received it. It
+// runs inside kfake's control function.
+func observed(kf *kfake.Cluster, r *kmsg.OffsetCommitRequest) ObservedCommit {
 	at := time.Now()
 	oc := ObservedCommit{
 		At:         at,
@@ -129,6 +157,10 @@ func (l *CommitLog) record(kf *kfake.Cluster, r *kmsg.OffsetCommitRequest) {
 			oc.Offsets[TopicPartition{topic, p.Partition}] = co
 		}
 	}
+	return oc
+}
+
+func (l *CommitLog) record(oc ObservedCommit) {
 	l.mu.Lock()
 	oc.Seq = uint64(len(l.commits)) + 1
 	l.commits = append(l.commits, oc)

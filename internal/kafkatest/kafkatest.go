@@ -91,6 +91,8 @@ type Cluster struct {
 	admin    sarama.ClusterAdmin
 	producer sarama.SyncProducer
 	produced map[string][]Produced
+
+	observers commitObservers // embedded only: see ObserveCommits
 }
 
 // Start returns a cluster for tb, closed through tb.Cleanup. Without
@@ -136,6 +138,10 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	}
 	c.kf = kf
 	c.brokers = kf.ListenAddrs()
+	// Installed first, so that no other control function is before it in
+	// kfake's list (see commitObservers).
+	c.observers.logs = make(map[*CommitLog]struct{})
+	c.observeCommits()
 	// One cleanup, clients first: a client still connected while the
 	// broker closes spends its time retrying and logging.
 	tb.Cleanup(func() {

@@ -305,3 +305,44 @@ func TestObserveTopicIDCommit(t *testing.T) {
 	require.True(t, ok, "offsets: %v", commits[0].Offsets)
 	require.Equal(t, CommittedOffset{Offset: 0, Metadata: "x"}, co)
 }
+
+// TestObserveCommitsBesideEndedLogs: every log sees every commit, whatever
+// other logs ended before it and whatever control functions drop themselves
+// beside it. kfake skips the control function after one that removes itself
+// during a request; with one control function per log, a log whose test had
+// ended removed itself on the next commit and the log after it missed that
+// commit.
+func TestObserveCommitsBesideEndedLogs(t *testing.T) {
+	c := Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	t.Run("ended", func(t *testing.T) { c.ObserveCommits(t) })
+	log := c.ObserveCommits(t)
+	kf := c.Kfake()
+	kf.ControlKey(int16(kmsg.OffsetCommit), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kf.DropControl() // a one-shot fault injector's way
+		return nil, nil, false
+	})
+	t.Run("ended-too", func(t *testing.T) { c.ObserveCommits(t) })
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
+	require.NoError(t, err)
+	defer cl.Close()
+	for i := range 3 {
+		req := kmsg.NewPtrOffsetCommitRequest()
+		req.Group = c.NewGroup(t)
+		req.Generation = -1
+		rt := kmsg.NewOffsetCommitRequestTopic()
+		rt.Topic = topic
+		rp := kmsg.NewOffsetCommitRequestTopicPartition()
+		rp.Offset = int64(i)
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = req.RequestWith(ctx, cl)
+		cancel()
+		require.NoError(t, err)
+		// The control function runs before the broker answers.
+		require.Equal(t, i+1, log.Len(), "commit %d not observed", i)
+	}
+}
