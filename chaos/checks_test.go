@@ -3,9 +3,12 @@
 package chaos
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -125,5 +128,56 @@ func TestChecksFloor(t *testing.T) {
 	}
 	if miss := l.missing(end); len(miss) != 1 || miss[0] != (po{0, 5}) {
 		t.Errorf("missing %v, want [0@5]", miss)
+	}
+}
+
+// TestCommitTapDecodes checks the tap's decoding of OffsetCommit requests
+// (flexible and not) and the consumer processes' commit lines.
+func TestCommitTapDecodes(t *testing.T) {
+	md := "sa1:xyz"
+	for _, v := range []int16{2, 7, 8, 9} {
+		req := kmsg.NewPtrOffsetCommitRequest()
+		req.Version = v
+		req.Group, req.Generation, req.MemberID = "g", 4, "m-1"
+		tp := kmsg.NewOffsetCommitRequestTopic()
+		tp.Topic = "t"
+		for p := range int32(2) {
+			pp := kmsg.NewOffsetCommitRequestTopicPartition()
+			pp.Partition, pp.Offset, pp.Metadata = p, 100+int64(p), &md
+			tp.Partitions = append(tp.Partitions, pp)
+		}
+		req.Topics = append(req.Topics, tp)
+		client := "chaos-member-1"
+		b := kmsg.NewRequestFormatter(kmsg.FormatterClientID(client)).AppendRequest(nil, req, 7)
+		got, ok := decodeOffsetCommit(b)
+		if !ok {
+			t.Fatalf("v%d: not decoded", v)
+		}
+		if got.Group != "g" || len(got.Topics) != 1 || len(got.Topics[0].Partitions) != 2 ||
+			got.Topics[0].Partitions[1].Offset != 101 || *got.Topics[0].Partitions[1].Metadata != md {
+			t.Fatalf("v%d: decoded %+v", v, got)
+		}
+		if v >= 1 && (got.Generation != 4 || got.MemberID != "m-1") {
+			t.Fatalf("v%d: generation %d member %q", v, got.Generation, got.MemberID)
+		}
+		if _, ok := decodeOffsetCommit(b[:len(b)-1]); ok {
+			t.Fatalf("v%d: a truncated request decoded", v)
+		}
+	}
+	fetch := kmsg.NewPtrFetchRequest()
+	fetch.Version = 12
+	if _, ok := decodeOffsetCommit(kmsg.NewRequestFormatter().AppendRequest(nil, fetch, 1)); ok {
+		t.Fatal("a fetch request decoded as a commit")
+	}
+	c := sentCommit{at: time.Unix(0, 1234567), generation: 3, offsets: map[int32]kafkatest.CommittedOffset{
+		0: {Offset: 5, Metadata: "a b:c,d"}, 3: {Offset: 9},
+	}}
+	back, ok := parseCommitLine(commitLine(42, c))
+	if !ok || !back.at.Equal(c.at) || back.generation != 3 || len(back.offsets) != 2 ||
+		back.offsets[0] != c.offsets[0] || back.offsets[3] != c.offsets[3] {
+		t.Fatalf("commit line round trip: %+v, %v", back, ok)
+	}
+	if got := unownedOf([][]int32{{0, 2}, {}, {5}}, 6); !slices.Equal(got, []int32{1, 3, 4}) {
+		t.Fatalf("unownedOf: %v", got)
 	}
 }

@@ -35,6 +35,11 @@ const (
 	// envArtifacts names a directory for the stderr of consumer processes
 	// that hang (default: the system's temporary directory).
 	envArtifacts = "SAFEACK_CHAOS_ARTIFACTS"
+	// envCluster names the control script of a three-node cluster
+	// (scripts/kafka-cluster.sh writes it: DIR/ctl), the one
+	// SAFEACK_KAFKA_BROKERS points at; the TestCluster scenarios are
+	// skipped without it. See clusterCtl.
+	envCluster = "SAFEACK_CHAOS_CLUSTER"
 	// envSaramaLog, when set, sends Sarama's own log of consumer processes
 	// to their stderr (very verbose; for debugging a stall).
 	envSaramaLog = "SAFEACK_CHAOS_SARAMA_LOG"
@@ -111,7 +116,11 @@ type figures struct {
 	Twice, Extra, Nacks int
 	// Lost: records never acked. Violations: failed invariant checks.
 	Lost, Violations int
-	Passed           bool
+	// Stalls: per broker failure, from the failure until every partition
+	// it affected acked a record produced after it (see failover); -1
+	// when none was produced after it.
+	Stalls []time.Duration
+	Passed bool
 }
 
 var results struct {
@@ -138,13 +147,30 @@ func (f figures) row() string {
 	if f.FaultDetail != "" {
 		faults += " (" + f.FaultDetail + ")"
 	}
-	return fmt.Sprintf("| %s | %s | %.0fs | %d | %d | %d | %d | %s | %s | %d | %d | %d | %d | %d | %d | %s |",
+	return fmt.Sprintf("| %s | %s | %.0fs | %d | %d | %d | %d | %s | %s | %s | %d | %d | %d | %d | %d | %d | %s |",
 		f.Scenario, f.Broker, f.Elapsed.Seconds(), f.Records, f.Consumers, f.Crashes, f.MemberChanges, gens,
-		faults, f.Commits, f.Twice, f.Extra, f.Nacks, f.Lost, f.Violations, status)
+		faults, stallsField(f.Stalls), f.Commits, f.Twice, f.Extra, f.Nacks, f.Lost, f.Violations, status)
 }
 
-const figuresHeader = "| scenario | broker | time | records | consumers | crashes | member changes | generations | faults | commits checked | handled twice | extra acks | nacks | lost | violations | result |\n" +
-	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+// stallsField writes stalls as "8.1/6.9/7.7 s" ("-" for a failure after
+// which nothing was produced), or "" when there were none.
+func stallsField(stalls []time.Duration) string {
+	if len(stalls) == 0 {
+		return ""
+	}
+	f := make([]string, len(stalls))
+	for i, d := range stalls {
+		if d < 0 {
+			f[i] = "-"
+		} else {
+			f[i] = fmt.Sprintf("%.1f", d.Seconds())
+		}
+	}
+	return strings.Join(f, "/") + " s"
+}
+
+const figuresHeader = "| scenario | broker | time | records | consumers | crashes | member changes | generations | faults | stall after each failure | commits checked | handled twice | extra acks | nacks | lost | violations | result |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 func printFigures() {
 	results.mu.Lock()
