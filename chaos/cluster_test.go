@@ -522,10 +522,36 @@ func describe(leaders map[int32]int32, node, coord int32) string {
 	return s + ")"
 }
 
-// downFor is how long a killed node stays down before it is started again:
-// longer than the cluster takes to fence it (broker.session.timeout.ms 6 s)
-// and the group to move on.
-func (sc *scenario) downFor() time.Duration { return sc.between(7*time.Second, 10*time.Second) }
+// keepDown waits, after node was killed, until the process is gone and
+// the cluster has fenced the node (its metadata no longer lists it:
+// broker.session.timeout.ms, 6 s, after its last heartbeat; its partitions
+// are led elsewhere), then up to 2 s more, so that the failover happens
+// with the node down however fast it restarts.
+func (r *clusterRun) keepDown(node int32) {
+	t, k := r.t, r.k
+	t.Helper()
+	if err := k.waitState(node, "down", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var why string
+	if !kafkatest.Poll(time.Minute, 200*time.Millisecond, func() bool {
+		if err := k.client.RefreshMetadata(); err != nil {
+			why = err.Error()
+			return false
+		}
+		for _, b := range k.client.Brokers() {
+			if b.ID() == node {
+				why = "still listed"
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("node %d was not fenced within 1m of its death (%s)", node, why)
+	}
+	r.sc.note("node %d fenced", node)
+	time.Sleep(r.sc.between(0, 2*time.Second))
+}
 
 // failures returns how many failures a scenario injects: short in -short.
 func failures(short, long int) int {
@@ -553,7 +579,7 @@ func (r *clusterRun) end(kind string, stop func()) {
 
 // TestClusterLeaderKill SIGKILLs the node that leads the most partitions
 // (not the coordinator's, when another leads any) while three members
-// consume, keeps it down 7 to 10 s, starts it again and waits until the
+// consume, keeps it down until the cluster fenced it (see keepDown), starts it again and waits until the
 // cluster is whole; twice with -short, five times otherwise.
 func TestClusterLeaderKill(t *testing.T) {
 	r := clusterScenario(t, "cluster-leader-kill")
@@ -578,10 +604,7 @@ func TestClusterLeaderKill(t *testing.T) {
 		if err := k.signal(n, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		if err := k.waitState(victim, "down", 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(sc.downFor())
+		r.keepDown(victim)
 		if err := k.start(victim); err != nil {
 			t.Fatal(err)
 		}
@@ -592,8 +615,8 @@ func TestClusterLeaderKill(t *testing.T) {
 
 // TestClusterCoordinatorKill SIGKILLs the node that coordinates the group
 // the moment a member has written an OffsetCommit request to it (the
-// request is on the wire, its answer not yet read), keeps it down 7 to 10
-// s and starts it again; twice with -short, four times otherwise. The
+// request is on the wire, its answer not yet read), keeps it down until the cluster
+// fenced it and starts it again; twice with -short, four times otherwise. The
 // commit may or may not have been applied: either way nothing may be lost
 // and no commit may pass an unacked record.
 func TestClusterCoordinatorKill(t *testing.T) {
@@ -653,10 +676,7 @@ func TestClusterCoordinatorKill(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := k.waitState(coord, "down", 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(sc.downFor())
+		r.keepDown(coord)
 		if err := k.start(coord); err != nil {
 			t.Fatal(err)
 		}
@@ -741,7 +761,7 @@ func TestClusterRollingRestart(t *testing.T) {
 // TestClusterConsumersAndBroker runs three consumer processes and, at the
 // same moment, SIGKILLs a node (the coordinator's, then the busiest other
 // leader, in turn) and one or two of the processes; replacements start at
-// once, the node 7 to 10 s later; twice with -short, four times otherwise.
+// once, the node once the cluster fenced it; twice with -short, four times otherwise.
 func TestClusterConsumersAndBroker(t *testing.T) {
 	r := clusterScenario(t, "cluster-consumers-and-broker")
 	sc, k := r.sc, r.k
@@ -777,10 +797,7 @@ func TestClusterConsumersAndBroker(t *testing.T) {
 			sc.fig.Crashes++
 			sc.fig.MemberChanges += 2
 		}
-		if err := k.waitState(victim, "down", 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(sc.downFor())
+		r.keepDown(victim)
 		if err := k.start(victim); err != nil {
 			t.Fatal(err)
 		}

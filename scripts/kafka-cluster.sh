@@ -239,6 +239,9 @@ launch_node() {
   mapfile -d '' -t argv <"$DATA_DIR/cmdline"
   ((${#argv[@]} > 1)) || die "node $NODE: no saved command line in $DATA_DIR/cmdline"
   printf '\n[%s] kafka-cluster.sh: starting node %s\n' "$(date '+%F %T')" "$NODE" >>"$LOG_FILE"
+  # The launcher writes the new pid in the background: until it has, the
+  # file must not name the previous (dead) process.
+  rm -f -- "$PID_FILE"
   (cd "$CDIR" && launch_detached "${argv[@]}")
 }
 
@@ -251,7 +254,7 @@ wait_node_started() {
     if (($(started_count) > before)) && tcp_open "$HOST" "$NODE_PORT"; then
       return 0
     fi
-    pid=$(tr -dc '0-9' <"$PID_FILE" 2>/dev/null || true)
+    [[ -s "$PID_FILE" ]] && pid=$(tr -dc '0-9' <"$PID_FILE" 2>/dev/null || true) || pid=""
     if [[ -n "$pid" ]] && ! alive "$pid"; then
       tail_log 50
       die "node $NODE (pid $pid) exited during startup (log: $LOG_FILE)"
