@@ -501,7 +501,7 @@ func (r *clusterRun) settle() {
 		t.Fatalf("%s: the group did not come to own every partition within 3m of the cluster's recovery (it owns %v)", sc.name, r.owned())
 	}
 	sc.note("settled: cluster healthy, group owns every partition")
-	time.Sleep(sc.between(2*time.Second, 4*time.Second))
+	time.Sleep(sc.between(time.Second, 3*time.Second))
 }
 
 // affected returns the partitions a failure of node affects: those it
@@ -553,9 +553,13 @@ func (r *clusterRun) keepDown(node int32) {
 	time.Sleep(r.sc.between(0, 2*time.Second))
 }
 
-// failures returns how many failures a scenario injects: short in -short.
+// failures returns how many failures a scenario injects (rounds of the
+// rolling restart): -chaos.failures, else short in -short, else long.
 func failures(short, long int) int {
-	if testing.Short() {
+	switch {
+	case *flagFailures > 0:
+		return *flagFailures
+	case testing.Short():
 		return short
 	}
 	return long

@@ -17,6 +17,7 @@ var (
 	flagDuration = flag.Duration("chaos.duration", 0, "length of each scenario's churn phase (0: 10s with -short, 60s otherwise)")
 	flagKills    = flag.Int("chaos.kills", 0, "SIGKILLs in the crash loop (0: 5 with -short, 25 otherwise)")
 	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of the scenarios' random choices (0: from the clock)")
+	flagFailures = flag.Int("chaos.failures", 0, "node failures in each TestCluster scenario, rounds of the rolling restart (0: the scenario's own, fewer with -short)")
 )
 
 // Environment.
@@ -40,6 +41,9 @@ const (
 	// SAFEACK_KAFKA_BROKERS points at; the TestCluster scenarios are
 	// skipped without it. See clusterCtl.
 	envCluster = "SAFEACK_CHAOS_CLUSTER"
+	// envKeepLogs, when set, keeps the timeline and the consumers' logs of
+	// passing scenarios too, in the artifacts directory.
+	envKeepLogs = "SAFEACK_CHAOS_KEEP_LOGS"
 	// envSaramaLog, when set, sends Sarama's own log of consumer processes
 	// to their stderr (very verbose; for debugging a stall).
 	envSaramaLog = "SAFEACK_CHAOS_SARAMA_LOG"

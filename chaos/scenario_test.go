@@ -201,6 +201,16 @@ func (sc *scenario) cleanup() {
 	}
 	wg.Wait()
 	sc.sampler.close()
+	if os.Getenv(envKeepLogs) != "" && !sc.t.Failed() {
+		sc.mu.Lock()
+		tl := strings.Join(sc.timeline, "\n")
+		sc.mu.Unlock()
+		saveArtifact(fmt.Sprintf("chaos-%s-timeline.txt", sc.name), tl+"\n")
+		saveArtifact(fmt.Sprintf("chaos-%s-members-log.txt", sc.name), sc.logs.String())
+		for _, ch := range children {
+			saveArtifact(fmt.Sprintf("chaos-%s-consumer-%d-stderr.txt", sc.name, ch.id), ch.stderr.String())
+		}
+	}
 	if sc.t.Failed() {
 		sc.mu.Lock()
 		sc.t.Logf("timeline:\n  %s", strings.Join(sc.timeline, "\n  "))
