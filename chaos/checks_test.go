@@ -181,3 +181,59 @@ func TestCommitTapDecodes(t *testing.T) {
 		t.Fatalf("unownedOf: %v", got)
 	}
 }
+
+// TestGroupWatch runs the group watch over a made-up group that never
+// owns partition 2: past the limit it must restart a consumer, say what
+// the broker reports, count the stall, and count it as a violation on a
+// real broker only; it must not act again before another limit.
+func TestGroupWatch(t *testing.T) {
+	sc := newScenario(t, "group-watch", scenarioOpts{partitions: 3})
+	owned := func() [][]int32 { return [][]int32{{0}, {1}} }
+	restarts := make(chan time.Time, 10)
+	w := sc.watchGroup(time.Second, owned, func() (string, error) {
+		restarts <- time.Now()
+		return "made-up consumer restarted", nil
+	})
+	t0 := time.Now()
+	var first time.Time
+	select {
+	case first = <-restarts:
+	case <-time.After(30 * time.Second):
+		w.stop()
+		t.Fatal("the watch did not act on a partition unowned for 30s")
+	}
+	if d := first.Sub(t0); d < time.Second {
+		t.Errorf("the watch acted after %v, before its limit", d)
+	}
+	// A change resets the clock.
+	sc.changed()
+	changed := time.Now()
+	var second time.Time
+	select {
+	case second = <-restarts:
+	case <-time.After(30 * time.Second):
+	}
+	w.stop()
+	if second.IsZero() || second.Sub(changed) < time.Second {
+		t.Errorf("second restart %v after the change, want one after the limit", second.Sub(changed))
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.groupStalls < 2 {
+		t.Errorf("%d group stalls counted, want 2 or more", sc.groupStalls)
+	}
+	if want := 0; !sc.c.Embedded() {
+		if len(sc.groupIssues) < 2 {
+			t.Errorf("on a real broker the stalls must be violations; got %q", sc.groupIssues)
+		}
+	} else if len(sc.groupIssues) != want {
+		t.Errorf("on the embedded broker the stalls are the broker's, not violations; got %q", sc.groupIssues)
+	}
+	tl := strings.Join(sc.timeline, "\n")
+	if !strings.Contains(tl, "partitions [2] owned by no live consumer") || !strings.Contains(tl, "made-up consumer restarted") {
+		t.Errorf("the timeline does not tell the stall:\n%s", tl)
+	}
+	if !strings.Contains(tl, "the broker says: group ") {
+		t.Errorf("the timeline does not say what the broker reports of the group:\n%s", tl)
+	}
+}
