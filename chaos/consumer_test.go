@@ -421,7 +421,8 @@ type child struct {
 	exited   chan struct{} // Wait returned
 	waitErr  error
 	bye      atomic.Bool
-	stopping atomic.Bool // killed or stopped on purpose
+	stopping atomic.Bool  // killed or stopped on purpose
+	goneAt   atomic.Int64 // when it was killed or asked to stop (Unix ns)
 	other    atomic.Int64
 	sc       *scenario
 
@@ -523,6 +524,7 @@ func (ch *child) kill() {
 		ch.sc.note("consumer process %d killed", ch.id)
 	}
 	ch.stopping.Store(true)
+	ch.goneAt.CompareAndSwap(0, time.Now().UnixNano())
 	_ = ch.cmd.Process.Signal(syscall.SIGKILL)
 	ch.sc.changed()
 	<-ch.exited
@@ -536,6 +538,7 @@ func (ch *child) stop(timeout time.Duration) error {
 	ch.sc.changed()
 	defer func() { ch.sc.note("consumer process %d gone", ch.id); ch.sc.changed() }()
 	ch.stopping.Store(true)
+	ch.goneAt.CompareAndSwap(0, time.Now().UnixNano())
 	_ = ch.stdin.Close()
 	slow := time.NewTimer(timeout / 3)
 	defer slow.Stop()
@@ -576,7 +579,8 @@ type member struct {
 	sub  *safeack.Subscriber
 	tap  *commitTap // real cluster only
 	done <-chan struct{}
-	left chan struct{} // closed once leave returned
+	left   chan struct{} // closed once leave returned
+	goneAt atomic.Int64  // when it was asked to leave (Unix ns)
 	once sync.Once
 	sc   *scenario
 }
@@ -625,6 +629,7 @@ func (m *member) ownedNow() []int32 { return ownedPartitions(m.sub, m.sc.topic) 
 func (m *member) leave() {
 	m.once.Do(func() {
 		m.sc.note("member %d leaving", m.id)
+		m.goneAt.Store(time.Now().UnixNano())
 		m.sc.changed()
 		defer func() { m.sc.note("member %d left", m.id); m.sc.changed() }()
 		_ = m.sub.Close()

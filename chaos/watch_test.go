@@ -165,8 +165,45 @@ func (sc *scenario) describeGroup() string {
 			slices.Sort(ps)
 			parts = fmt.Sprint(ps)
 		}
-		ms = append(ms, m.ClientId+" "+parts)
+		ms = append(ms, m.ClientId+" "+parts+" ("+sc.consumerState(m.ClientId)+")")
 	}
 	slices.Sort(ms)
 	return fmt.Sprintf("group %s, %d members: %s", d.State, len(ms), strings.Join(ms, ", "))
+}
+
+// consumerState says whether the consumer of a client id (chaos-member-N)
+// is live, or since when it is gone: a member the broker still counts
+// longer than a session timeout after it was killed or left is the
+// broker's doing.
+func (sc *scenario) consumerState(clientID string) string {
+	var id int
+	if _, err := fmt.Sscanf(clientID, "chaos-member-%d", &id); err != nil {
+		return "not one of ours"
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	var gone int64
+	found := false
+	for _, ch := range sc.children {
+		if ch.id == id {
+			found, gone = true, ch.goneAt.Load()
+		}
+	}
+	for _, m := range sc.members {
+		if m.id == id {
+			found, gone = true, m.goneAt.Load()
+		}
+	}
+	switch {
+	case !found:
+		return "unknown"
+	case gone == 0:
+		return "live"
+	}
+	ago := time.Since(time.Unix(0, gone))
+	s := fmt.Sprintf("gone %v ago", ago.Round(100*time.Millisecond))
+	if ago > sc.session {
+		s += ", past its session timeout"
+	}
+	return s
 }
