@@ -575,14 +575,14 @@ func (ch *child) stop(timeout time.Duration) error {
 
 // member is an in-process consumer.
 type member struct {
-	id   int
-	sub  *safeack.Subscriber
-	tap  *commitTap // real cluster only
-	done <-chan struct{}
+	id     int
+	sub    *safeack.Subscriber
+	tap    *commitTap // real cluster only
+	done   <-chan struct{}
 	left   chan struct{} // closed once leave returned
 	goneAt atomic.Int64  // when it was asked to leave (Unix ns)
-	once sync.Once
-	sc   *scenario
+	once   sync.Once
+	sc     *scenario
 }
 
 // join starts an in-process member reporting into sc's ledger.
