@@ -449,8 +449,11 @@ func (sc *scenario) verify(end map[int32]int64) {
 		}
 		sc.fig.Generations = len(gens)
 	}
-	views = append(views, sc.sent.all()...)
-	views = append(views, sc.sampler.views()...)
+	sent, polled := sc.sent.all(), sc.sampler.views()
+	t.Logf("%s: commits checked: %d requests the broker received, %d requests the consumers sent, %d polled",
+		sc.name, len(views), len(sent), len(polled))
+	views = append(views, sent...)
+	views = append(views, polled...)
 	sc.fig.Commits = len(views)
 	if len(views) == 0 {
 		v.add("no commit was observed")
