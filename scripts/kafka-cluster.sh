@@ -262,7 +262,7 @@ wait_node_started() {
     sleep 0.3
   done
   tail_log 50
-  die "node $NODE did not start within ${START_TIMEOUT}s (log: $LOG_FILE)"
+  die "node $NODE did not start within ${START_TIMEOUT}s (log: $LOG_FILE; it may still be starting: '$0 nodes', or '$0 node $NODE stop'; a loaded machine needs a larger SAFEACK_KAFKA_START_TIMEOUT)"
 }
 
 # brokers_unfenced: how many brokers the cluster's metadata lists (only
