@@ -146,4 +146,18 @@
 // (ILLEGAL_GENERATION: Sarama commits it after the new generation's
 // SyncGroup, and the generation has often moved on again), so the next
 // owner replays the records completed since the previous commit.
+//
+// On the three-node cluster: a dead leader stalls its partitions until the
+// cluster fences the node (broker.session.timeout.ms, 6 s there); a dead
+// coordinator stalls the group for the fencing, then one session timeout
+// more: Sarama returns the JoinGroup's connection error at once (no retry
+// for a transport error), safeack then replaces its Sarama client and
+// consumer group (as watermill-kafka does), each member rejoins under a new
+// member id, and the new coordinator, which loaded the old members with
+// the group, waits for their sessions to expire before it rebalances; a
+// hung node stalls the partitions it led until it answers again or
+// Sarama's Net.ReadTimeout ends the fetch waiting on it; a rolling restart
+// (controlled shutdowns) costs next to nothing. Records handled twice there
+// are those completed since the last commit that went through before the
+// coordinator died.
 package chaos
