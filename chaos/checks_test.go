@@ -3,9 +3,12 @@
 package chaos
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -125,5 +128,112 @@ func TestChecksFloor(t *testing.T) {
 	}
 	if miss := l.missing(end); len(miss) != 1 || miss[0] != (po{0, 5}) {
 		t.Errorf("missing %v, want [0@5]", miss)
+	}
+}
+
+// TestCommitTapDecodes checks the tap's decoding of OffsetCommit requests
+// (flexible and not) and the consumer processes' commit lines.
+func TestCommitTapDecodes(t *testing.T) {
+	md := "sa1:xyz"
+	for _, v := range []int16{2, 7, 8, 9} {
+		req := kmsg.NewPtrOffsetCommitRequest()
+		req.Version = v
+		req.Group, req.Generation, req.MemberID = "g", 4, "m-1"
+		tp := kmsg.NewOffsetCommitRequestTopic()
+		tp.Topic = "t"
+		for p := range int32(2) {
+			pp := kmsg.NewOffsetCommitRequestTopicPartition()
+			pp.Partition, pp.Offset, pp.Metadata = p, 100+int64(p), &md
+			tp.Partitions = append(tp.Partitions, pp)
+		}
+		req.Topics = append(req.Topics, tp)
+		client := "chaos-member-1"
+		b := kmsg.NewRequestFormatter(kmsg.FormatterClientID(client)).AppendRequest(nil, req, 7)
+		got, ok := decodeOffsetCommit(b)
+		if !ok {
+			t.Fatalf("v%d: not decoded", v)
+		}
+		if got.Group != "g" || len(got.Topics) != 1 || len(got.Topics[0].Partitions) != 2 ||
+			got.Topics[0].Partitions[1].Offset != 101 || *got.Topics[0].Partitions[1].Metadata != md {
+			t.Fatalf("v%d: decoded %+v", v, got)
+		}
+		if v >= 1 && (got.Generation != 4 || got.MemberID != "m-1") {
+			t.Fatalf("v%d: generation %d member %q", v, got.Generation, got.MemberID)
+		}
+		if _, ok := decodeOffsetCommit(b[:len(b)-1]); ok {
+			t.Fatalf("v%d: a truncated request decoded", v)
+		}
+	}
+	fetch := kmsg.NewPtrFetchRequest()
+	fetch.Version = 12
+	if _, ok := decodeOffsetCommit(kmsg.NewRequestFormatter().AppendRequest(nil, fetch, 1)); ok {
+		t.Fatal("a fetch request decoded as a commit")
+	}
+	c := sentCommit{at: time.Unix(0, 1234567), generation: 3, offsets: map[int32]kafkatest.CommittedOffset{
+		0: {Offset: 5, Metadata: "a b:c,d"}, 3: {Offset: 9},
+	}}
+	back, ok := parseCommitLine(commitLine(42, c))
+	if !ok || !back.at.Equal(c.at) || back.generation != 3 || len(back.offsets) != 2 ||
+		back.offsets[0] != c.offsets[0] || back.offsets[3] != c.offsets[3] {
+		t.Fatalf("commit line round trip: %+v, %v", back, ok)
+	}
+	if got := unownedOf([][]int32{{0, 2}, {}, {5}}, 6); !slices.Equal(got, []int32{1, 3, 4}) {
+		t.Fatalf("unownedOf: %v", got)
+	}
+}
+
+// TestGroupWatch runs the group watch over a made-up group that never
+// owns partition 2: past the limit it must restart a consumer, say what
+// the broker reports, count the stall, and count it as a violation on a
+// real broker only; it must not act again before another limit.
+func TestGroupWatch(t *testing.T) {
+	sc := newScenario(t, "group-watch", scenarioOpts{partitions: 3})
+	owned := func() [][]int32 { return [][]int32{{0}, {1}} }
+	restarts := make(chan time.Time, 10)
+	w := sc.watchGroup(time.Second, owned, func() (string, error) {
+		restarts <- time.Now()
+		return "made-up consumer restarted", nil
+	})
+	t0 := time.Now()
+	var first time.Time
+	select {
+	case first = <-restarts:
+	case <-time.After(30 * time.Second):
+		w.stop()
+		t.Fatal("the watch did not act on a partition unowned for 30s")
+	}
+	if d := first.Sub(t0); d < time.Second {
+		t.Errorf("the watch acted after %v, before its limit", d)
+	}
+	// A change resets the clock.
+	sc.changed()
+	changed := time.Now()
+	var second time.Time
+	select {
+	case second = <-restarts:
+	case <-time.After(30 * time.Second):
+	}
+	w.stop()
+	if second.IsZero() || second.Sub(changed) < time.Second {
+		t.Errorf("second restart %v after the change, want one after the limit", second.Sub(changed))
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.groupStalls < 2 {
+		t.Errorf("%d group stalls counted, want 2 or more", sc.groupStalls)
+	}
+	if want := 0; !sc.c.Embedded() {
+		if len(sc.groupIssues) < 2 {
+			t.Errorf("on a real broker the stalls must be violations; got %q", sc.groupIssues)
+		}
+	} else if len(sc.groupIssues) != want {
+		t.Errorf("on the embedded broker the stalls are the broker's, not violations; got %q", sc.groupIssues)
+	}
+	tl := strings.Join(sc.timeline, "\n")
+	if !strings.Contains(tl, "partitions [2] owned by no live consumer") || !strings.Contains(tl, "made-up consumer restarted") {
+		t.Errorf("the timeline does not tell the stall:\n%s", tl)
+	}
+	if !strings.Contains(tl, "the broker says: group ") {
+		t.Errorf("the timeline does not say what the broker reports of the group:\n%s", tl)
 	}
 }

@@ -44,6 +44,10 @@ type memberSpec struct {
 	// (OffsetOldest).
 	Initial int64
 	Work    workSpec
+	// Tap: report every OffsetCommit request the consumer sends (see
+	// commitTap); set on a real cluster, whose broker side cannot be
+	// observed.
+	Tap bool
 }
 
 // workSpec is what a handler does with a record: sleep up to Max; one
@@ -85,8 +89,9 @@ func (w workSpec) sleep(offset int64) {
 func (w workSpec) nack() bool { return w.NackEvery > 0 && rand.IntN(w.NackEvery) == 0 }
 
 // newMember builds the Subscriber of one member. base is a harness Sarama
-// config (kafkatest.Cluster.SaramaConfig).
-func newMember(spec memberSpec, base *sarama.Config, logger watermill.LoggerAdapter) (*safeack.Subscriber, error) {
+// config (kafkatest.Cluster.SaramaConfig). A non-nil tap sees the
+// OffsetCommit requests it sends.
+func newMember(spec memberSpec, base *sarama.Config, logger watermill.LoggerAdapter, tap *commitTap) (*safeack.Subscriber, error) {
 	sc := base
 	sc.ClientID = fmt.Sprintf("chaos-member-%d", spec.ID)
 	sc.Consumer.Return.Errors = true
@@ -105,6 +110,9 @@ func newMember(spec memberSpec, base *sarama.Config, logger watermill.LoggerAdap
 	}
 	if spec.Cooperative {
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+	}
+	if tap != nil {
+		tap.install(sc)
 	}
 	return safeack.NewSubscriber(safeack.SubscriberConfig{
 		Brokers:                spec.Brokers,
@@ -209,7 +217,12 @@ func TestChaosChild(t *testing.T) {
 	if os.Getenv(envSaramaLog) != "" {
 		sarama.Logger = log.New(os.Stderr, "[sarama] ", log.Lmicroseconds)
 	}
-	sub, err := newMember(spec, c.SaramaConfig(), logger)
+	out := &lineSink{w: bufio.NewWriter(os.Stdout)}
+	var tap *commitTap
+	if spec.Tap {
+		tap = &commitTap{topic: spec.Topic, sent: func(c sentCommit) { out.line("%s", commitLine(out.seq.Add(1), c)) }}
+	}
+	sub, err := newMember(spec, c.SaramaConfig(), logger, tap)
 	if err != nil {
 		t.Fatalf("NewSubscriber: %v", err)
 	}
@@ -236,7 +249,6 @@ func TestChaosChild(t *testing.T) {
 			fmt.Fprintf(os.Stderr, "%s stats:%s\n", time.Now().Format("15:04:05.000"), b.String())
 		}
 	}()
-	out := &lineSink{w: bufio.NewWriter(os.Stdout)}
 	done, err := consume(context.Background(), sub, spec.Topic, out, spec.Work)
 	if err != nil {
 		t.Fatalf("Subscribe: %v", err)
@@ -268,7 +280,8 @@ func TestChaosChild(t *testing.T) {
 //
 // seq orders the process's events; an empty key is written as "-". The
 // child also writes the partitions it owns whenever they change, as
-// "O <seq> <p,p,...>" ("-" for none; see ownedField).
+// "O <seq> <p,p,...>" ("-" for none; see ownedField), and, on a real
+// cluster, each commit request it sends (see commitLine).
 type lineSink struct {
 	mu  sync.Mutex
 	w   *bufio.Writer
@@ -408,7 +421,8 @@ type child struct {
 	exited   chan struct{} // Wait returned
 	waitErr  error
 	bye      atomic.Bool
-	stopping atomic.Bool // killed or stopped on purpose
+	stopping atomic.Bool  // killed or stopped on purpose
+	goneAt   atomic.Int64 // when it was killed or asked to stop (Unix ns)
 	other    atomic.Int64
 	sc       *scenario
 
@@ -425,12 +439,22 @@ func (ch *child) ownedNow() []int32 {
 
 // spawn starts a consumer process reporting into sc's ledger.
 func (sc *scenario) spawn() *child {
+	sc.t.Helper()
+	ch, err := sc.spawnE()
+	if err != nil {
+		sc.t.Fatal(err)
+	}
+	return ch
+}
+
+// spawnE is spawn for goroutines other than the test's: it returns its
+// error.
+func (sc *scenario) spawnE() (*child, error) {
 	t := sc.t
-	t.Helper()
 	spec := sc.spec()
 	js, err := json.Marshal(spec)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChaosChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(),
@@ -441,17 +465,18 @@ func (sc *scenario) spawn() *child {
 	ch := &child{id: spec.ID, cmd: cmd, stderr: newTailBuffer(4 << 20), read: make(chan struct{}), exited: make(chan struct{})}
 	cmd.Stderr = ch.stderr
 	if ch.stdin, err = cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting consumer process: %v", err)
+		return nil, fmt.Errorf("starting consumer process: %w", err)
 	}
-	sc.fig.Consumers++
+	sc.changed()
 	sc.mu.Lock()
+	sc.fig.Consumers++
 	sc.children = append(sc.children, ch)
 	sc.mu.Unlock()
 	ch.sc = sc
@@ -472,6 +497,8 @@ func (sc *scenario) spawn() *child {
 				} else {
 					ch.other.Add(1)
 				}
+			} else if c, ok := parseCommitLine(line); ok {
+				sc.sent.add(ch.id, c)
 			} else if line == "BYE" {
 				ch.bye.Store(true)
 			} else {
@@ -488,7 +515,7 @@ func (sc *scenario) spawn() *child {
 			t.Errorf("consumer process %d exited on its own: %v; its stderr ends with:\n%s", ch.id, ch.waitErr, s[max(0, len(s)-8192):])
 		}
 	}()
-	return ch
+	return ch, nil
 }
 
 // kill SIGKILLs the process and waits for it.
@@ -497,7 +524,9 @@ func (ch *child) kill() {
 		ch.sc.note("consumer process %d killed", ch.id)
 	}
 	ch.stopping.Store(true)
+	ch.goneAt.CompareAndSwap(0, time.Now().UnixNano())
 	_ = ch.cmd.Process.Signal(syscall.SIGKILL)
+	ch.sc.changed()
 	<-ch.exited
 }
 
@@ -506,8 +535,10 @@ func (ch *child) kill() {
 // and exited cleanly.
 func (ch *child) stop(timeout time.Duration) error {
 	ch.sc.note("consumer process %d asked to stop", ch.id)
-	defer func() { ch.sc.note("consumer process %d gone", ch.id) }()
+	ch.sc.changed()
+	defer func() { ch.sc.note("consumer process %d gone", ch.id); ch.sc.changed() }()
 	ch.stopping.Store(true)
+	ch.goneAt.CompareAndSwap(0, time.Now().UnixNano())
 	_ = ch.stdin.Close()
 	slow := time.NewTimer(timeout / 3)
 	defer slow.Stop()
@@ -544,34 +575,50 @@ func (ch *child) stop(timeout time.Duration) error {
 
 // member is an in-process consumer.
 type member struct {
-	id   int
-	sub  *safeack.Subscriber
-	done <-chan struct{}
-	left chan struct{} // closed once leave returned
-	once sync.Once
-	sc   *scenario
+	id     int
+	sub    *safeack.Subscriber
+	tap    *commitTap // real cluster only
+	done   <-chan struct{}
+	left   chan struct{} // closed once leave returned
+	goneAt atomic.Int64  // when it was asked to leave (Unix ns)
+	once   sync.Once
+	sc     *scenario
 }
 
 // join starts an in-process member reporting into sc's ledger.
 func (sc *scenario) join() *member {
-	t := sc.t
-	t.Helper()
-	spec := sc.spec()
-	sub, err := newMember(spec, sc.c.SaramaConfig(), sc.logger)
+	sc.t.Helper()
+	m, err := sc.joinE()
 	if err != nil {
-		t.Fatalf("NewSubscriber: %v", err)
+		sc.t.Fatal(err)
+	}
+	return m
+}
+
+// joinE is join for goroutines other than the test's: it returns its error.
+func (sc *scenario) joinE() (*member, error) {
+	spec := sc.spec()
+	var tap *commitTap
+	if spec.Tap {
+		tap = &commitTap{topic: spec.Topic, sent: func(c sentCommit) { sc.sent.add(spec.ID, c) }}
+	}
+	sub, err := newMember(spec, sc.c.SaramaConfig(), sc.logger, tap)
+	if err != nil {
+		return nil, fmt.Errorf("NewSubscriber: %w", err)
 	}
 	done, err := consume(context.Background(), sub, spec.Topic, memberSink{l: sc.led, id: spec.ID}, spec.Work)
 	if err != nil {
-		t.Fatalf("Subscribe: %v", err)
+		_ = sub.Close()
+		return nil, fmt.Errorf("Subscribe: %w", err)
 	}
-	m := &member{id: spec.ID, sub: sub, done: done, left: make(chan struct{}), sc: sc}
+	m := &member{id: spec.ID, sub: sub, tap: tap, done: done, left: make(chan struct{}), sc: sc}
 	sc.note("member %d joined", m.id)
-	sc.fig.Consumers++
+	sc.changed()
 	sc.mu.Lock()
+	sc.fig.Consumers++
 	sc.members = append(sc.members, m)
 	sc.mu.Unlock()
-	return m
+	return m, nil
 }
 
 // ownedNow returns the partitions the member owns now.
@@ -582,7 +629,9 @@ func (m *member) ownedNow() []int32 { return ownedPartitions(m.sub, m.sc.topic) 
 func (m *member) leave() {
 	m.once.Do(func() {
 		m.sc.note("member %d leaving", m.id)
-		defer m.sc.note("member %d left", m.id)
+		m.goneAt.Store(time.Now().UnixNano())
+		m.sc.changed()
+		defer func() { m.sc.note("member %d left", m.id); m.sc.changed() }()
 		_ = m.sub.Close()
 		<-m.done
 		close(m.left)

@@ -9,10 +9,11 @@
 //   - no loss: every record in the topic (from the floor, see below) was
 //     acked at least once;
 //   - safe commits: no commit (every OffsetCommit request the embedded
-//     broker received, or, on a real cluster, every committed offset polled
-//     from it) passed a record that had not been acked when it was made,
-//     and no completed tail in the commit metadata claimed a record that had
-//     not been acked;
+//     broker received; on a real cluster, every OffsetCommit request a
+//     consumer sent, seen at its socket, and every committed offset polled
+//     from the broker) passed a record that had not been acked when it was
+//     made, and no completed tail in the commit metadata claimed a record
+//     that had not been acked;
 //   - where the group started (OffsetNewest variants): no record below the
 //     floor was handled, no commit went below it, and each partition's
 //     start was committed while its first record was still unfinished;
@@ -22,7 +23,27 @@
 //   - the group ends committed at the end of every partition.
 //
 // It reports how many records were handled more than once: the
-// at-least-once price of the trouble.
+// at-least-once price of the trouble, and, for each broker failure, the
+// stall: the time from the failure until every partition it affected
+// acked a record produced after it.
+//
+// On a real cluster the broker's side of a commit cannot be observed, so
+// each consumer's Sarama client dials through a tap (Net.Proxy.Dialer) that
+// decodes every OffsetCommit request as it is written; the request is
+// checked against the acks made before that moment. Consumer processes
+// report theirs on stdout.
+//
+// A group watch runs beside the crash loop, the storms and the cluster
+// scenarios: partitions that no live consumer owns for longer than a
+// session timeout, a rebalance timeout and a JoinGroup read timeout (and
+// as much again for a loaded machine; more on the three-node cluster)
+// after the harness's last change are a stuck group. The watch logs what
+// the broker says of the group and restarts a consumer (a JoinGroup starts
+// a rebalance), so the run goes on and is judged on its invariants. On the
+// embedded broker that is reported as the broker's fault (kfake, after
+// dropping JoinGroup answers, has left partitions unowned for minutes with
+// no rebalance started); on a real broker, which finishes its rebalances,
+// it is also a violation.
 //
 // The crash loop and the rebalance storms run twice, at the two settings
 // of Consumer.Offsets.Initial: OffsetOldest (the harness's) and
@@ -59,6 +80,21 @@
 //   - TestBrokerRestart (real broker only, when SAFEACK_CHAOS_RESTART names
 //     a command that restarts the broker keeping its data, for example
 //     scripts/ci-kafka-bounce.sh): the broker is restarted mid-run.
+//   - TestCluster* (three-node cluster only, when SAFEACK_CHAOS_CLUSTER
+//     names its control script; see cluster_test.go): with three members
+//     (or consumer processes) on a 6-partition topic replicated three
+//     times, min.insync.replicas 2, each failure starting from a whole
+//     cluster and a group that owns every partition:
+//     TestClusterLeaderKill SIGKILLs the node leading the most partitions
+//     (2 times; 5 without -short), TestClusterCoordinatorKill SIGKILLs the
+//     group coordinator's node just as a member wrote an OffsetCommit to it
+//     (2; 4), TestClusterBrokerPause SIGSTOPs a node for twice the session
+//     timeout, at least 12 s (1; 2), TestClusterRollingRestart restarts
+//     the three nodes one after the other (1 round; 2),
+//     TestClusterConsumersAndBroker SIGKILLs a node and one or two consumer
+//     processes at once (2; 4). A killed node is started again once the
+//     cluster has fenced it. They are not parallel: each has the cluster
+//     to itself.
 //
 // Running it:
 //
@@ -67,15 +103,23 @@
 //	eval "export $(scripts/kafka.sh start)"                                  # then, against a real broker:
 //	SAFEACK_CHAOS_SESSION_TIMEOUT=3s SAFEACK_CHAOS_RESTART=$PWD/scripts/ci-kafka-bounce.sh \
 //	  go test -tags chaos -race -count=1 -parallel 4 -v -short -timeout 20m ./chaos/
+//	scripts/kafka.sh stop
+//	eval "export $(scripts/kafka-cluster.sh start)"                          # a three-node cluster:
+//	go test -tags chaos -race -count=1 -v -short -timeout 30m -run '^TestCluster' ./chaos/   # short, about 5 minutes
+//	go test -tags chaos -race -count=1 -v -timeout 90m -run '^TestCluster' ./chaos/          # long, 21 failures; 30 min on a loaded 2-core box
+//	scripts/kafka-cluster.sh stop
 //
 // .ci/run runs the short version with -race -parallel 4 -v, on the embedded
 // broker and against scripts/kafka.sh's broker (about 35-45 s and 55 s on
-// two cores). The scenarios mostly wait on the group protocol, so -parallel 4
+// two cores), then the short cluster scenarios on scripts/kafka-cluster.sh's
+// cluster (about 5 minutes, plus 20-30 s to start the cluster). The scenarios mostly wait on the group protocol, so -parallel 4
 // (more than GOMAXPROCS) is what keeps the suite short.
 //
 // Flags (after the package): -chaos.duration (the churn phase of each
-// scenario), -chaos.kills (SIGKILLs in the crash loop), -chaos.seed (0: from
-// the clock; it fixes the scenarios' choices, not the scheduling). The
+// scenario), -chaos.kills (SIGKILLs in the crash loop), -chaos.failures
+// (node failures in each cluster scenario, rounds of the rolling restart),
+// -chaos.seed (0: from the clock; it fixes the scenarios' choices, not the
+// scheduling). The
 // figures of the run are printed at the end as a Markdown table (with -v, or
 // when a scenario fails: go test hides a passing package's output
 // otherwise), and after each scenario.
@@ -83,11 +127,17 @@
 // Environment: SAFEACK_KAFKA_BROKERS (a real cluster instead of the
 // embedded broker), SAFEACK_CHAOS_SESSION_TIMEOUT (group session timeout on
 // a real cluster, default 6s), SAFEACK_CHAOS_RESTART (see
-// TestBrokerRestart), SAFEACK_CHAOS_ARTIFACTS (where the logs of a failed
-// scenario and the goroutine dumps of consumer processes that hang go;
-// default the temporary directory), SAFEACK_CHAOS_SARAMA_LOG=1 (Sarama's
-// own log in the consumer processes' stderr), SAFEACK_CHAOS_DEBUG=1 (for
-// the first duplicated record, the commits of its partition around it).
+// TestBrokerRestart), SAFEACK_CHAOS_CLUSTER (the control script of the
+// three-node cluster SAFEACK_KAFKA_BROKERS names, DIR/ctl from
+// scripts/kafka-cluster.sh start; the cluster scenarios run `ctl nodes` and
+// `ctl node ID start|stop`, and signal the pids `nodes` prints directly
+// when the moment matters), SAFEACK_CHAOS_ARTIFACTS (where the logs of a
+// failed scenario and the goroutine dumps of consumer processes that hang
+// go; default the temporary directory), SAFEACK_CHAOS_KEEP_LOGS=1 (keep the
+// timeline and the consumers' logs of passing scenarios too),
+// SAFEACK_CHAOS_SARAMA_LOG=1 (Sarama's own log in the consumer processes'
+// stderr), SAFEACK_CHAOS_DEBUG=1 (for the first duplicated record, the
+// commits of its partition around it).
 //
 // Known costs the figures show: a SIGKILL replays what the dead member had
 // completed since its last commit (the completed tail in the commit
@@ -96,4 +146,18 @@
 // (ILLEGAL_GENERATION: Sarama commits it after the new generation's
 // SyncGroup, and the generation has often moved on again), so the next
 // owner replays the records completed since the previous commit.
+//
+// On the three-node cluster: a dead leader stalls its partitions until the
+// cluster fences the node (broker.session.timeout.ms, 6 s there); a dead
+// coordinator stalls the group for the fencing, then one session timeout
+// more: Sarama returns the JoinGroup's connection error at once (no retry
+// for a transport error), safeack then replaces its Sarama client and
+// consumer group (as watermill-kafka does), each member rejoins under a new
+// member id, and the new coordinator, which loaded the old members with
+// the group, waits for their sessions to expire before it rebalances; a
+// hung node stalls the partitions it led until it answers again or
+// Sarama's Net.ReadTimeout ends the fetch waiting on it; a rolling restart
+// (controlled shutdowns) costs next to nothing. Records handled twice there
+// are those completed since the last commit that went through before the
+// coordinator died.
 package chaos

@@ -17,6 +17,7 @@ var (
 	flagDuration = flag.Duration("chaos.duration", 0, "length of each scenario's churn phase (0: 10s with -short, 60s otherwise)")
 	flagKills    = flag.Int("chaos.kills", 0, "SIGKILLs in the crash loop (0: 5 with -short, 25 otherwise)")
 	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of the scenarios' random choices (0: from the clock)")
+	flagFailures = flag.Int("chaos.failures", 0, "node failures in each TestCluster scenario, rounds of the rolling restart (0: the scenario's own, fewer with -short)")
 )
 
 // Environment.
@@ -35,6 +36,14 @@ const (
 	// envArtifacts names a directory for the stderr of consumer processes
 	// that hang (default: the system's temporary directory).
 	envArtifacts = "SAFEACK_CHAOS_ARTIFACTS"
+	// envCluster names the control script of a three-node cluster
+	// (scripts/kafka-cluster.sh writes it: DIR/ctl), the one
+	// SAFEACK_KAFKA_BROKERS points at; the TestCluster scenarios are
+	// skipped without it. See clusterCtl.
+	envCluster = "SAFEACK_CHAOS_CLUSTER"
+	// envKeepLogs, when set, keeps the timeline and the consumers' logs of
+	// passing scenarios too, in the artifacts directory.
+	envKeepLogs = "SAFEACK_CHAOS_KEEP_LOGS"
 	// envSaramaLog, when set, sends Sarama's own log of consumer processes
 	// to their stderr (very verbose; for debugging a stall).
 	envSaramaLog = "SAFEACK_CHAOS_SARAMA_LOG"
@@ -111,7 +120,11 @@ type figures struct {
 	Twice, Extra, Nacks int
 	// Lost: records never acked. Violations: failed invariant checks.
 	Lost, Violations int
-	Passed           bool
+	// Stalls: per broker failure, from the failure until every partition
+	// it affected acked a record produced after it (see failover); -1
+	// when none was produced after it.
+	Stalls []time.Duration
+	Passed bool
 }
 
 var results struct {
@@ -138,13 +151,30 @@ func (f figures) row() string {
 	if f.FaultDetail != "" {
 		faults += " (" + f.FaultDetail + ")"
 	}
-	return fmt.Sprintf("| %s | %s | %.0fs | %d | %d | %d | %d | %s | %s | %d | %d | %d | %d | %d | %d | %s |",
+	return fmt.Sprintf("| %s | %s | %.0fs | %d | %d | %d | %d | %s | %s | %s | %d | %d | %d | %d | %d | %d | %s |",
 		f.Scenario, f.Broker, f.Elapsed.Seconds(), f.Records, f.Consumers, f.Crashes, f.MemberChanges, gens,
-		faults, f.Commits, f.Twice, f.Extra, f.Nacks, f.Lost, f.Violations, status)
+		faults, stallsField(f.Stalls), f.Commits, f.Twice, f.Extra, f.Nacks, f.Lost, f.Violations, status)
 }
 
-const figuresHeader = "| scenario | broker | time | records | consumers | crashes | member changes | generations | faults | commits checked | handled twice | extra acks | nacks | lost | violations | result |\n" +
-	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+// stallsField writes stalls as "8.1/6.9/7.7 s" ("-" for a failure after
+// which nothing was produced), or "" when there were none.
+func stallsField(stalls []time.Duration) string {
+	if len(stalls) == 0 {
+		return ""
+	}
+	f := make([]string, len(stalls))
+	for i, d := range stalls {
+		if d < 0 {
+			f[i] = "-"
+		} else {
+			f[i] = fmt.Sprintf("%.1f", d.Seconds())
+		}
+	}
+	return strings.Join(f, "/") + " s"
+}
+
+const figuresHeader = "| scenario | broker | time | records | consumers | crashes | member changes | generations | faults | stall after each failure | commits checked | handled twice | extra acks | nacks | lost | violations | result |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 func printFigures() {
 	results.mu.Lock()

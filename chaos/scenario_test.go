@@ -38,6 +38,7 @@ type scenario struct {
 
 	led     *ledger
 	commits *kafkatest.CommitLog // embedded broker only
+	sent    *sentLog             // real cluster: the commit requests the consumers sent (see commitTap)
 	sampler *sampler
 	prod    *producer
 	logger  watermill.LoggerAdapter
@@ -57,7 +58,20 @@ type scenario struct {
 
 	floor       map[int32]int64 // where the group started (see begin); nil: 0
 	startIssues []string        // start positions not committed (see begin)
+
+	// lastChange is when the harness last changed the group or the
+	// cluster (a consumer started, killed or stopped; a broker failed), in
+	// Unix nanoseconds: the group watch (watchGroup) counts from it.
+	lastChange atomic.Int64
+	failovers  []*failover // broker failures, for the stall figures
+	// groupIssues are groups left unowned that count as violations (see
+	// watchGroup); groupStalls counts every group left unowned.
+	groupIssues []string
+	groupStalls int
 }
+
+// changed records that the harness just changed the group or the cluster.
+func (sc *scenario) changed() { sc.lastChange.Store(time.Now().UnixNano()) }
 
 // endChurn marks the end of the churn phase: what was acked before it shows
 // how much work the consumers did while the trouble went on.
@@ -121,6 +135,7 @@ func newScenario(t *testing.T, name string, o scenarioOpts) *scenario {
 		initial:    o.initial,
 		work:       defaultWork,
 		led:        newLedger(),
+		sent:       &sentLog{},
 		logs:       newTailBuffer(4 << 20),
 		started:    time.Now(),
 	}
@@ -163,6 +178,7 @@ func (sc *scenario) spec() memberSpec {
 		Cooperative: sc.coop,
 		Initial:     sc.initial,
 		Work:        sc.work,
+		Tap:         !sc.c.Embedded(),
 	}
 }
 
@@ -185,6 +201,16 @@ func (sc *scenario) cleanup() {
 	}
 	wg.Wait()
 	sc.sampler.close()
+	if os.Getenv(envKeepLogs) != "" && !sc.t.Failed() {
+		sc.mu.Lock()
+		tl := strings.Join(sc.timeline, "\n")
+		sc.mu.Unlock()
+		saveArtifact(fmt.Sprintf("chaos-%s-timeline.txt", sc.name), tl+"\n")
+		saveArtifact(fmt.Sprintf("chaos-%s-members-log.txt", sc.name), sc.logs.String())
+		for _, ch := range children {
+			saveArtifact(fmt.Sprintf("chaos-%s-consumer-%d-stderr.txt", sc.name, ch.id), ch.stderr.String())
+		}
+	}
 	if sc.t.Failed() {
 		sc.mu.Lock()
 		sc.t.Logf("timeline:\n  %s", strings.Join(sc.timeline, "\n  "))
@@ -423,7 +449,11 @@ func (sc *scenario) verify(end map[int32]int64) {
 		}
 		sc.fig.Generations = len(gens)
 	}
-	views = append(views, sc.sampler.views()...)
+	sent, polled := sc.sent.all(), sc.sampler.views()
+	t.Logf("%s: commits checked: %d requests the broker received, %d requests the consumers sent, %d polled",
+		sc.name, len(views), len(sent), len(polled))
+	views = append(views, sent...)
+	views = append(views, polled...)
 	sc.fig.Commits = len(views)
 	if len(views) == 0 {
 		v.add("no commit was observed")
@@ -431,6 +461,11 @@ func (sc *scenario) verify(end map[int32]int64) {
 	for _, m := range sc.startIssues {
 		v.add("%s", m)
 	}
+	sc.mu.Lock()
+	for _, m := range sc.groupIssues {
+		v.add("%s", m)
+	}
+	sc.mu.Unlock()
 	sc.led.checkCommits(&v, views, end)
 	sc.led.checkHistory(&v)
 	keyed := sc.led.checkKeyOrder(&v)
@@ -438,6 +473,16 @@ func (sc *scenario) verify(end map[int32]int64) {
 	sc.led.mu.Lock()
 	sc.fig.Nacks = sc.led.nacks
 	sc.led.mu.Unlock()
+	sc.fig.Stalls = sc.stalls(end)
+	sc.mu.Lock()
+	if sc.groupStalls > 0 {
+		g := fmt.Sprintf("group left unowned %dx, a consumer restarted", sc.groupStalls)
+		if sc.fig.FaultDetail != "" {
+			g = sc.fig.FaultDetail + "; " + g
+		}
+		sc.fig.FaultDetail = g
+	}
+	sc.mu.Unlock()
 	sc.fig.Violations = v.n
 	sc.fig.Elapsed = time.Since(sc.started)
 	for _, m := range v.msgs {
@@ -478,6 +523,32 @@ type producer struct {
 	once   sync.Once
 	sent   atomic.Int64
 	failed atomic.Int64
+	// confirmed is, per partition, the highest offset a send was
+	// confirmed at (-1: none yet): what had been produced when a broker
+	// failed (see failover).
+	confirmed []atomic.Int64
+}
+
+// confirm records the offsets of sent messages.
+func (pr *producer) confirm(ms ...*sarama.ProducerMessage) {
+	for _, m := range ms {
+		c := &pr.confirmed[m.Partition]
+		for {
+			cur := c.Load()
+			if m.Offset <= cur || c.CompareAndSwap(cur, m.Offset) {
+				break
+			}
+		}
+	}
+}
+
+// confirmedNow returns confirmed, per partition.
+func (pr *producer) confirmedNow() []int64 {
+	out := make([]int64, len(pr.confirmed))
+	for i := range pr.confirmed {
+		out[i] = pr.confirmed[i].Load()
+	}
+	return out
 }
 
 const numKeys = 48
@@ -488,13 +559,20 @@ func (sc *scenario) startProducer(rate int) {
 	t := sc.t
 	cfg := sc.c.SaramaConfig()
 	cfg.ClientID = "chaos-producer"
+	// A hung broker holds a request until this read timeout: above the
+	// broker's wait for in-sync replicas (Producer.Timeout, 10 s), far
+	// below Sarama's default 30 s.
+	cfg.Net.ReadTimeout = 15 * time.Second
 	cfg.Producer.Retry.Max = 3
 	cfg.Producer.Retry.Backoff = 100 * time.Millisecond
 	p, err := sarama.NewSyncProducer(sc.c.Brokers(), cfg)
 	if err != nil {
 		t.Fatalf("producer: %v", err)
 	}
-	pr := &producer{halt: make(chan struct{}), done: make(chan struct{})}
+	pr := &producer{halt: make(chan struct{}), done: make(chan struct{}), confirmed: make([]atomic.Int64, sc.partitions)}
+	for i := range pr.confirmed {
+		pr.confirmed[i].Store(-1)
+	}
 	sc.prod = pr
 	rng := rand.New(rand.NewPCG(sc.rng.Uint64(), sc.rng.Uint64()))
 	const tick = 50 * time.Millisecond
@@ -534,6 +612,7 @@ func (sc *scenario) startProducer(rate int) {
 				err := p.SendMessages(batch)
 				if err == nil {
 					pr.sent.Add(int64(len(batch)))
+					pr.confirm(batch...)
 					break
 				}
 				var perrs sarama.ProducerErrors
@@ -542,6 +621,15 @@ func (sc *scenario) startProducer(rate int) {
 				} else {
 					pr.sent.Add(int64(len(batch) - len(perrs)))
 					pr.failed.Add(int64(len(perrs)))
+					bad := make(map[*sarama.ProducerMessage]bool, len(perrs))
+					for _, pe := range perrs {
+						bad[pe.Msg] = true
+					}
+					for _, m := range batch {
+						if !bad[m] {
+							pr.confirm(m)
+						}
+					}
 					batch = batch[:0]
 					for _, pe := range perrs {
 						m := pe.Msg
@@ -588,6 +676,7 @@ type sampler struct {
 func startSampler(t *testing.T, c *kafkatest.Cluster, group, topic string, partitions int) *sampler {
 	cfg := c.SaramaConfig()
 	cfg.ClientID = "chaos-sampler"
+	cfg.Net.ReadTimeout = 10 * time.Second // a hung coordinator
 	client, err := sarama.NewClient(c.Brokers(), cfg)
 	if err != nil {
 		t.Fatalf("sampler client: %v", err)

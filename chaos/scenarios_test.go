@@ -74,13 +74,13 @@ func sideBySide(t *testing.T, run func(t *testing.T, initial int64)) {
 
 func crashLoop(t *testing.T, initial int64) {
 	sc := newScenario(t, "crash-loop"+initialSuffix(initial), scenarioOpts{partitions: 6, initial: initial})
-	var live []*child
+	// live is shared with the group watch, which may replace one of them.
+	live := &crew[*child]{}
 	sc.begin(300, func() {
-		live = []*child{sc.spawn(), sc.spawn()}
+		live.add(sc.spawn(), sc.spawn())
 		sc.fig.MemberChanges += 2
-	}, func() [][]int32 {
-		return [][]int32{live[0].ownedNow(), live[1].ownedNow()}
-	})
+	}, live.owned)
+	watch := sc.watchGroup(sc.groupStallLimit(false), live.owned, live.replacer(sc.spawnE, func(ch *child) { ch.kill() }, "SIGKILLed"))
 	for i := range crashes() {
 		gap := sc.between(500*time.Millisecond, 3*time.Second)
 		if i == 0 && initial == sarama.OffsetNewest {
@@ -88,27 +88,148 @@ func crashLoop(t *testing.T, initial int64) {
 			gap = sc.between(200*time.Millisecond, holdFirst-500*time.Millisecond)
 		}
 		time.Sleep(gap)
-		j := sc.rng.IntN(len(live))
-		live[j].kill()
+		if err := live.replace(sc.rng.IntN(live.len()), sc.spawnE, func(ch *child) { ch.kill() }); err != nil {
+			t.Fatal(err)
+		}
 		sc.fig.Crashes++
-		live[j] = sc.spawn()
 		sc.fig.MemberChanges += 2
 	}
 	sc.endChurn()
-	final := sc.spawn()
+	survivors := live.take()
+	live.add(sc.spawn())
 	sc.fig.MemberChanges++
 	time.Sleep(time.Second)
-	for _, ch := range live {
+	for _, ch := range survivors {
 		if err := ch.stop(stopTimeout); err != nil {
 			t.Error(err)
 		}
 		sc.fig.MemberChanges++
 	}
 	sc.finish(drainTimeout(), func() {
-		if err := final.stop(stopTimeout); err != nil {
-			t.Error(err)
+		watch.stop()
+		for _, ch := range live.take() {
+			if err := ch.stop(stopTimeout); err != nil {
+				t.Error(err)
+			}
 		}
 	})
+}
+
+// owner is a consumer whose partitions the group watch can see.
+type owner interface {
+	*child | *member
+	ownedNow() []int32
+}
+
+// crew is a scenario's live consumers, shared between the scenario and its
+// group watch.
+type crew[T owner] struct {
+	mu   sync.Mutex
+	list []T
+}
+
+func (c *crew[T]) add(xs ...T) {
+	c.mu.Lock()
+	c.list = append(c.list, xs...)
+	c.mu.Unlock()
+}
+
+func (c *crew[T]) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.list)
+}
+
+func (c *crew[T]) all() []T {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.list)
+}
+
+// take removes every consumer from the crew and returns them.
+func (c *crew[T]) take() []T {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.list
+	c.list = nil
+	return out
+}
+
+// remove removes consumer j and returns it.
+func (c *crew[T]) remove(j int) T {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	x := c.list[j]
+	c.list = slices.Delete(c.list, j, j+1)
+	return x
+}
+
+// owned returns the partitions each consumer owns.
+func (c *crew[T]) owned() [][]int32 {
+	var out [][]int32
+	for _, x := range c.all() {
+		out = append(out, x.ownedNow())
+	}
+	return out
+}
+
+// replace ends consumer j with end and puts a new one from start in its
+// place.
+func (c *crew[T]) replace(j int, start func() (T, error), end func(T)) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	end(c.list[j])
+	x, err := start()
+	if err != nil {
+		c.list = slices.Delete(c.list, j, j+1)
+		return err
+	}
+	c.list[j] = x
+	return nil
+}
+
+// replacer returns the group watch's restart: it replaces a consumer that
+// owns nothing (one the broker may have left waiting), or else the first.
+func (c *crew[T]) replacer(start func() (T, error), end func(T), how string) func() (string, error) {
+	return func() (string, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if len(c.list) == 0 {
+			x, err := start()
+			if err != nil {
+				return "", err
+			}
+			c.list = append(c.list, x)
+			return "no consumer was live: started one", nil
+		}
+		j := 0
+		for i, x := range c.list {
+			if len(x.ownedNow()) == 0 {
+				j = i
+				break
+			}
+		}
+		old := c.list[j]
+		what := fmt.Sprintf("consumer %s (owning %v) %s and replaced", consumerName(old), old.ownedNow(), how)
+		end(old)
+		x, err := start()
+		if err != nil {
+			c.list = slices.Delete(c.list, j, j+1)
+			return what, err
+		}
+		c.list[j] = x
+		return what + " by " + consumerName(x), nil
+	}
+}
+
+func consumerName[T owner](x T) string {
+	switch v := any(x).(type) {
+	case *child:
+		return fmt.Sprintf("process %d", v.id)
+	case *member:
+		return fmt.Sprintf("member %d", v.id)
+	}
+	return "?"
 }
 
 // TestRebalanceStorm runs in-process members of one group while a producer
@@ -134,22 +255,21 @@ func TestRebalanceStorm(t *testing.T) {
 
 func storm(t *testing.T, name string, coop bool, initial int64) {
 	sc := newScenario(t, name, scenarioOpts{partitions: 8, coop: coop, initial: initial})
-	var live []*member
+	live := &crew[*member]{}
 	sc.begin(300, func() {
-		live = []*member{sc.join(), sc.join()}
+		live.add(sc.join(), sc.join())
 		sc.fig.MemberChanges += 2
-	}, func() [][]int32 {
-		return [][]int32{live[0].ownedNow(), live[1].ownedNow()}
-	})
+	}, live.owned)
+	// A member replaced by the watch leaves in the background (it may be
+	// waiting on the broker); the scenario's cleanup waits for it.
+	watch := sc.watchGroup(sc.groupStallLimit(false), live.owned, live.replacer(sc.joinE, func(m *member) { go m.leave() }, "asked to leave"))
 	var leaving sync.WaitGroup
 	for deadline := time.Now().Add(churn()); time.Now().Before(deadline); {
 		time.Sleep(sc.between(150*time.Millisecond, 500*time.Millisecond))
-		if len(live) <= 1 || len(live) < 5 && sc.rng.IntN(2) == 0 {
-			live = append(live, sc.join())
+		if n := live.len(); n <= 1 || n < 5 && sc.rng.IntN(2) == 0 {
+			live.add(sc.join())
 		} else {
-			j := sc.rng.IntN(len(live))
-			m := live[j]
-			live = slices.Delete(live, j, j+1)
+			m := live.remove(sc.rng.IntN(n))
 			leaving.Add(1)
 			go func() { defer leaving.Done(); m.leave() }()
 		}
@@ -157,7 +277,7 @@ func storm(t *testing.T, name string, coop bool, initial int64) {
 	}
 	sc.endChurn()
 	leaving.Wait()
-	sc.finish(drainTimeout(), func() { leaveAll(live) })
+	sc.finish(drainTimeout(), func() { watch.stop(); leaveAll(live.take()) })
 }
 
 // TestBrokerFaults runs three in-process members on a three-broker embedded

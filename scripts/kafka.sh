@@ -177,7 +177,24 @@ is_ours() {
   tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -Fxq -- "$TAG"
 }
 
-alive() { kill -0 "$1" 2>/dev/null; }
+# alive: the process runs (or is stopped by SIGSTOP). A zombie (exited, not
+# yet reaped) is not alive: a broker launched detached is re-parented to
+# PID 1, which in some containers reaps only every few seconds, so kill -0
+# alone would see a killed broker live on.
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  [[ "$(proc_state "$1")" != Z ]]
+}
+
+# proc_state PID: the state letter of /proc/PID/stat (R, S, T, Z, ...), or
+# nothing when there is no such process. The command name, in parentheses,
+# may hold spaces: read after the last ')'.
+proc_state() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  stat=${stat##*) }
+  printf '%s\n' "${stat%% *}"
+}
 
 tail_log() {
   local n=${1:-50}
@@ -290,7 +307,12 @@ EOF
   if [[ -n "${SAFEACK_KAFKA_EXTRA_PROPS:-}" ]]; then
     printf '\n# SAFEACK_KAFKA_EXTRA_PROPS\n%s\n' "$SAFEACK_KAFKA_EXTRA_PROPS" >>"$CONFIG"
   fi
+  write_log4j
+}
 
+# write_log4j writes the broker's and the tool JVMs' log4j2 configs into
+# $DATA_DIR (scripts/kafka-cluster.sh uses it for each node).
+write_log4j() {
   cat >"$DATA_DIR/log4j2.properties" <<'EOF'
 status = warn
 name = safeack-kafka-broker
