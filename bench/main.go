@@ -45,6 +45,7 @@ type options struct {
 	restartLead   int
 	runTimeout    time.Duration
 	commitTimeout time.Duration
+	commitPoll    time.Duration
 	keepTopics    bool
 	pcKeys        []int
 	verbose       bool
@@ -70,14 +71,21 @@ func main() {
 		restartLead = flag.Int("restart-lead", 0, "restart-cost: records acked before the head (0: the head is the partition's first record)")
 		runTimeout  = flag.Duration("run-timeout", 5*time.Minute, "give up on a run after this long")
 		commitTO    = flag.Duration("commit-timeout", 15*time.Second, "after the last ack, wait this long at most for the committed offsets to reach the end")
+		commitPoll  = flag.Duration("commit-poll", 5*time.Millisecond, "how often the commit watcher (a child process) reads the group's committed offsets (OffsetFetch)")
 		keepTopics  = flag.Bool("keep-topics", false, "do not delete the benchmark topics at the end (real clusters)")
 		pcKeys      = flag.String("pc-keys", "1,2,5,10,20,1000", "key counts for pc-published in by-key mode")
 		verbose     = flag.Bool("v", false, "log progress details to stderr")
 
 		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
 		restartChild = flag.String("restart-child", "", "internal: run the first consumer of restart-cost (JSON spec)")
+		commitWatch  = flag.String("commit-watch", "", "internal: watch a group's committed offsets (JSON spec)")
 	)
 	flag.Parse()
+
+	if *commitWatch != "" {
+		runCommitWatchChild(*commitWatch)
+		return
+	}
 
 	if *serveKfake {
 		serveKfakeChild()
@@ -100,6 +108,7 @@ func main() {
 		restartLead:   *restartLead,
 		runTimeout:    *runTimeout,
 		commitTimeout: *commitTO,
+		commitPoll:    *commitPoll,
 		keepTopics:    *keepTopics,
 		verbose:       *verbose,
 	}

@@ -36,6 +36,15 @@ type result struct {
 	noKafka  bool               // the local ideal: nothing to commit
 	busy     time.Duration      // handler time summed over all records
 	conc     int                // the case's concurrency; 0 when unbounded
+
+	// Commit lag, from the commit watcher (commitwatch.go).
+	endLag   time.Duration // last ack → committed offsets at the end of every partition; <0: not reached
+	cover    lagStats      // per record: its ack → the first observed commit past its offset
+	rtt      time.Duration // median OffsetFetch round trip of the watcher
+	heapBase uint64        // HeapInuse after the pre-run GC (the bench's own tracking arrays)
+	allocs   float64       // heap allocations (MemStats.Mallocs delta) per record, consumer start → last ack; <0: unknown
+	e2e      lagStats      // steady: produce → ack per record
+	offered  float64       // steady: the producer's achieved rate, records/s
 }
 
 // occupancy is the mean number of handlers running while records flowed, as
@@ -104,12 +113,32 @@ func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, er
 				}
 				continue
 			}
-			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  cpu %.2fs  heap %s  dups %d  occupancy %.2f  mean handler %s",
-				c.label, rep, r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), r.cpu.Seconds(), fmtMB(r.heapPeak), r.dups,
+			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  end lag %s  ack→commit p50/p99 %s/%s ms  cpu %.2fs  heap %s  allocs/rec %.1f  dups %d  occupancy %.2f  mean handler %s",
+				c.label, rep, r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), fmtCommit(r.endLag), fmtMs(ms(r.cover.p50)), fmtMs(ms(r.cover.p99)),
+				r.cpu.Seconds(), fmtMB(r.heapPeak-min(r.heapBase, r.heapPeak)), r.allocs, r.dups,
 				r.occupancy(), time.Duration(int64(r.busy)/int64(max(r.n, 1))).Round(time.Microsecond))
 		}
 	}
+	sec.noteCommitWatch()
 	return sec, firstErr
+}
+
+// noteCommitWatch states how commit times were observed.
+func (s *section) noteCommitWatch() {
+	var rtts []float64
+	for _, rs := range s.results {
+		for _, r := range rs {
+			if r.rtt > 0 {
+				rtts = append(rtts, ms(r.rtt))
+			}
+		}
+	}
+	if len(rtts) == 0 {
+		return
+	}
+	s.w.notes = append(s.w.notes, fmt.Sprintf("end lag = last ack → the group's committed offsets at the end of every partition; ack→commit = per record, its ack → the first commit past its offset (p50/p99 over records, median over reps). "+
+		"Commits are seen by a child process polling OffsetFetch every %v (round trip median %s ms over the runs): lags are upper bounds, late by up to one poll plus one round trip.",
+		opt.commitPoll, fmtMs(median(rtts))))
 }
 
 func fmtCommit(d time.Duration) string {
@@ -121,12 +150,25 @@ func fmtCommit(d time.Duration) string {
 
 // runCase consumes t from the start with a fresh group and measures.
 func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *topic, rep int) *result {
-	r := &result{n: c.topic.n, retained: -1, commit: -1}
+	r := &result{n: c.topic.n, retained: -1, commit: -1, endLag: -1, allocs: -1}
 	group := groupName(env, w.name, c.label, rep)
 	tr := newAckTracker(c.topic.n)
 
+	var watch *commitWatch
+	if c.kind.commits() {
+		var err error
+		if watch, err = startCommitWatch(env, t, group); err != nil {
+			r.err = err
+			return r
+		}
+		defer watch.close()
+	}
+
 	settle()
 	resetPeakRSS()
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	r.heapBase = ms0.HeapInuse
 	cpu0 := cpuTime()
 	stopProf := startProfile(w.name, c.label, rep)
 
@@ -146,9 +188,13 @@ func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *t
 		r.err = fmt.Errorf("timed out after %v with %d of %d records acked", opt.runTimeout, tr.uniq.Load(), tr.n)
 	case <-ctx.Done():
 		r.err = ctx.Err()
+	case <-con.failed:
+		r.err = con.err()
 	}
 	timeout.Stop()
 	cpu1 := cpuTime()
+	var ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms1)
 	stopProf()
 
 	if r.err == nil {
@@ -156,11 +202,13 @@ func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *t
 		r.startup = time.Duration(tr.first.Load() - 1)
 		r.active = r.wall - r.startup
 		r.cpu = cpu1 - cpu0
+		r.allocs = float64(ms1.Mallocs-ms0.Mallocs) / float64(r.n)
 		r.busy, r.conc = time.Duration(tr.busy.Load()), c.conc
-		if c.kind == kindLocal {
+		if watch == nil {
 			r.noKafka, r.commit = true, 0
-		} else if at, ok := env.waitCommitted(ctx, t, group, opt.commitTimeout); ok {
-			r.commit = at.Sub(tr.base)
+		} else if at, ok := watch.waitEnds(t.ends, opt.commitTimeout); ok {
+			r.commit = time.Duration(at - tr.base.UnixNano())
+			r.endLag = time.Duration(at - tr.base.UnixNano() - tr.last.Load())
 		}
 	}
 	if err := con.stop(); err != nil {
@@ -172,6 +220,28 @@ func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *t
 	}
 	r.rssPeak = peakRSS()
 	r.dups = tr.total.Load() - tr.uniq.Load()
+	if x := con.ext; x != nil { // another process: its own figures
+		r.cpu, r.heapPeak, r.rssPeak, r.heapBase, r.allocs = x.cpu, x.heap, x.rss, 0, -1
+		r.busy, r.dups = x.busy, x.dups
+	}
+	if watch != nil {
+		watch.close()
+		r.rtt = watch.rttMed
+		if r.err == nil && t.offBase != nil {
+			changes := watch.snapshot()
+			r.cover = coverLags(tr, t, changes)
+			if opt.verbose {
+				lastAck := tr.base.UnixNano() + tr.last.Load()
+				for p, ch := range changes {
+					var b strings.Builder
+					for _, c := range ch {
+						fmt.Fprintf(&b, " %d@%+.3fs", c.off, float64(c.at-lastAck)/1e9)
+					}
+					logf("  %s: partition %d commits (offset@time after the last ack):%s", c.label, p, b.String())
+				}
+			}
+		}
+	}
 	return r
 }
 
