@@ -218,14 +218,14 @@ func zeroWork() *workload {
 	const conc = 256
 	t := &topicSpec{name: "zero", partitions: 8, n: n, valueSize: valueSize, keys: 1000}
 	return &workload{
-		name:  "zero-work",
-		desc:  fmt.Sprintf("%d records of %d B, 8 partitions, no work (handler goroutine acks at once), MaxInFlight %d", n, valueSize, conc),
-		cols:  []string{"wall", "startup", "rate", "xwmk", "xbare", "xceil", "xrouter", "cpu", "cpupm", "allocs", "heap", "rss", "endlag", "cover", "dups"},
+		name: "zero-work",
+		desc: fmt.Sprintf("%d records of %d B, 8 partitions, no work (handler goroutine acks at once), MaxInFlight %d", n, valueSize, conc),
+		cols: []string{"wall", "startup", "rate", "xwmk", "xbare", "xceil", "xrouter", "cpu", "cpupm", "allocs", "heap", "rss", "endlag", "cover", "dups"},
 		cases: append(standardCases(t, conc, nil),
 			&caseSpec{label: "safeack/unordered (router)", kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: conc, router: true},
 			&caseSpec{label: ceilingLabel, kind: kindCeiling, topic: t, conc: conc},
 			&caseSpec{label: routerCeilingLabel, kind: kindCeiling, topic: t, conc: conc}),
-		run:   runStandard,
+		run: runStandard,
 		notes: []string{
 			"CPU s = user+system CPU of this process (getrusage) from consumer start to the last ack; CPU s/M = per million records.",
 			"allocs/rec = runtime MemStats.Mallocs from consumer start to the last ack, per record (the bench's handler goroutine and tracking included, the same for every Go contender).",
