@@ -164,6 +164,8 @@ func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, 
 		return &contender{stop: func() error { err := s.Close(); <-done; return err }}, nil
 	case kindLocal:
 		return startLocal(ctx, c, tr), nil
+	case kindPC:
+		return startPC(c, env, t, group, tr)
 	case kindCeiling:
 		if c.label == routerCeilingLabel {
 			return startRouterCeiling(ctx, c, tr)

@@ -48,6 +48,8 @@ type options struct {
 	commitPoll    time.Duration
 	keepTopics    bool
 	pcKeys        []int
+	pc            string
+	pcWarmup      int
 	verbose       bool
 }
 
@@ -75,6 +77,9 @@ func main() {
 		keepTopics  = flag.Bool("keep-topics", false, "do not delete the benchmark topics at the end (real clusters)")
 		pcKeys      = flag.String("pc-keys", "1,2,5,10,20,1000", "key counts for pc-published in by-key mode")
 		verbose     = flag.Bool("v", false, "log progress details to stderr")
+		pc          = flag.String("pc", "auto", "Confluent Parallel Consumer contenders (pc/*): auto (build with Maven on first use, skip with a note where java or mvn is missing) or off")
+		pcWarmup    = flag.Int("pc-warmup", 20000, "Parallel Consumer: records of an unmeasured warm-up pass (own group, no work) in the same JVM before the measured pass, so it runs on JIT-compiled code; 0: a cold JVM")
+		pcBuildOnly = flag.Bool("pc-build", false, "build the Parallel Consumer driver into the cache directory and exit")
 
 		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
 		restartChild = flag.String("restart-child", "", "internal: run the first consumer of restart-cost (JSON spec)")
@@ -111,6 +116,18 @@ func main() {
 		commitPoll:    *commitPoll,
 		keepTopics:    *keepTopics,
 		verbose:       *verbose,
+		pc:            *pc,
+		pcWarmup:      *pcWarmup,
+	}
+	if opt.pc != "auto" && opt.pc != "off" {
+		fatalf("-pc must be auto or off")
+	}
+	if *pcBuildOnly {
+		if err := pcReady(); err != nil {
+			fatalf("%v", err)
+		}
+		fmt.Printf("java %s\nclasspath %s\n", pcBuild.java, pcBuild.classpath)
+		return
 	}
 	opt.brokers = splitList(*brokers)
 	opt.contenders = splitList(*contenders)

@@ -86,10 +86,21 @@ func selected(label string) bool {
 func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, error) {
 	sec := newSection(w)
 	var cases []*caseSpec
+	pcSkipped := false
 	for _, c := range w.cases {
-		if selected(c.label) {
-			cases = append(cases, c)
+		if !selected(c.label) {
+			continue
 		}
+		if c.kind == kindPC {
+			if err := pcReady(); err != nil {
+				if !pcSkipped {
+					w.notes = append(w.notes, fmt.Sprintf("Parallel Consumer rows (pc/*) skipped: %v.", err))
+					pcSkipped = true
+				}
+				continue
+			}
+		}
+		cases = append(cases, c)
 	}
 	// Produce every topic first, so producing never overlaps a measurement.
 	for _, c := range cases {

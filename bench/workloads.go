@@ -108,6 +108,9 @@ func standardCases(t *topicSpec, conc int, work []time.Duration) []*caseSpec {
 		{label: "safeack/partition", kind: kindSafeack, ordering: safeack.OrderByPartition, topic: t, conc: conc, work: work},
 		{label: "safeack/key", kind: kindSafeack, ordering: safeack.OrderByKey, topic: t, conc: conc, work: work},
 		{label: "safeack/unordered", kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: conc, work: work},
+		{label: "pc/partition", kind: kindPC, ordering: safeack.OrderByPartition, topic: t, conc: conc, work: work},
+		{label: "pc/key", kind: kindPC, ordering: safeack.OrderByKey, topic: t, conc: conc, work: work},
+		{label: "pc/unordered", kind: kindPC, ordering: safeack.Unordered, topic: t, conc: conc, work: work},
 		{label: "wm-kafka", kind: kindWatermill, topic: t, conc: conc, work: work},
 		{label: "sarama-bare", kind: kindBare, topic: t},
 	}
@@ -167,14 +170,16 @@ func pcPublished() *workload {
 	// Partition and unordered modes, watermill-kafka and the bare loop read
 	// the 1,000-key topic; key mode runs once per key count.
 	base := &topicSpec{name: "pc-k1000", partitions: 1, n: n, valueSize: valueSize, keys: 1000}
+	keyTopics := map[int]*topicSpec{1000: base}
 	for _, c := range standardCases(base, conc, work) {
-		if c.ordering == safeack.OrderByKey && c.kind == kindSafeack {
+		if c.ordering == safeack.OrderByKey && (c.kind == kindSafeack || c.kind == kindPC) {
 			for _, k := range opt.pcKeys {
-				t := base
-				if k != 1000 {
+				t := keyTopics[k]
+				if t == nil {
 					t = &topicSpec{name: fmt.Sprintf("pc-k%d", k), partitions: 1, n: n, valueSize: valueSize, keys: k}
+					keyTopics[k] = t
 				}
-				w.cases = append(w.cases, &caseSpec{label: fmt.Sprintf("safeack/key keys=%d", k), kind: kindSafeack,
+				w.cases = append(w.cases, &caseSpec{label: fmt.Sprintf("%s keys=%d", c.label, k), kind: c.kind,
 					ordering: safeack.OrderByKey, topic: t, conc: conc, work: work})
 			}
 			continue
