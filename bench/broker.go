@@ -71,8 +71,12 @@ func consumerConfig() *sarama.Config {
 	c.Consumer.Return.Errors = true
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.ChannelBufferSize = 1024
+	if opt.saramaMaxWait > 0 {
+		c.Consumer.MaxWaitTime = opt.saramaMaxWait
+	}
 	// Everything else stays at Sarama's defaults: auto-commit every 1 s,
-	// 10 s session timeout (kfake's minimum is 6 s), range assignor.
+	// 10 s session timeout (kfake's minimum is 6 s), range assignor, fetch
+	// MaxWaitTime 500 ms (-sarama-max-wait).
 	return c
 }
 

@@ -50,6 +50,7 @@ type options struct {
 	pcKeys        []int
 	pc            string
 	pcWarmup      int
+	saramaMaxWait time.Duration
 	verbose       bool
 }
 
@@ -79,6 +80,7 @@ func main() {
 		verbose     = flag.Bool("v", false, "log progress details to stderr")
 		pc          = flag.String("pc", "auto", "Confluent Parallel Consumer contenders (pc/*): auto (build with Maven on first use, skip with a note where java or mvn is missing) or off")
 		pcWarmup    = flag.Int("pc-warmup", 20000, "Parallel Consumer: records of an unmeasured warm-up pass (own group, no work) in the same JVM before the measured pass, so it runs on JIT-compiled code; 0: a cold JVM")
+		maxWait     = flag.Duration("sarama-max-wait", 0, "Consumer.MaxWaitTime of every Sarama-based contender (0: Sarama's default, 500 ms). A fetch that waits for data holds up requests queued behind it on the same broker connection, commits included")
 		pcBuildOnly = flag.Bool("pc-build", false, "build the Parallel Consumer driver into the cache directory and exit")
 
 		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
@@ -118,6 +120,7 @@ func main() {
 		verbose:       *verbose,
 		pc:            *pc,
 		pcWarmup:      *pcWarmup,
+		saramaMaxWait: *maxWait,
 	}
 	if opt.pc != "auto" && opt.pc != "off" {
 		fatalf("-pc must be auto or off")
