@@ -32,17 +32,27 @@ type ackTracker struct {
 	last  atomic.Int64 // ns after base when the last unique ack happened
 	busy  atomic.Int64 // ns spent in handlers, summed over all of them
 	done  chan struct{}
+	// firstC is closed at the first delivery.
+	firstC    chan struct{}
+	firstOnce sync.Once
 }
 
 func newAckTracker(n int) *ackTracker {
-	return &ackTracker{n: n, seen: make([]atomic.Uint32, n), ackAt: make([]atomic.Uint32, n), done: make(chan struct{})}
+	return &ackTracker{n: n, seen: make([]atomic.Uint32, n), ackAt: make([]atomic.Uint32, n), done: make(chan struct{}), firstC: make(chan struct{})}
 }
 
 func (t *ackTracker) start() { t.base = time.Now() }
 
 func (t *ackTracker) delivered() {
 	if t.first.Load() == 0 {
-		t.first.CompareAndSwap(0, int64(time.Since(t.base))+1)
+		t.setFirst(time.Since(t.base))
+	}
+}
+
+// setFirst records the first delivery, d after base.
+func (t *ackTracker) setFirst(d time.Duration) {
+	if t.first.CompareAndSwap(0, int64(d)+1) {
+		t.firstOnce.Do(func() { close(t.firstC) })
 	}
 }
 

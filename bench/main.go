@@ -29,29 +29,31 @@ import (
 )
 
 type options struct {
-	brokers       []string
-	inprocBroker  bool
-	workloads     []string
-	contenders    []string
-	reps          int
-	quick         bool
-	markdown      string
-	chart         string
-	cpuprofile    string
-	exectrace     string
-	safeackSet    map[string]string
-	restartWith   []variant
-	restartCrash  string
-	restartLead   int
-	runTimeout    time.Duration
-	commitTimeout time.Duration
-	commitPoll    time.Duration
-	keepTopics    bool
-	pcKeys        []int
-	pc            string
-	pcWarmup      int
-	saramaMaxWait time.Duration
-	verbose       bool
+	brokers        []string
+	inprocBroker   bool
+	workloads      []string
+	contenders     []string
+	reps           int
+	quick          bool
+	markdown       string
+	chart          string
+	cpuprofile     string
+	exectrace      string
+	safeackSet     map[string]string
+	restartWith    []variant
+	restartCrash   string
+	restartLead    int
+	runTimeout     time.Duration
+	commitTimeout  time.Duration
+	commitPoll     time.Duration
+	keepTopics     bool
+	pcKeys         []int
+	pc             string
+	pcWarmup       int
+	saramaMaxWait  time.Duration
+	steadyRate     int
+	steadyDuration time.Duration
+	verbose        bool
 }
 
 var opt options
@@ -81,6 +83,9 @@ func main() {
 		pc          = flag.String("pc", "auto", "Confluent Parallel Consumer contenders (pc/*): auto (build with Maven on first use, skip with a note where java or mvn is missing) or off")
 		pcWarmup    = flag.Int("pc-warmup", 20000, "Parallel Consumer: records of an unmeasured warm-up pass (own group, no work) in the same JVM before the measured pass, so it runs on JIT-compiled code; 0: a cold JVM")
 		maxWait     = flag.Duration("sarama-max-wait", 0, "Consumer.MaxWaitTime of every Sarama-based contender (0: Sarama's default, 500 ms). A fetch that waits for data holds up requests queued behind it on the same broker connection, commits included")
+		steadyRate  = flag.Int("steady-rate", 0, "steady: records/s to offer (0: half the lowest zero-work median among the Kafka contenders when zero-work ran before it, else 50,000; -quick 20,000)")
+		steadyDur   = flag.Duration("steady-duration", 0, "steady: how long to produce (0: 10 s; -quick 4 s)")
+		steadyChild = flag.String("steady-produce", "", "internal: the steady workload's producer (JSON spec)")
 		pcBuildOnly = flag.Bool("pc-build", false, "build the Parallel Consumer driver into the cache directory and exit")
 
 		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
@@ -89,6 +94,10 @@ func main() {
 	)
 	flag.Parse()
 
+	if *steadyChild != "" {
+		runSteadyProducer(*steadyChild)
+		return
+	}
 	if *commitWatch != "" {
 		runCommitWatchChild(*commitWatch)
 		return
@@ -104,23 +113,25 @@ func main() {
 	}
 
 	opt = options{
-		inprocBroker:  *inproc,
-		reps:          *reps,
-		quick:         *quick,
-		markdown:      *markdown,
-		chart:         *chart,
-		cpuprofile:    *cpuprofile,
-		exectrace:     *exectrace,
-		restartCrash:  *crash,
-		restartLead:   *restartLead,
-		runTimeout:    *runTimeout,
-		commitTimeout: *commitTO,
-		commitPoll:    *commitPoll,
-		keepTopics:    *keepTopics,
-		verbose:       *verbose,
-		pc:            *pc,
-		pcWarmup:      *pcWarmup,
-		saramaMaxWait: *maxWait,
+		inprocBroker:   *inproc,
+		reps:           *reps,
+		quick:          *quick,
+		markdown:       *markdown,
+		chart:          *chart,
+		cpuprofile:     *cpuprofile,
+		exectrace:      *exectrace,
+		restartCrash:   *crash,
+		restartLead:    *restartLead,
+		runTimeout:     *runTimeout,
+		commitTimeout:  *commitTO,
+		commitPoll:     *commitPoll,
+		keepTopics:     *keepTopics,
+		verbose:        *verbose,
+		pc:             *pc,
+		pcWarmup:       *pcWarmup,
+		saramaMaxWait:  *maxWait,
+		steadyRate:     *steadyRate,
+		steadyDuration: *steadyDur,
 	}
 	if opt.pc != "auto" && opt.pc != "off" {
 		fatalf("-pc must be auto or off")
@@ -188,6 +199,9 @@ func run(ctx context.Context, env *brokerEnv) int {
 		if sec != nil {
 			fmt.Print(sec.text())
 			sections = append(sections, sec)
+			if w.name == "zero-work" {
+				zeroWorkCapacity = sec.lowestKafkaRate()
+			}
 		}
 	}
 	if opt.markdown != "" {
@@ -225,6 +239,9 @@ func header(env *brokerEnv) string {
 	b.WriteString("commit is consumer start to the group's committed offsets reaching the end of every partition.\n")
 	if len(opt.safeackSet) > 0 {
 		fmt.Fprintf(&b, "safeack settings: %v\n", opt.safeackSet)
+	}
+	if opt.saramaMaxWait > 0 {
+		fmt.Fprintf(&b, "Sarama Consumer.MaxWaitTime: %v (-sarama-max-wait)\n", opt.saramaMaxWait)
 	}
 	b.WriteString("\n")
 	return b.String()

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"embed"
 	"encoding/binary"
@@ -163,6 +164,13 @@ func startPC(c *caseSpec, env *brokerEnv, t *topic, group string, tr *ackTracker
 	if err := pcReady(); err != nil {
 		return nil, err
 	}
+	var warm *topic
+	if opt.pcWarmup > 0 {
+		var err error
+		if warm, err = env.topicFor(context.Background(), pcWarmupTopic()); err != nil {
+			return nil, err
+		}
+	}
 	tmp, err := os.MkdirTemp("", "safeack-bench-pc-")
 	if err != nil {
 		return nil, err
@@ -192,6 +200,9 @@ func startPC(c *caseSpec, env *brokerEnv, t *topic, group string, tr *ackTracker
 		"ordering=" + pcOrdering(c.ordering), "concurrency=" + strconv.Itoa(c.conc), "n=" + strconv.Itoa(c.topic.n),
 		"work=" + workFile, "acks=" + acksFile, "commit-interval-ms=" + strconv.FormatInt(commitInterval().Milliseconds(), 10),
 		"warmup=" + strconv.Itoa(opt.pcWarmup)}
+	if warm != nil {
+		args = append(args, "warmup-topic="+warm.name)
+	}
 	cmd := exec.Command(pcBuild.java, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -225,7 +236,7 @@ func startPC(c *caseSpec, env *brokerEnv, t *topic, group string, tr *ackTracker
 				tr.base = time.Unix(0, ns)
 			case "FIRST":
 				ns, _ := strconv.ParseInt(v, 10, 64)
-				tr.first.Store(ns + 1)
+				tr.setFirst(time.Duration(ns))
 			case "DONE":
 				if err := pcDone(v, acksFile, tr, con.ext); err != nil {
 					con.failErr = err
@@ -255,6 +266,12 @@ func startPC(c *caseSpec, env *brokerEnv, t *topic, group string, tr *ackTracker
 		return waitErr
 	}
 	return con, nil
+}
+
+// pcWarmupTopic holds the records of the JVM's unmeasured warm-up pass:
+// like zero-work's, -pc-warmup of them.
+func pcWarmupTopic() *topicSpec {
+	return &topicSpec{name: fmt.Sprintf("pc-warmup-%d", opt.pcWarmup), partitions: 8, n: opt.pcWarmup, valueSize: valueSize, keys: 1000}
 }
 
 // pcDone parses "last=… cpu=… heap=… rss=… busy=… dups=…" and the acks file.

@@ -464,3 +464,18 @@ func fmtMs(x float64) string {
 	}
 	return fmt.Sprintf("%.2f", x)
 }
+
+// lowestKafkaRate is the lowest median rec/s among the section's contenders
+// that consume from Kafka, 0 if none ran.
+func (s *section) lowestKafkaRate() float64 {
+	low := 0.0
+	for _, c := range s.w.cases {
+		if !c.kind.commits() {
+			continue
+		}
+		if r := s.medianRate(c.label); r > 0 && (low == 0 || r < low) {
+			low = r
+		}
+	}
+	return low
+}

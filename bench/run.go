@@ -99,6 +99,11 @@ func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, er
 				}
 				continue
 			}
+			if opt.pcWarmup > 0 {
+				if _, err := env.topicFor(ctx, pcWarmupTopic()); err != nil {
+					return sec, err
+				}
+			}
 		}
 		cases = append(cases, c)
 	}
@@ -159,11 +164,24 @@ func fmtCommit(d time.Duration) string {
 	return fmt.Sprintf("%.3fs", d.Seconds())
 }
 
+// runHooks let a workload act during a run (steady: start producing at the
+// first delivery; learn where the records landed).
+type runHooks struct {
+	started  func(tr *ackTracker) // after the contender started
+	produced func() error         // after the last ack, before waiting for the commits
+	tr       *ackTracker          // set by runCaseWith
+}
+
 // runCase consumes t from the start with a fresh group and measures.
 func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *topic, rep int) *result {
+	return runCaseWith(ctx, env, w, c, t, rep, &runHooks{})
+}
+
+func runCaseWith(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *topic, rep int, hooks *runHooks) *result {
 	r := &result{n: c.topic.n, retained: -1, commit: -1, endLag: -1, allocs: -1}
 	group := groupName(env, w.name, c.label, rep)
 	tr := newAckTracker(c.topic.n)
+	hooks.tr = tr
 
 	var watch *commitWatch
 	if c.kind.commits() {
@@ -191,6 +209,9 @@ func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *t
 		return r
 	}
 	smp := startSampler(con.retained)
+	if hooks.started != nil {
+		hooks.started(tr)
+	}
 
 	timeout := time.NewTimer(opt.runTimeout)
 	select {
@@ -215,11 +236,18 @@ func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *t
 		r.cpu = cpu1 - cpu0
 		r.allocs = float64(ms1.Mallocs-ms0.Mallocs) / float64(r.n)
 		r.busy, r.conc = time.Duration(tr.busy.Load()), c.conc
-		if watch == nil {
+		if hooks.produced != nil {
+			r.err = hooks.produced()
+		}
+		switch {
+		case r.err != nil:
+		case watch == nil:
 			r.noKafka, r.commit = true, 0
-		} else if at, ok := watch.waitEnds(t.ends, opt.commitTimeout); ok {
-			r.commit = time.Duration(at - tr.base.UnixNano())
-			r.endLag = time.Duration(at - tr.base.UnixNano() - tr.last.Load())
+		default:
+			if at, ok := watch.waitEnds(t.ends, opt.commitTimeout); ok {
+				r.commit = time.Duration(at - tr.base.UnixNano())
+				r.endLag = time.Duration(at - tr.base.UnixNano() - tr.last.Load())
+			}
 		}
 	}
 	if err := con.stop(); err != nil {

@@ -69,11 +69,12 @@ type workload struct {
 	// ideal is the computed ideal (records/s and seconds), 0 when none.
 	idealRate float64
 	idealWall time.Duration
+	rate      float64 // steady: the offered records/s
 	run       func(ctx context.Context, env *brokerEnv, w *workload) (*section, error)
 }
 
 func workloadNames() []string {
-	return []string{"pc-published", "io-scale", "zero-work", "slow-head", "restart-cost", "issue3a"}
+	return []string{"pc-published", "io-scale", "zero-work", "steady", "slow-head", "restart-cost", "issue3a"}
 }
 
 // buildWorkload returns the named workload, sized by -quick.
@@ -85,6 +86,8 @@ func buildWorkload(name string) *workload {
 		return ioScale()
 	case "zero-work":
 		return zeroWork()
+	case "steady":
+		return steadyWorkload()
 	case "slow-head":
 		return slowHead()
 	case "restart-cost":

@@ -54,8 +54,9 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * <p>Arguments are key=value: brokers, topic, group, ordering (KEY, UNORDERED,
  * PARTITION), concurrency, n, work (file of n big-endian longs, ns; empty: no work),
  * acks (output file), commit-interval-ms (default 1000), warmup (default 0: when
- * positive, first consume that many records of the topic with group "&lt;group&gt;-warmup"
- * and no work, unmeasured, so the measured pass runs on JIT-compiled code).
+ * positive, first consume records 0..warmup-1 of warmup-topic (default: topic) with group
+ * "&lt;group&gt;-warmup" and no work, unmeasured, so the measured pass runs on JIT-compiled
+ * code).
  */
 public final class PcBench {
   private static final Object OUT = new Object();
@@ -94,7 +95,8 @@ public final class PcBench {
       // long-running service would. UNORDERED: PARTITION order handles one
       // record at a time and would take long.
       long w0 = System.nanoTime();
-      Pass warm = new Pass(brokers, topic, group + "-warmup", ProcessingOrder.UNORDERED, concurrency, Math.min(n, warmup), null, n);
+      String warmTopic = a.getOrDefault("warmup-topic", topic);
+      Pass warm = new Pass(brokers, warmTopic, group + "-warmup", ProcessingOrder.UNORDERED, concurrency, warmup, null, warmup);
       warm.done.await();
       warm.pc.closeDontDrainFirst(Duration.ofSeconds(10));
       System.gc();
