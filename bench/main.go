@@ -39,6 +39,7 @@ type options struct {
 	chart          string
 	cpuprofile     string
 	exectrace      string
+	memprofile     string
 	safeackSet     map[string]string
 	restartWith    []variant
 	restartCrash   string
@@ -53,6 +54,7 @@ type options struct {
 	saramaMaxWait  time.Duration
 	steadyRate     int
 	steadyDuration time.Duration
+	steadyMaxRate  int
 	verbose        bool
 }
 
@@ -69,6 +71,7 @@ func main() {
 		markdown    = flag.String("markdown", "", "also write the tables as Markdown to this file")
 		chart       = flag.String("chart", "", "draw a bar chart of records/s to this file (.svg or .png)")
 		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of each run's consume phase to FILE-stem.<workload>.<contender>.r<rep>.pprof")
+		memprofile  = flag.String("memprofile", "", "write a heap profile (inuse and alloc, 512 KiB sampling) of each run just after its last ack to FILE-stem.<workload>.<contender>.r<rep>.heap.pprof")
 		exectrace   = flag.String("trace", "", "write a runtime execution trace of each run's consume phase to FILE-stem.<workload>.<contender>.r<rep>.trace (go tool trace)")
 		safeackSet  = flag.String("safeack-set", "", "Field=value,... set on every safeack SubscriberConfig (by reflection, e.g. MaxPendingPerPartition=50000)")
 		restartWith = flag.String("restart-with", "no-tail:DisableCompletedTail=true", "extra safeack variants for restart-cost, name:Field=value,...; separate variants with ';'. Variants naming a field SubscriberConfig lacks are skipped")
@@ -83,7 +86,8 @@ func main() {
 		pc          = flag.String("pc", "auto", "Confluent Parallel Consumer contenders (pc/*): auto (build with Maven on first use, skip with a note where java or mvn is missing) or off")
 		pcWarmup    = flag.Int("pc-warmup", 20000, "Parallel Consumer: records of an unmeasured warm-up pass (own group, no work) in the same JVM before the measured pass, so it runs on JIT-compiled code; 0: a cold JVM")
 		maxWait     = flag.Duration("sarama-max-wait", 0, "Consumer.MaxWaitTime of every Sarama-based contender (0: Sarama's default, 500 ms). A fetch that waits for data holds up requests queued behind it on the same broker connection, commits included")
-		steadyRate  = flag.Int("steady-rate", 0, "steady: records/s to offer (0: half the lowest zero-work median among the Kafka contenders when zero-work ran before it, else 50,000; -quick 20,000)")
+		steadyRate  = flag.Int("steady-rate", 0, "steady: records/s to offer every contender (0: half of each contender's own zero-work median when zero-work ran before it, else 50,000; -quick 20,000)")
+		steadyMax   = flag.Int("steady-max-rate", 100_000, "steady: highest rate derived from zero-work (the producer child's own limit)")
 		steadyDur   = flag.Duration("steady-duration", 0, "steady: how long to produce (0: 10 s; -quick 4 s)")
 		steadyChild = flag.String("steady-produce", "", "internal: the steady workload's producer (JSON spec)")
 		pcBuildOnly = flag.Bool("pc-build", false, "build the Parallel Consumer driver into the cache directory and exit")
@@ -120,6 +124,7 @@ func main() {
 		chart:          *chart,
 		cpuprofile:     *cpuprofile,
 		exectrace:      *exectrace,
+		memprofile:     *memprofile,
 		restartCrash:   *crash,
 		restartLead:    *restartLead,
 		runTimeout:     *runTimeout,
@@ -132,6 +137,7 @@ func main() {
 		saramaMaxWait:  *maxWait,
 		steadyRate:     *steadyRate,
 		steadyDuration: *steadyDur,
+		steadyMaxRate:  *steadyMax,
 	}
 	if opt.pc != "auto" && opt.pc != "off" {
 		fatalf("-pc must be auto or off")
@@ -200,12 +206,17 @@ func run(ctx context.Context, env *brokerEnv) int {
 			fmt.Print(sec.text())
 			sections = append(sections, sec)
 			if w.name == "zero-work" {
-				zeroWorkCapacity = sec.lowestKafkaRate()
+				zeroWorkRates = map[string]float64{}
+				for _, l := range sec.order {
+					zeroWorkRates[l] = sec.medianRate(l)
+				}
 			}
 		}
 	}
+	g := goals(sections)
+	fmt.Print(g)
 	if opt.markdown != "" {
-		if err := writeMarkdown(opt.markdown, h, sections); err != nil {
+		if err := writeMarkdown(opt.markdown, h, sections, g); err != nil {
 			logf("markdown: %v", err)
 			failed = true
 		} else {

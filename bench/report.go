@@ -392,12 +392,15 @@ func (s *section) markdown() string {
 	return b.String()
 }
 
-func writeMarkdown(path, header string, sections []*section) error {
+func writeMarkdown(path, header string, sections []*section, goals string) error {
 	var b strings.Builder
 	b.WriteString("## safeack benchmark\n\n```\n" + strings.TrimRight(header, "\n") + "\n```\n\n")
 	fmt.Fprintf(&b, "Command: `go -C bench run . %s`\n\n", strings.Join(os.Args[1:], " "))
 	for _, s := range sections {
 		b.WriteString(s.markdown())
+	}
+	if g, ok := strings.CutPrefix(goals, "## goals (issue 17), from the runs above\n"); ok {
+		b.WriteString("### goals (issue 17)\n\n```\n" + strings.TrimRight(g, "\n") + "\n```\n")
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
@@ -463,19 +466,4 @@ func fmtMs(x float64) string {
 		return fmt.Sprintf("%.1f", x)
 	}
 	return fmt.Sprintf("%.2f", x)
-}
-
-// lowestKafkaRate is the lowest median rec/s among the section's contenders
-// that consume from Kafka, 0 if none ran.
-func (s *section) lowestKafkaRate() float64 {
-	low := 0.0
-	for _, c := range s.w.cases {
-		if !c.kind.commits() {
-			continue
-		}
-		if r := s.medianRate(c.label); r > 0 && (low == 0 || r < low) {
-			low = r
-		}
-	}
-	return low
 }

@@ -228,6 +228,14 @@ func runCaseWith(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, 
 	var ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms1)
 	stopProf()
+	if opt.memprofile != "" && r.err == nil && con.ext == nil {
+		if f := createProfile(opt.memprofile, "heap.pprof", w.name, c.label, rep); f != nil {
+			if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+				logf("heap profile: %v", err)
+			}
+			f.Close()
+		}
+	}
 
 	if r.err == nil {
 		r.wall = time.Duration(tr.last.Load())

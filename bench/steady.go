@@ -31,49 +31,61 @@ import (
 // stamping each with its produce time (also written to a file), record i to
 // partition i % 8 with key i % 1000.
 
-// zeroWorkCapacity is the lowest median rec/s among the Kafka contenders of
-// the zero-work workload when it ran earlier in this invocation; steady
-// offers half of it.
-var zeroWorkCapacity float64
+// zeroWorkRates holds the median rec/s of each zero-work contender when
+// zero-work ran earlier in this invocation: steady offers each contender
+// half of its own.
+var zeroWorkRates map[string]float64
 
 const steadyPartitions = 8
 
 func steadyWorkload() *workload {
-	rate := float64(opt.steadyRate)
-	how := "-steady-rate"
-	if rate <= 0 && zeroWorkCapacity > 0 {
-		rate = math.Round(zeroWorkCapacity / 2 / 1000 * 1000)
-		how = fmt.Sprintf("half the lowest zero-work median among the Kafka contenders (%s rec/s) measured above", fmtRate(zeroWorkCapacity))
-	}
-	if rate <= 0 {
-		rate = quick(50_000.0, 20_000.0)
-		how = "default (zero-work did not run before it; set -steady-rate)"
-	}
 	dur := quick(10*time.Second, 4*time.Second)
 	if opt.steadyDuration > 0 {
 		dur = opt.steadyDuration
 	}
-	n := int(rate * dur.Seconds())
+	fallback := quick(50_000.0, 20_000.0)
 	const conc = 256
-	t := &topicSpec{name: "steady", partitions: steadyPartitions, n: n, valueSize: valueSize, keys: 1000}
 	var cases []*caseSpec
-	for _, c := range standardCases(t, conc, nil) {
-		if c.kind.commits() {
-			cases = append(cases, c)
+	var how []string
+	base := &topicSpec{name: "steady", partitions: steadyPartitions, valueSize: valueSize, keys: 1000}
+	for _, c := range withoutSlowPC(standardCases(base, conc, nil)) {
+		if !c.kind.commits() || !selected(c.label) {
+			continue
 		}
+		rate := float64(opt.steadyRate)
+		switch {
+		case rate > 0:
+		case zeroWorkRates[c.label] > 0:
+			rate = min(float64(opt.steadyMaxRate), math.Round(zeroWorkRates[c.label]/2/100)*100)
+			how = append(how, fmt.Sprintf("%s %s (zero-work %s)", c.label, fmtRate(rate), fmtRate(zeroWorkRates[c.label])))
+		default:
+			rate = fallback
+			how = append(how, fmt.Sprintf("%s %s (default: no zero-work figure)", c.label, fmtRate(rate)))
+		}
+		t := *base
+		t.n = max(1, int(rate*dur.Seconds()))
+		c.topic = &t
+		c.rate = rate
+		cases = append(cases, c)
+	}
+	desc := "half of each contender's own zero-work median rec/s (capped at -steady-max-rate)"
+	note := "Offered rates: " + strings.Join(how, "; ") + "."
+	if opt.steadyRate > 0 {
+		desc = fmt.Sprintf("%s records/s (-steady-rate)", fmtRate(float64(opt.steadyRate)))
+		note = "Offered rate: -steady-rate, the same for every contender."
 	}
 	return &workload{
 		name:  "steady",
-		desc:  fmt.Sprintf("%s records/s offered for %v (%d records), 8 partitions, no work, concurrency %d; end-to-end latency produce → ack", fmtRate(rate), dur, n, conc),
+		desc:  fmt.Sprintf("%s offered for %v, 8 partitions, no work, concurrency %d; end-to-end latency produce → ack", desc, dur, conc),
 		cols:  []string{"startup", "offered", "e2e", "e2emax", "cpu", "cpupm", "endlag", "cover", "dups"},
 		cases: cases,
 		run:   runSteady,
-		rate:  rate,
 		notes: []string{
-			"Offered rate: " + how + ".",
-			"Each run has its own topic. A producer child process writes a warm-up record every 10 ms until the consumer's first delivery, then records 0..n-1 at the rate (record i to partition i % 8, key i % 1000), each stamped with its produce time; warm-up records are skipped by the handler and not counted.",
+			note,
+			"Each run has its own topic. A producer child process writes a warm-up record every 10 ms until the consumer's first delivery, then records 0..n-1 at the rate (record i to partition i % 8, key i % 1000), each stamped with its produce time; warm-up records are skipped by the handler and not counted. offered = the rate the producer achieved.",
 			"e2e = produce time (just before the record goes to Sarama's async producer, flush every 1 ms) → the handler's ack; p50/p99/p99.9 over the records, median over reps; max over everything.",
 			"CPU s = the consumer process's user+system CPU from its start to the last ack (idle time included); CPU s/M rec per million records at this load.",
+			pcPartitionNote,
 		},
 	}
 }
@@ -139,7 +151,7 @@ func steadyOnce(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, r
 		}
 	}()
 	t := &topic{name: name, spec: c.topic, ends: make([]int64, steadyPartitions)}
-	prod, err := startSteadyProducer(env, t, w.rate)
+	prod, err := startSteadyProducer(env, t, c.rate)
 	if err != nil {
 		return &result{n: c.topic.n, err: err, commit: -1, endLag: -1, allocs: -1}
 	}
