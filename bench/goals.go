@@ -32,7 +32,7 @@ func goals(sections []*section) string {
 		// plus one round trip (plus the watcher's poll, since its
 		// observations are late by up to that much).
 		if slices.Contains(s.w.cols, "endlag") {
-			rtt := s.medianOf(func(r *result) float64 { return float64(r.rtt) }, nil)
+			rtt := s.medianOf(func(r *result) float64 { return float64(r.rtt) }, s.order)
 			bound := interval + time.Duration(rtt) + opt.commitPoll
 			worstEnd, worstP99 := -1.0, -1.0
 			var whoEnd, whoP99 string
@@ -135,15 +135,12 @@ func (s *section) labelsOf(k contenderKind) []string {
 	return out
 }
 
-// medianOf is the median of f over the successful runs of labels (all
-// labels when nil); 0 when none.
+// medianOf is the median of f's positive values over the successful runs
+// of labels; 0 when none.
 func (s *section) medianOf(f func(*result) float64, labels []string) float64 {
 	var vals []float64
-	for label, rs := range s.results {
-		if labels != nil && !slices.Contains(labels, label) {
-			continue
-		}
-		for _, r := range rs {
+	for _, label := range labels {
+		for _, r := range s.results[label] {
 			if r.err == nil {
 				if v := f(r); v > 0 {
 					vals = append(vals, v)
