@@ -195,6 +195,9 @@ func startPC(c *caseSpec, env *brokerEnv, t *topic, group string, tr *ackTracker
 		level = "info"
 	}
 	args := []string{"-Dorg.slf4j.simpleLogger.defaultLogLevel=" + level, "-Dorg.slf4j.simpleLogger.logFile=System.err",
+		// It warns on every start that it cannot check the auto-commit
+		// setting of kafka-clients 3.9's KafkaConsumer (auto-commit is off).
+		"-Dorg.slf4j.simpleLogger.log.io.confluent.parallelconsumer.internal.AbstractParallelEoSStreamProcessor=error",
 		"-cp", pcBuild.classpath, "safeack.bench.PcBench",
 		"brokers=" + strings.Join(env.brokers, ","), "topic=" + t.name, "group=" + group,
 		"ordering=" + pcOrdering(c.ordering), "concurrency=" + strconv.Itoa(c.conc), "n=" + strconv.Itoa(c.topic.n),

@@ -148,7 +148,7 @@ public final class PcBench {
     while (in.read(buf) >= 0) {
       // discard
     }
-    pass.pc.closeDontDrainFirst(Duration.ofSeconds(10));
+    pass.pc.closeDrainFirst(Duration.ofSeconds(10)); // nothing is in flight any more
     say("CLOSED");
     System.exit(0);
   }
