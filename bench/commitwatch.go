@@ -20,9 +20,9 @@ import (
 // The commit watcher is a child process of the bench binary (-commit-watch)
 // that polls one group's committed offsets for one topic with OffsetFetch
 // every -commit-poll and prints a line whenever a partition's committed
-// offset changes:
+// offset or metadata changes:
 //
-//	C <unix ns when the answer arrived> <partition> <offset>
+//	C <unix ns when the answer arrived> <partition> <offset> <metadata, Go-quoted>
 //
 // It runs in its own process so its CPU and memory stay out of the
 // consumer's figures, and it works the same on kfake and on a real cluster.
@@ -40,8 +40,9 @@ type watchSpec struct {
 
 // commitChange is one observed change of a partition's committed offset.
 type commitChange struct {
-	at  int64 // unix ns
-	off int64
+	at   int64 // unix ns
+	off  int64
+	meta string // the committed metadata (safeack: the completed tail)
 }
 
 // commitWatch is the parent's view of a running watcher.
@@ -103,15 +104,16 @@ func startCommitWatch(env *brokerEnv, t *topic, group string) (*commitWatch, err
 		defer close(w.done)
 		sc := bufio.NewScanner(br)
 		for sc.Scan() {
-			f := strings.Fields(sc.Text())
+			f := strings.SplitN(sc.Text(), " ", 5)
 			switch {
-			case len(f) == 4 && f[0] == "C":
+			case len(f) == 5 && f[0] == "C":
 				at, _ := strconv.ParseInt(f[1], 10, 64)
 				p, _ := strconv.Atoi(f[2])
 				off, _ := strconv.ParseInt(f[3], 10, 64)
+				meta, _ := strconv.Unquote(f[4])
 				w.mu.Lock()
 				if p >= 0 && p < len(w.changes) {
-					w.changes[p] = append(w.changes[p], commitChange{at: at, off: off})
+					w.changes[p] = append(w.changes[p], commitChange{at: at, off: off, meta: meta})
 				}
 				close(w.notify)
 				w.notify = make(chan struct{})
@@ -238,6 +240,7 @@ func runCommitWatchChild(js string) {
 	}
 	req := map[string][]int32{spec.Topic: parts}
 	last := make([]int64, spec.Partitions)
+	lastMeta := make([]string, spec.Partitions)
 	for i := range last {
 		last[i] = -1
 	}
@@ -261,10 +264,10 @@ func runCommitWatchChild(js string) {
 		if err == nil {
 			rtts = append(rtts, now.Sub(t0))
 			for i, p := range parts {
-				if b := resp.GetBlock(spec.Topic, p); b != nil && b.Err == sarama.ErrNoError && b.Offset != last[i] {
-					last[i] = b.Offset
+				if b := resp.GetBlock(spec.Topic, p); b != nil && b.Err == sarama.ErrNoError && (b.Offset != last[i] || b.Metadata != lastMeta[i]) {
+					last[i], lastMeta[i] = b.Offset, b.Metadata
 					if b.Offset >= 0 {
-						fmt.Fprintf(out, "C %d %d %d\n", now.UnixNano(), p, b.Offset)
+						fmt.Fprintf(out, "C %d %d %d %s\n", now.UnixNano(), p, b.Offset, strconv.Quote(b.Metadata))
 					}
 				}
 			}

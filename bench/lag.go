@@ -3,6 +3,8 @@ package main
 import (
 	"slices"
 	"time"
+
+	"github.com/safeack/safeack/frontier"
 )
 
 // lagStats summarises one duration per record.
@@ -29,26 +31,70 @@ func summarize(vals []int64, missing int) lagStats {
 }
 
 // coverLags is, per record, the time from its ack to the first observed
-// commit past its offset.
-func coverLags(tr *ackTracker, t *topic, changes [][]commitChange) lagStats {
-	vals := make([]int64, 0, tr.n)
-	missing := 0
+// commit that covers it: by offset (the committed offset passed it), and by
+// offset or completed tail (safeack's tail in the commit metadata lists it,
+// so a restart would not handle it again). Other clients' metadata is not
+// decoded (Parallel Consumer keeps its own encoding there).
+func coverLags(tr *ackTracker, t *topic, changes [][]commitChange) (byOffset, byTail lagStats) {
+	np := len(changes)
+	offAt := make([][]int64, np)  // per partition, per offset - offBase: first cover by offset (unix ns), 0 = never
+	tailAt := make([][]int64, np) // same, by offset or tail
+	for p := range np {
+		n := int(t.ends[p] - t.offBase[p])
+		if n < 0 {
+			n = 0
+		}
+		offAt[p], tailAt[p] = make([]int64, n), make([]int64, n)
+		base := t.offBase[p]
+		next := int64(0) // offsets below base+next are covered by offset
+		for _, c := range changes[p] {
+			for ; next < int64(n) && base+next < c.off; next++ {
+				offAt[p][next] = c.at
+				if tailAt[p][next] == 0 {
+					tailAt[p][next] = c.at
+				}
+			}
+			if c.meta == "" {
+				continue
+			}
+			tail, err := frontier.DecodeTail(c.meta, c.off)
+			if err != nil {
+				continue
+			}
+			for _, r := range tail.Ranges {
+				for o := max(r.From, base); o < min(r.To, base+int64(n)); o++ {
+					if i := o - base; tailAt[p][i] == 0 {
+						tailAt[p][i] = c.at
+					}
+				}
+			}
+		}
+	}
+	offVals := make([]int64, 0, tr.n)
+	tailVals := make([]int64, 0, tr.n)
+	offMissing, tailMissing := 0, 0
 	for i := range tr.n {
 		a := tr.ackUnixNano(i)
-		if a == 0 {
-			missing++
-			continue
-		}
 		p, off := t.offsetOf(i)
-		at, ok := coveredAt(changes[p], off)
-		if !ok {
-			missing++
+		j := off - t.offBase[p]
+		if a == 0 || j < 0 || j >= int64(len(offAt[p])) {
+			offMissing++
+			tailMissing++
 			continue
 		}
 		// A commit seen before the ack was recorded: the ack's timestamp is
 		// taken after the consumer learned of it (after m.Ack()), so a
 		// commit can beat it by a hair.
-		vals = append(vals, max(0, at-a))
+		if at := offAt[p][j]; at != 0 {
+			offVals = append(offVals, max(0, at-a))
+		} else {
+			offMissing++
+		}
+		if at := tailAt[p][j]; at != 0 {
+			tailVals = append(tailVals, max(0, at-a))
+		} else {
+			tailMissing++
+		}
 	}
-	return summarize(vals, missing)
+	return summarize(offVals, offMissing), summarize(tailVals, tailMissing)
 }
