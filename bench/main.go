@@ -247,7 +247,7 @@ func header(env *brokerEnv) string {
 	fmt.Fprintf(&b, "load:    %s at start (other processes on this machine skew every figure)\n", loadAvg())
 	fmt.Fprintf(&b, "reps:    %d per contender (median, min–max)%s\n", opt.reps, map[bool]string{true: "; -quick sizes", false: ""}[opt.quick])
 	b.WriteString("rec/s counts from the first delivery to the last ack; wall is consumer start to last ack;\n")
-	b.WriteString("commit is consumer start to the group's committed offsets reaching the end of every partition.\n")
+	b.WriteString("end lag is the last ack to the group's committed offsets reaching the end of every partition.\n")
 	if len(opt.safeackSet) > 0 {
 		fmt.Fprintf(&b, "safeack settings: %v\n", opt.safeackSet)
 	}
