@@ -33,6 +33,33 @@ type topic struct {
 	name string
 	spec *topicSpec
 	ends []int64 // high watermark per partition
+	// offBase is the offset of record index p (the first of partition p)
+	// per partition: 0 for a topic produced before the runs, the number of
+	// warm-up records for a steady topic. nil: offsets of records unknown.
+	offBase []int64
+}
+
+// offsetOf is where record i lives: partition i % partitions, offset
+// offBase[p] + i / partitions (records were produced in index order, one
+// request in flight).
+func (t *topic) offsetOf(i int) (int, int64) {
+	np := t.spec.partitions
+	p := i % np
+	return p, t.offBase[p] + int64(i/np)
+}
+
+// checkOffsets sets offBase to zeros when the end offsets are what
+// production in index order into an empty topic gives.
+func (t *topic) checkOffsets() {
+	np := t.spec.partitions
+	for p, end := range t.ends {
+		want := int64((t.spec.n - p + np - 1) / np)
+		if end != want {
+			logf("topic %s partition %d ends at %d, not %d: per-record commit lag not measured", t.name, p, end, want)
+			return
+		}
+	}
+	t.offBase = make([]int64, np)
 }
 
 // consumerConfig is the Sarama configuration every contender gets: a fresh
@@ -44,8 +71,12 @@ func consumerConfig() *sarama.Config {
 	c.Consumer.Return.Errors = true
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.ChannelBufferSize = 1024
+	if opt.saramaMaxWait > 0 {
+		c.Consumer.MaxWaitTime = opt.saramaMaxWait
+	}
 	// Everything else stays at Sarama's defaults: auto-commit every 1 s,
-	// 10 s session timeout (kfake's minimum is 6 s), range assignor.
+	// 10 s session timeout (kfake's minimum is 6 s), range assignor, fetch
+	// MaxWaitTime 500 ms (-sarama-max-wait).
 	return c
 }
 
@@ -161,6 +192,7 @@ func (env *brokerEnv) topicFor(ctx context.Context, spec *topicSpec) (*topic, er
 	if total != int64(spec.n) {
 		return nil, fmt.Errorf("topic %s holds %d records, want %d", name, total, spec.n)
 	}
+	t.checkOffsets()
 	logf("produced %d records of %d B into %s (%d partitions) in %v (%.0f/s)",
 		spec.n, spec.valueSize, name, spec.partitions, el.Round(time.Millisecond), float64(spec.n)/el.Seconds())
 	env.topics[spec.name] = t

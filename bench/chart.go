@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -26,6 +27,9 @@ func drawChart(path string, sections []*section) error {
 	}
 	var panels []panel
 	for _, s := range sections {
+		if !slices.Contains(s.w.cols, "rate") {
+			continue // steady and restart-cost: no records/s to show
+		}
 		var labels []string
 		var vals plotter.Values
 		for _, l := range s.order {

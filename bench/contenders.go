@@ -25,35 +25,62 @@ type ackTracker struct {
 	n     int
 	base  time.Time
 	seen  []atomic.Uint32
+	ackAt []atomic.Uint32 // µs after base of a record's first ack, +1 (0 = not acked)
 	uniq  atomic.Int64
 	total atomic.Int64
 	first atomic.Int64 // ns after base of the first delivery, +1 (0 = none)
 	last  atomic.Int64 // ns after base when the last unique ack happened
 	busy  atomic.Int64 // ns spent in handlers, summed over all of them
 	done  chan struct{}
+	// firstC is closed at the first delivery.
+	firstC    chan struct{}
+	firstOnce sync.Once
 }
 
 func newAckTracker(n int) *ackTracker {
-	return &ackTracker{n: n, seen: make([]atomic.Uint32, n), done: make(chan struct{})}
+	return &ackTracker{n: n, seen: make([]atomic.Uint32, n), ackAt: make([]atomic.Uint32, n), done: make(chan struct{}), firstC: make(chan struct{})}
 }
 
 func (t *ackTracker) start() { t.base = time.Now() }
 
 func (t *ackTracker) delivered() {
 	if t.first.Load() == 0 {
-		t.first.CompareAndSwap(0, int64(time.Since(t.base))+1)
+		t.setFirst(time.Since(t.base))
+	}
+}
+
+// setFirst records the first delivery, d after base.
+func (t *ackTracker) setFirst(d time.Duration) {
+	if t.first.CompareAndSwap(0, int64(d)+1) {
+		t.firstOnce.Do(func() { close(t.firstC) })
 	}
 }
 
 func (t *ackTracker) acked(i int) {
+	if i < 0 {
+		return // a warm-up record of the steady workload
+	}
 	t.total.Add(1)
-	if i < 0 || i >= t.n {
+	if i >= t.n {
 		return
 	}
-	if t.seen[i].Add(1) == 1 && t.uniq.Add(1) == int64(t.n) {
-		t.last.Store(int64(time.Since(t.base)))
-		close(t.done)
+	if t.seen[i].Add(1) == 1 {
+		el := time.Since(t.base)
+		t.ackAt[i].Store(uint32(el/time.Microsecond) + 1)
+		if t.uniq.Add(1) == int64(t.n) {
+			t.last.Store(int64(el))
+			close(t.done)
+		}
 	}
+}
+
+// ackUnixNano is when record i was first acked (unix ns), 0 if never.
+func (t *ackTracker) ackUnixNano(i int) int64 {
+	us := t.ackAt[i].Load()
+	if us == 0 {
+		return 0
+	}
+	return t.base.UnixNano() + int64(us-1)*int64(time.Microsecond)
 }
 
 // worked adds one handler's time, from receiving its message to acking it.
@@ -70,6 +97,25 @@ func recordIndex(payload []byte) int {
 type contender struct {
 	stop     func() error
 	retained func() int // nil unless safeack
+	// failed is closed when the consumer gave up before acking everything
+	// (a child process that exited); failErr says why. nil for in-process
+	// consumers.
+	failed  chan struct{}
+	failErr error
+	// ext holds the figures a consumer in another process measured itself.
+	ext *extStats
+}
+
+func (c *contender) err() error { return c.failErr }
+
+// extStats are a child-process consumer's own CPU, memory and handler
+// figures, replacing the bench process's.
+type extStats struct {
+	cpu  time.Duration
+	heap uint64
+	rss  uint64
+	busy time.Duration
+	dups int64
 }
 
 // startContender starts c consuming t in group; every record it completes
@@ -85,14 +131,22 @@ func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, 
 		if err != nil {
 			return nil, err
 		}
-		ch, err := s.Subscribe(ctx, t.name)
+		var stop func() error
+		if c.router {
+			stop, err = runRouter(ctx, s, t.name, c.work, tr)
+		} else {
+			var ch <-chan *message.Message
+			if ch, err = s.Subscribe(ctx, t.name); err == nil {
+				done := consumeChannel(ch, c.work, tr)
+				stop = func() error { err := s.Close(); <-done; return err }
+			}
+		}
 		if err != nil {
 			_ = s.Close()
 			return nil, err
 		}
-		done := consumeChannel(ch, c.work, tr)
 		return &contender{
-			stop: func() error { err := s.Close(); <-done; return err },
+			stop: stop,
 			retained: func() int {
 				n := 0
 				for _, ps := range s.Stats() {
@@ -120,6 +174,13 @@ func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, 
 		return &contender{stop: func() error { err := s.Close(); <-done; return err }}, nil
 	case kindLocal:
 		return startLocal(ctx, c, tr), nil
+	case kindPC:
+		return startPC(c, env, t, group, tr)
+	case kindCeiling:
+		if c.label == routerCeilingLabel {
+			return startRouterCeiling(ctx, c, tr)
+		}
+		return startCeiling(ctx, c, tr)
 	case kindBare:
 		return startBare(ctx, env, t, group, func(m *sarama.ConsumerMessage) {
 			tr.delivered()

@@ -29,25 +29,33 @@ import (
 )
 
 type options struct {
-	brokers       []string
-	inprocBroker  bool
-	workloads     []string
-	contenders    []string
-	reps          int
-	quick         bool
-	markdown      string
-	chart         string
-	cpuprofile    string
-	exectrace     string
-	safeackSet    map[string]string
-	restartWith   []variant
-	restartCrash  string
-	restartLead   int
-	runTimeout    time.Duration
-	commitTimeout time.Duration
-	keepTopics    bool
-	pcKeys        []int
-	verbose       bool
+	brokers        []string
+	inprocBroker   bool
+	workloads      []string
+	contenders     []string
+	reps           int
+	quick          bool
+	markdown       string
+	chart          string
+	cpuprofile     string
+	exectrace      string
+	memprofile     string
+	safeackSet     map[string]string
+	restartWith    []variant
+	restartCrash   string
+	restartLead    int
+	runTimeout     time.Duration
+	commitTimeout  time.Duration
+	commitPoll     time.Duration
+	keepTopics     bool
+	pcKeys         []int
+	pc             string
+	pcWarmup       int
+	saramaMaxWait  time.Duration
+	steadyRate     int
+	steadyDuration time.Duration
+	steadyMaxRate  int
+	verbose        bool
 }
 
 var opt options
@@ -63,6 +71,7 @@ func main() {
 		markdown    = flag.String("markdown", "", "also write the tables as Markdown to this file")
 		chart       = flag.String("chart", "", "draw a bar chart of records/s to this file (.svg or .png)")
 		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of each run's consume phase to FILE-stem.<workload>.<contender>.r<rep>.pprof")
+		memprofile  = flag.String("memprofile", "", "write a heap profile (inuse and alloc, 512 KiB sampling) of each run just after its last ack to FILE-stem.<workload>.<contender>.r<rep>.heap.pprof")
 		exectrace   = flag.String("trace", "", "write a runtime execution trace of each run's consume phase to FILE-stem.<workload>.<contender>.r<rep>.trace (go tool trace)")
 		safeackSet  = flag.String("safeack-set", "", "Field=value,... set on every safeack SubscriberConfig (by reflection, e.g. MaxPendingPerPartition=50000)")
 		restartWith = flag.String("restart-with", "no-tail:DisableCompletedTail=true", "extra safeack variants for restart-cost, name:Field=value,...; separate variants with ';'. Variants naming a field SubscriberConfig lacks are skipped")
@@ -70,14 +79,33 @@ func main() {
 		restartLead = flag.Int("restart-lead", 0, "restart-cost: records acked before the head (0: the head is the partition's first record)")
 		runTimeout  = flag.Duration("run-timeout", 5*time.Minute, "give up on a run after this long")
 		commitTO    = flag.Duration("commit-timeout", 15*time.Second, "after the last ack, wait this long at most for the committed offsets to reach the end")
+		commitPoll  = flag.Duration("commit-poll", 5*time.Millisecond, "how often the commit watcher (a child process) reads the group's committed offsets (OffsetFetch)")
 		keepTopics  = flag.Bool("keep-topics", false, "do not delete the benchmark topics at the end (real clusters)")
 		pcKeys      = flag.String("pc-keys", "1,2,5,10,20,1000", "key counts for pc-published in by-key mode")
 		verbose     = flag.Bool("v", false, "log progress details to stderr")
+		pc          = flag.String("pc", "auto", "Confluent Parallel Consumer contenders (pc/*): auto (build with Maven on first use, skip with a note where java or mvn is missing) or off")
+		pcWarmup    = flag.Int("pc-warmup", 20000, "Parallel Consumer: records of an unmeasured warm-up pass (own group, no work) in the same JVM before the measured pass, so it runs on JIT-compiled code; 0: a cold JVM")
+		maxWait     = flag.Duration("sarama-max-wait", 0, "Consumer.MaxWaitTime of every Sarama-based contender (0: Sarama's default, 500 ms). A fetch that waits for data holds up requests queued behind it on the same broker connection, commits included")
+		steadyRate  = flag.Int("steady-rate", 0, "steady: records/s to offer every contender (0: half of each contender's own zero-work median when zero-work ran before it, else 50,000; -quick 20,000)")
+		steadyMax   = flag.Int("steady-max-rate", 100_000, "steady: highest rate derived from zero-work (the producer child's own limit)")
+		steadyDur   = flag.Duration("steady-duration", 0, "steady: how long to produce (0: 10 s; -quick 4 s)")
+		steadyChild = flag.String("steady-produce", "", "internal: the steady workload's producer (JSON spec)")
+		pcBuildOnly = flag.Bool("pc-build", false, "build the Parallel Consumer driver into the cache directory and exit")
 
 		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
 		restartChild = flag.String("restart-child", "", "internal: run the first consumer of restart-cost (JSON spec)")
+		commitWatch  = flag.String("commit-watch", "", "internal: watch a group's committed offsets (JSON spec)")
 	)
 	flag.Parse()
+
+	if *steadyChild != "" {
+		runSteadyProducer(*steadyChild)
+		return
+	}
+	if *commitWatch != "" {
+		runCommitWatchChild(*commitWatch)
+		return
+	}
 
 	if *serveKfake {
 		serveKfakeChild()
@@ -89,19 +117,37 @@ func main() {
 	}
 
 	opt = options{
-		inprocBroker:  *inproc,
-		reps:          *reps,
-		quick:         *quick,
-		markdown:      *markdown,
-		chart:         *chart,
-		cpuprofile:    *cpuprofile,
-		exectrace:     *exectrace,
-		restartCrash:  *crash,
-		restartLead:   *restartLead,
-		runTimeout:    *runTimeout,
-		commitTimeout: *commitTO,
-		keepTopics:    *keepTopics,
-		verbose:       *verbose,
+		inprocBroker:   *inproc,
+		reps:           *reps,
+		quick:          *quick,
+		markdown:       *markdown,
+		chart:          *chart,
+		cpuprofile:     *cpuprofile,
+		exectrace:      *exectrace,
+		memprofile:     *memprofile,
+		restartCrash:   *crash,
+		restartLead:    *restartLead,
+		runTimeout:     *runTimeout,
+		commitTimeout:  *commitTO,
+		commitPoll:     *commitPoll,
+		keepTopics:     *keepTopics,
+		verbose:        *verbose,
+		pc:             *pc,
+		pcWarmup:       *pcWarmup,
+		saramaMaxWait:  *maxWait,
+		steadyRate:     *steadyRate,
+		steadyDuration: *steadyDur,
+		steadyMaxRate:  *steadyMax,
+	}
+	if opt.pc != "auto" && opt.pc != "off" {
+		fatalf("-pc must be auto or off")
+	}
+	if *pcBuildOnly {
+		if err := pcReady(); err != nil {
+			fatalf("%v", err)
+		}
+		fmt.Printf("java %s\nclasspath %s\n", pcBuild.java, pcBuild.classpath)
+		return
 	}
 	opt.brokers = splitList(*brokers)
 	opt.contenders = splitList(*contenders)
@@ -159,10 +205,18 @@ func run(ctx context.Context, env *brokerEnv) int {
 		if sec != nil {
 			fmt.Print(sec.text())
 			sections = append(sections, sec)
+			if w.name == "zero-work" {
+				zeroWorkRates = map[string]float64{}
+				for _, l := range sec.order {
+					zeroWorkRates[l] = sec.medianRate(l)
+				}
+			}
 		}
 	}
+	g := goals(sections)
+	fmt.Print(g)
 	if opt.markdown != "" {
-		if err := writeMarkdown(opt.markdown, h, sections); err != nil {
+		if err := writeMarkdown(opt.markdown, h, sections, g); err != nil {
 			logf("markdown: %v", err)
 			failed = true
 		} else {
@@ -193,9 +247,12 @@ func header(env *brokerEnv) string {
 	fmt.Fprintf(&b, "load:    %s at start (other processes on this machine skew every figure)\n", loadAvg())
 	fmt.Fprintf(&b, "reps:    %d per contender (median, min–max)%s\n", opt.reps, map[bool]string{true: "; -quick sizes", false: ""}[opt.quick])
 	b.WriteString("rec/s counts from the first delivery to the last ack; wall is consumer start to last ack;\n")
-	b.WriteString("commit is consumer start to the group's committed offsets reaching the end of every partition.\n")
+	b.WriteString("end lag is the last ack to the group's committed offsets reaching the end of every partition.\n")
 	if len(opt.safeackSet) > 0 {
 		fmt.Fprintf(&b, "safeack settings: %v\n", opt.safeackSet)
+	}
+	if opt.saramaMaxWait > 0 {
+		fmt.Fprintf(&b, "Sarama Consumer.MaxWaitTime: %v (-sarama-max-wait)\n", opt.saramaMaxWait)
 	}
 	b.WriteString("\n")
 	return b.String()

@@ -68,6 +68,14 @@ var colTitles = map[string]string{
 	"rss":      "RSS MB",
 	"retained": "peak retained",
 	"dups":     "dup acks",
+	"endlag":   "end lag s",
+	"cover":    "ack→commit p50/p99 ms",
+	"allocs":   "allocs/rec",
+	"xceil":    "×ceiling",
+	"xrouter":  "×router",
+	"e2e":      "e2e p50/p99/p99.9 ms",
+	"e2emax":   "e2e max ms",
+	"offered":  "offered rec/s",
 	// restart-cost
 	"x:behind":    "acked behind head",
 	"x:committed": "committed@crash",
@@ -154,7 +162,66 @@ func (s *section) cell(col, label string, rs []*result) string {
 	case "wall":
 		return spread(func(r *result) float64 { return r.wall.Seconds() }, sec3)
 	case "startup":
-		return sec3(med(func(r *result) float64 { return r.startup.Seconds() }))
+		return spread(func(r *result) float64 { return r.startup.Seconds() }, sec3)
+	case "endlag":
+		if rs[0].noKafka {
+			return ""
+		}
+		never := 0
+		var vals []float64
+		for _, r := range rs {
+			if r.endLag < 0 {
+				never++
+			} else {
+				vals = append(vals, r.endLag.Seconds())
+			}
+		}
+		if len(vals) == 0 {
+			return "never"
+		}
+		out := sec3(median(vals))
+		if len(vals) > 1 {
+			out += fmt.Sprintf(" [%s–%s]", sec3(slices.Min(vals)), sec3(slices.Max(vals)))
+		}
+		if never > 0 {
+			out += fmt.Sprintf(" (%d never)", never)
+		}
+		return out
+	case "cover":
+		if rs[0].noKafka {
+			return ""
+		}
+		return lagCell(rs, func(r *result) lagStats { return r.cover }, false)
+	case "e2e":
+		return lagCell(rs, func(r *result) lagStats { return r.e2e }, true)
+	case "e2emax":
+		var vals []float64
+		for _, r := range rs {
+			if r.e2e.ok() {
+				vals = append(vals, ms(r.e2e.max))
+			}
+		}
+		if len(vals) == 0 {
+			return "—"
+		}
+		return fmtMs(slices.Max(vals))
+	case "offered":
+		return fmtRate(med(func(r *result) float64 { return r.offered }))
+	case "allocs":
+		var vals []float64
+		for _, r := range rs {
+			if r.allocs >= 0 {
+				vals = append(vals, r.allocs)
+			}
+		}
+		if len(vals) == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.1f", median(vals))
+	case "xceil":
+		return ratio(s.medianRate(label), s.medianRate(ceilingLabel))
+	case "xrouter":
+		return ratio(s.medianRate(label), s.medianRate(routerCeilingLabel))
 	case "rate":
 		return spread((*result).rate, fmtRate)
 	case "xideal":
@@ -189,7 +256,7 @@ func (s *section) cell(col, label string, rs []*result) string {
 	case "cpupm":
 		return fmt.Sprintf("%.2f", med(func(r *result) float64 { return r.cpu.Seconds() / float64(r.n) * 1e6 }))
 	case "heap":
-		return fmt.Sprintf("%.0f", med(func(r *result) float64 { return float64(r.heapPeak) / (1 << 20) }))
+		return fmt.Sprintf("%.0f", med(func(r *result) float64 { return float64(r.heapPeak-min(r.heapBase, r.heapPeak)) / (1 << 20) }))
 	case "rss":
 		return fmt.Sprintf("%.0f", med(func(r *result) float64 { return float64(r.rssPeak) / (1 << 20) }))
 	case "retained":
@@ -325,12 +392,15 @@ func (s *section) markdown() string {
 	return b.String()
 }
 
-func writeMarkdown(path, header string, sections []*section) error {
+func writeMarkdown(path, header string, sections []*section, goals string) error {
 	var b strings.Builder
 	b.WriteString("## safeack benchmark\n\n```\n" + strings.TrimRight(header, "\n") + "\n```\n\n")
 	fmt.Fprintf(&b, "Command: `go -C bench run . %s`\n\n", strings.Join(os.Args[1:], " "))
 	for _, s := range sections {
 		b.WriteString(s.markdown())
+	}
+	if g, ok := strings.CutPrefix(goals, "## goals (issue 17), from the runs above\n"); ok {
+		b.WriteString("### goals (issue 17)\n\n```\n" + strings.TrimRight(g, "\n") + "\n```\n")
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
@@ -353,4 +423,47 @@ func mapf[T any](xs []T, f func(T) float64) []float64 {
 		out[i] = f(x)
 	}
 	return out
+}
+
+// lagCell shows the medians over the runs of p50 and p99 (and p99.9), in
+// ms, and how many records were never covered.
+func lagCell(rs []*result, get func(*result) lagStats, p999 bool) string {
+	var p50s, p99s, p999s []float64
+	missing := 0
+	for _, r := range rs {
+		l := get(r)
+		missing = max(missing, l.missing)
+		if !l.ok() {
+			continue
+		}
+		p50s = append(p50s, ms(l.p50))
+		p99s = append(p99s, ms(l.p99))
+		p999s = append(p999s, ms(l.p999))
+	}
+	if len(p50s) == 0 {
+		if missing > 0 {
+			return "never"
+		}
+		return "—"
+	}
+	out := fmtMs(median(p50s)) + "/" + fmtMs(median(p99s))
+	if p999 {
+		out += "/" + fmtMs(median(p999s))
+	}
+	if missing > 0 {
+		out += fmt.Sprintf(" (%d uncovered)", missing)
+	}
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func fmtMs(x float64) string {
+	switch {
+	case x >= 100:
+		return fmt.Sprintf("%.0f", x)
+	case x >= 10:
+		return fmt.Sprintf("%.1f", x)
+	}
+	return fmt.Sprintf("%.2f", x)
 }

@@ -36,6 +36,16 @@ type result struct {
 	noKafka  bool               // the local ideal: nothing to commit
 	busy     time.Duration      // handler time summed over all records
 	conc     int                // the case's concurrency; 0 when unbounded
+
+	// Commit lag, from the commit watcher (commitwatch.go).
+	endLag      time.Duration // last ack → committed offsets at the end of every partition; <0: not reached
+	cover       lagStats      // per record: its ack → the first observed commit covering it by offset or by safeack's completed tail
+	coverOffset lagStats      // the same, by offset alone
+	rtt         time.Duration // median OffsetFetch round trip of the watcher
+	heapBase    uint64        // HeapInuse after the pre-run GC (the bench's own tracking arrays)
+	allocs      float64       // heap allocations (MemStats.Mallocs delta) per record, consumer start → last ack; <0: unknown
+	e2e         lagStats      // steady: produce → ack per record
+	offered     float64       // steady: the producer's achieved rate, records/s
 }
 
 // occupancy is the mean number of handlers running while records flowed, as
@@ -77,10 +87,26 @@ func selected(label string) bool {
 func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, error) {
 	sec := newSection(w)
 	var cases []*caseSpec
+	pcSkipped := false
 	for _, c := range w.cases {
-		if selected(c.label) {
-			cases = append(cases, c)
+		if !selected(c.label) {
+			continue
 		}
+		if c.kind == kindPC {
+			if err := pcReady(); err != nil {
+				if !pcSkipped {
+					w.notes = append(w.notes, fmt.Sprintf("Parallel Consumer rows (pc/*) skipped: %v.", err))
+					pcSkipped = true
+				}
+				continue
+			}
+			if opt.pcWarmup > 0 {
+				if _, err := env.topicFor(ctx, pcWarmupTopic()); err != nil {
+					return sec, err
+				}
+			}
+		}
+		cases = append(cases, c)
 	}
 	// Produce every topic first, so producing never overlaps a measurement.
 	for _, c := range cases {
@@ -104,12 +130,32 @@ func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, er
 				}
 				continue
 			}
-			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  cpu %.2fs  heap %s  dups %d  occupancy %.2f  mean handler %s",
-				c.label, rep, r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), r.cpu.Seconds(), fmtMB(r.heapPeak), r.dups,
+			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  end lag %s  ack→commit p50/p99 %s/%s ms (by offset %s/%s)  cpu %.2fs  heap %s  allocs/rec %.1f  dups %d  occupancy %.2f  mean handler %s",
+				c.label, rep, r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), fmtCommit(r.endLag), fmtMs(ms(r.cover.p50)), fmtMs(ms(r.cover.p99)), fmtMs(ms(r.coverOffset.p50)), fmtMs(ms(r.coverOffset.p99)),
+				r.cpu.Seconds(), fmtMB(r.heapPeak-min(r.heapBase, r.heapPeak)), r.allocs, r.dups,
 				r.occupancy(), time.Duration(int64(r.busy)/int64(max(r.n, 1))).Round(time.Microsecond))
 		}
 	}
+	sec.noteCommitWatch()
 	return sec, firstErr
+}
+
+// noteCommitWatch states how commit times were observed.
+func (s *section) noteCommitWatch() {
+	var rtts []float64
+	for _, rs := range s.results {
+		for _, r := range rs {
+			if r.rtt > 0 {
+				rtts = append(rtts, ms(r.rtt))
+			}
+		}
+	}
+	if len(rtts) == 0 {
+		return
+	}
+	s.w.notes = append(s.w.notes, fmt.Sprintf("end lag = last ack → the group's committed offsets at the end of every partition; ack→commit = per record, its ack → the first commit covering it: the committed offset passed it, or safeack's completed tail in the commit metadata lists it (p50/p99 over records, median over reps; by offset alone in the progress log). "+
+		"Commits are seen by a child process polling OffsetFetch every %v (round trip median %s ms over the runs): lags are upper bounds, late by up to one poll plus one round trip.",
+		opt.commitPoll, fmtMs(median(rtts))))
 }
 
 func fmtCommit(d time.Duration) string {
@@ -119,14 +165,40 @@ func fmtCommit(d time.Duration) string {
 	return fmt.Sprintf("%.3fs", d.Seconds())
 }
 
+// runHooks let a workload act during a run (steady: start producing at the
+// first delivery; learn where the records landed).
+type runHooks struct {
+	started  func(tr *ackTracker) // after the contender started
+	produced func() error         // after the last ack, before waiting for the commits
+	tr       *ackTracker          // set by runCaseWith
+}
+
 // runCase consumes t from the start with a fresh group and measures.
 func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *topic, rep int) *result {
-	r := &result{n: c.topic.n, retained: -1, commit: -1}
+	return runCaseWith(ctx, env, w, c, t, rep, &runHooks{})
+}
+
+func runCaseWith(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *topic, rep int, hooks *runHooks) *result {
+	r := &result{n: c.topic.n, retained: -1, commit: -1, endLag: -1, allocs: -1}
 	group := groupName(env, w.name, c.label, rep)
 	tr := newAckTracker(c.topic.n)
+	hooks.tr = tr
+
+	var watch *commitWatch
+	if c.kind.commits() {
+		var err error
+		if watch, err = startCommitWatch(env, t, group); err != nil {
+			r.err = err
+			return r
+		}
+		defer watch.close()
+	}
 
 	settle()
 	resetPeakRSS()
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	r.heapBase = ms0.HeapInuse
 	cpu0 := cpuTime()
 	stopProf := startProfile(w.name, c.label, rep)
 
@@ -138,6 +210,9 @@ func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *t
 		return r
 	}
 	smp := startSampler(con.retained)
+	if hooks.started != nil {
+		hooks.started(tr)
+	}
 
 	timeout := time.NewTimer(opt.runTimeout)
 	select {
@@ -146,21 +221,42 @@ func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *t
 		r.err = fmt.Errorf("timed out after %v with %d of %d records acked", opt.runTimeout, tr.uniq.Load(), tr.n)
 	case <-ctx.Done():
 		r.err = ctx.Err()
+	case <-con.failed:
+		r.err = con.err()
 	}
 	timeout.Stop()
 	cpu1 := cpuTime()
+	var ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms1)
 	stopProf()
+	if opt.memprofile != "" && r.err == nil && con.ext == nil {
+		if f := createProfile(opt.memprofile, "heap.pprof", w.name, c.label, rep); f != nil {
+			if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+				logf("heap profile: %v", err)
+			}
+			f.Close()
+		}
+	}
 
 	if r.err == nil {
 		r.wall = time.Duration(tr.last.Load())
 		r.startup = time.Duration(tr.first.Load() - 1)
 		r.active = r.wall - r.startup
 		r.cpu = cpu1 - cpu0
+		r.allocs = float64(ms1.Mallocs-ms0.Mallocs) / float64(r.n)
 		r.busy, r.conc = time.Duration(tr.busy.Load()), c.conc
-		if c.kind == kindLocal {
+		if hooks.produced != nil {
+			r.err = hooks.produced()
+		}
+		switch {
+		case r.err != nil:
+		case watch == nil:
 			r.noKafka, r.commit = true, 0
-		} else if at, ok := env.waitCommitted(ctx, t, group, opt.commitTimeout); ok {
-			r.commit = at.Sub(tr.base)
+		default:
+			if at, ok := watch.waitEnds(t.ends, opt.commitTimeout); ok {
+				r.commit = time.Duration(at - tr.base.UnixNano())
+				r.endLag = time.Duration(at - tr.base.UnixNano() - tr.last.Load())
+			}
 		}
 	}
 	if err := con.stop(); err != nil {
@@ -172,6 +268,28 @@ func runCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *t
 	}
 	r.rssPeak = peakRSS()
 	r.dups = tr.total.Load() - tr.uniq.Load()
+	if x := con.ext; x != nil { // another process: its own figures
+		r.cpu, r.heapPeak, r.rssPeak, r.heapBase, r.allocs = x.cpu, x.heap, x.rss, 0, -1
+		r.busy, r.dups = x.busy, x.dups
+	}
+	if watch != nil {
+		watch.close()
+		r.rtt = watch.rttMed
+		if r.err == nil && t.offBase != nil {
+			changes := watch.snapshot()
+			r.coverOffset, r.cover = coverLags(tr, t, changes)
+			if opt.verbose {
+				lastAck := tr.base.UnixNano() + tr.last.Load()
+				for p, ch := range changes {
+					var b strings.Builder
+					for _, c := range ch {
+						fmt.Fprintf(&b, " %d@%+.3fs", c.off, float64(c.at-lastAck)/1e9)
+					}
+					logf("  %s: partition %d commits (offset@time after the last ack):%s", c.label, p, b.String())
+				}
+			}
+		}
+	}
 	return r
 }
 

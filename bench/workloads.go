@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,8 +39,13 @@ const (
 	kindSafeack contenderKind = iota
 	kindWatermill
 	kindBare
-	kindLocal // no Kafka: the work alone, at the same concurrency
+	kindLocal   // no Kafka: the work alone, at the same concurrency
+	kindCeiling // no Kafka: a Watermill router over an in-memory GoChannel
+	kindPC      // Confluent Parallel Consumer, a Java child process
 )
+
+// commits reports whether the contender commits offsets to the group.
+func (k contenderKind) commits() bool { return k != kindLocal && k != kindCeiling }
 
 // caseSpec is one row of a workload's table: a contender on a topic.
 type caseSpec struct {
@@ -50,6 +56,8 @@ type caseSpec struct {
 	conc     int
 	work     []time.Duration // per record index; nil: zero work
 	settings map[string]string
+	router   bool    // safeack: consumed through a message.Router instead of reading the channel
+	rate     float64 // steady: records/s to offer
 }
 
 // workload is a set of cases run the same way, and how to present them.
@@ -67,7 +75,7 @@ type workload struct {
 }
 
 func workloadNames() []string {
-	return []string{"pc-published", "io-scale", "zero-work", "slow-head", "restart-cost", "issue3a"}
+	return []string{"pc-published", "io-scale", "zero-work", "steady", "slow-head", "restart-cost", "issue3a"}
 }
 
 // buildWorkload returns the named workload, sized by -quick.
@@ -79,6 +87,8 @@ func buildWorkload(name string) *workload {
 		return ioScale()
 	case "zero-work":
 		return zeroWork()
+	case "steady":
+		return steadyWorkload()
 	case "slow-head":
 		return slowHead()
 	case "restart-cost":
@@ -102,6 +112,9 @@ func standardCases(t *topicSpec, conc int, work []time.Duration) []*caseSpec {
 		{label: "safeack/partition", kind: kindSafeack, ordering: safeack.OrderByPartition, topic: t, conc: conc, work: work},
 		{label: "safeack/key", kind: kindSafeack, ordering: safeack.OrderByKey, topic: t, conc: conc, work: work},
 		{label: "safeack/unordered", kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: conc, work: work},
+		{label: "pc/partition", kind: kindPC, ordering: safeack.OrderByPartition, topic: t, conc: conc, work: work},
+		{label: "pc/key", kind: kindPC, ordering: safeack.OrderByKey, topic: t, conc: conc, work: work},
+		{label: "pc/unordered", kind: kindPC, ordering: safeack.Unordered, topic: t, conc: conc, work: work},
 		{label: "wm-kafka", kind: kindWatermill, topic: t, conc: conc, work: work},
 		{label: "sarama-bare", kind: kindBare, topic: t},
 	}
@@ -154,21 +167,23 @@ func pcPublished() *workload {
 	w := &workload{
 		name: "pc-published",
 		desc: fmt.Sprintf("Confluent Parallel Consumer's published run: %d records, 1 partition, work uniform 0–5 ms, concurrency %d", n, conc),
-		cols: []string{"wall", "startup", "rate", "xideal", "xwmk", "commit", "dups"},
+		cols: []string{"wall", "startup", "rate", "xideal", "xwmk", "endlag", "cover", "dups"},
 		run:  runStandard,
 	}
 	w.setIdeal(work, conc)
 	// Partition and unordered modes, watermill-kafka and the bare loop read
 	// the 1,000-key topic; key mode runs once per key count.
 	base := &topicSpec{name: "pc-k1000", partitions: 1, n: n, valueSize: valueSize, keys: 1000}
+	keyTopics := map[int]*topicSpec{1000: base}
 	for _, c := range standardCases(base, conc, work) {
-		if c.ordering == safeack.OrderByKey && c.kind == kindSafeack {
+		if c.ordering == safeack.OrderByKey && (c.kind == kindSafeack || c.kind == kindPC) {
 			for _, k := range opt.pcKeys {
-				t := base
-				if k != 1000 {
+				t := keyTopics[k]
+				if t == nil {
 					t = &topicSpec{name: fmt.Sprintf("pc-k%d", k), partitions: 1, n: n, valueSize: valueSize, keys: k}
+					keyTopics[k] = t
 				}
-				w.cases = append(w.cases, &caseSpec{label: fmt.Sprintf("safeack/key keys=%d", k), kind: kindSafeack,
+				w.cases = append(w.cases, &caseSpec{label: fmt.Sprintf("%s keys=%d", c.label, k), kind: c.kind,
 					ordering: safeack.OrderByKey, topic: t, conc: conc, work: work})
 			}
 			continue
@@ -198,7 +213,7 @@ func ioScale() *workload {
 	w := &workload{
 		name:  "io-scale",
 		desc:  fmt.Sprintf("%d records, 8 partitions, 2 ms work each, concurrency %d", n, conc),
-		cols:  []string{"wall", "rate", "xideal", "xwmk", "cpu", "commit", "dups"},
+		cols:  []string{"wall", "startup", "rate", "xideal", "xwmk", "cpu", "endlag", "cover", "dups"},
 		cases: standardCases(t, conc, work),
 		run:   runStandard,
 		notes: []string{"Record i goes to partition i % 8 with key i % 1000 (125 keys per partition)."},
@@ -212,16 +227,39 @@ func zeroWork() *workload {
 	const conc = 256
 	t := &topicSpec{name: "zero", partitions: 8, n: n, valueSize: valueSize, keys: 1000}
 	return &workload{
-		name:  "zero-work",
-		desc:  fmt.Sprintf("%d records of %d B, 8 partitions, no work (handler goroutine acks at once), MaxInFlight %d", n, valueSize, conc),
-		cols:  []string{"wall", "rate", "xwmk", "xbare", "cpu", "cpupm", "heap", "rss", "commit", "dups"},
-		cases: standardCases(t, conc, nil),
-		run:   runStandard,
+		name: "zero-work",
+		desc: fmt.Sprintf("%d records of %d B, 8 partitions, no work (handler goroutine acks at once), MaxInFlight %d", n, valueSize, conc),
+		cols: []string{"wall", "startup", "rate", "xwmk", "xbare", "xceil", "xrouter", "cpu", "cpupm", "allocs", "heap", "rss", "endlag", "cover", "dups"},
+		cases: append(withoutSlowPC(standardCases(t, conc, nil)),
+			&caseSpec{label: "safeack/unordered (router)", kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: conc, router: true},
+			&caseSpec{label: ceilingLabel, kind: kindCeiling, topic: t, conc: conc},
+			&caseSpec{label: routerCeilingLabel, kind: kindCeiling, topic: t, conc: conc}),
+		run: runStandard,
 		notes: []string{
 			"CPU s = user+system CPU of this process (getrusage) from consumer start to the last ack; CPU s/M = per million records.",
+			"allocs/rec = runtime MemStats.Mallocs from consumer start to the last ack, per record (the bench's handler goroutine and tracking included, the same for every Go contender).",
+			"heap MB = peak HeapInuse (50 ms samples) minus HeapInuse after the pre-run GC (the bench's own per-record arrays); RSS MB = peak resident set of the whole process (VmHWM, reset before each run), bench arrays included.",
+			"safeack/unordered (router) consumes through a message.Router, as the ceiling does; the other safeack rows read the Subscribe channel with a goroutine per message.",
+			"Watermill ceiling: one goroutine publishes (batches of up to 64) into a gochannel.GoChannel with at most 256 messages unacked, and a Router runs the same handler: no Kafka. ×ceiling = rec/s over its rec/s.",
+			"Router ceiling: the same Router over a minimal Subscriber (one goroutine builds the records and sends them on the channel, 256 unacked at most): the router's own cost. GoChannel adds two goroutines, two message copies and a context per message, so a Kafka subscriber can beat the GoChannel row; ×router = rec/s over this row's.",
 			"Record i goes to partition i % 8 with key i % 1000.",
+			pcPartitionNote,
 		},
 	}
+}
+
+// pcPartitionNote explains why pc/partition is left out of zero-work and
+// steady unless asked for.
+const pcPartitionNote = "pc/partition runs here only when named in -contenders: Parallel Consumer in PARTITION order handles one record at a time per partition with a per-record overhead of its own (about 2,000 rec/s over 8 partitions at zero work here), so 1,000,000 records would take minutes per rep."
+
+// withoutSlowPC drops pc/partition unless -contenders names it.
+func withoutSlowPC(cases []*caseSpec) []*caseSpec {
+	for _, c := range opt.contenders {
+		if strings.HasPrefix("pc/partition", c) && len(c) > len("pc/") {
+			return cases
+		}
+	}
+	return slices.DeleteFunc(cases, func(c *caseSpec) bool { return c.label == "pc/partition" })
 }
 
 func slowHead() *workload {
@@ -238,7 +276,7 @@ func slowHead() *workload {
 	w := &workload{
 		name:  "slow-head",
 		desc:  fmt.Sprintf("%d records, 8 partitions, 1 in 1,000 takes 2 s, the rest 0–1 ms, concurrency %d", n, conc),
-		cols:  []string{"wall", "rate", "xideal", "xwmk", "retained", "heap", "rss", "commit", "dups"},
+		cols:  []string{"wall", "startup", "rate", "xideal", "xwmk", "retained", "heap", "rss", "endlag", "cover", "dups"},
 		cases: standardCases(t, conc, work),
 		run:   runStandard,
 		notes: []string{
@@ -258,7 +296,7 @@ func issue3a() *workload {
 	w := &workload{
 		name:  "issue3a",
 		desc:  fmt.Sprintf("issue 3 (a): 1 partition, %d records, handler sleeps 2 ms, MaxInFlight %d; ideal %d / 2 ms = 50,000/s", n, conc, conc),
-		cols:  []string{"wall", "startup", "rate", "xideal", "xwmk", "cpu", "commit", "dups"},
+		cols:  []string{"wall", "startup", "rate", "xideal", "xwmk", "cpu", "endlag", "cover", "dups"},
 		cases: standardCases(t, conc, work),
 		run:   runStandard,
 		notes: []string{"Record i has key i % 1000. The issue's second comparison (b) is the zero-work workload (columns ×wmk and ×bare)."},

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// goals checks issue 17's goals against this invocation's sections and
+// says, per goal and workload, whether safeack met it. Every comparison is
+// between medians of runs made in this invocation, on this machine.
+func goals(sections []*section) string {
+	var b strings.Builder
+	b.WriteString("## goals (issue 17), from the runs above\n")
+	line := func(ok bool, format string, args ...any) {
+		mark := "MET   "
+		if !ok {
+			mark = "MISSED"
+		}
+		fmt.Fprintf(&b, "  %s %s\n", mark, fmt.Sprintf(format, args...))
+	}
+	info := func(format string, args ...any) { fmt.Fprintf(&b, "         %s\n", fmt.Sprintf(format, args...)) }
+	interval := commitInterval()
+	for _, s := range sections {
+		labels := s.labelsOf(kindSafeack)
+		if len(labels) == 0 {
+			continue
+		}
+		name := s.w.name
+		// Commit lag: end lag and per-record p99, against one interval
+		// plus one round trip (plus the watcher's poll, since its
+		// observations are late by up to that much).
+		if slices.Contains(s.w.cols, "endlag") {
+			rtt := s.medianOf(func(r *result) float64 { return float64(r.rtt) }, s.order)
+			bound := interval + time.Duration(rtt) + opt.commitPoll
+			worstEnd, worstP99 := -1.0, -1.0
+			var whoEnd, whoP99 string
+			never := false
+			for _, l := range labels {
+				rs := s.ok(l)
+				if len(rs) == 0 {
+					continue
+				}
+				for _, r := range rs {
+					if r.endLag < 0 {
+						never = true
+					}
+				}
+				if e := median(mapf(rs, func(r *result) float64 { return r.endLag.Seconds() })); e > worstEnd {
+					worstEnd, whoEnd = e, l
+				}
+				if p := median(mapf(rs, func(r *result) float64 { return ms(r.cover.p99) })); p > worstP99 {
+					worstP99, whoP99 = p, l
+				}
+			}
+			if worstEnd >= 0 {
+				line(!never && worstEnd <= bound.Seconds() && worstP99 <= ms(bound),
+					"%s commit lag: worst safeack end lag %.3f s (%s), worst ack→commit p99 %s ms (%s); bound = interval %v + round trip %s ms + poll %v = %s ms",
+					name, worstEnd, whoEnd, fmtMs(worstP99), whoP99, interval, fmtMs(rtt/1e6), opt.commitPoll, fmtMs(ms(bound)))
+				if pcs := s.labelsOf(kindPC); len(pcs) > 0 {
+					var ends []float64
+					for _, l := range pcs {
+						if rs := s.ok(l); len(rs) > 0 {
+							ends = append(ends, median(mapf(rs, func(r *result) float64 { return r.endLag.Seconds() })))
+						}
+					}
+					if len(ends) > 0 {
+						info("Parallel Consumer end lag (median per row) %.3f–%.3f s", slices.Min(ends), slices.Max(ends))
+					}
+				}
+				if worstEnd > float64(2*opt.commitPoll+time.Duration(rtt))/1e9+0.2 {
+					info("early commit: the end lag should be about one round trip once every record is complete; it is %.3f s", worstEnd)
+				}
+			}
+		}
+		// Start-up against watermill-kafka's and Parallel Consumer's medians.
+		if slices.Contains(s.w.cols, "startup") {
+			worst, who := -1.0, ""
+			for _, l := range labels {
+				if rs := s.ok(l); len(rs) > 0 {
+					if v := median(mapf(rs, func(r *result) float64 { return r.startup.Seconds() })); v > worst {
+						worst, who = v, l
+					}
+				}
+			}
+			wmk := s.medianOf(func(r *result) float64 { return r.startup.Seconds() }, []string{"wm-kafka"})
+			pc := s.medianOf(func(r *result) float64 { return r.startup.Seconds() }, s.labelsOf(kindPC))
+			if worst >= 0 && (wmk > 0 || pc > 0) {
+				ok := (wmk <= 0 || worst <= wmk) && (pc <= 0 || worst <= pc)
+				pcs := "not run"
+				if pc > 0 {
+					pcs = fmt.Sprintf("%.3f s", pc)
+				}
+				line(ok, "%s start-up: slowest safeack median %.3f s (%s); wm-kafka %.3f s; Parallel Consumer (median of its runs) %s",
+					name, worst, who, wmk, pcs)
+			}
+		}
+		if name == "zero-work" {
+			wmkHeap := s.medianOf(func(r *result) float64 { return float64(r.heapPeak - min(r.heapBase, r.heapPeak)) }, []string{"wm-kafka"})
+			wmkRSS := s.medianOf(func(r *result) float64 { return float64(r.rssPeak) }, []string{"wm-kafka"})
+			if wmkHeap > 0 {
+				for _, l := range labels {
+					h := s.medianOf(func(r *result) float64 { return float64(r.heapPeak - min(r.heapBase, r.heapPeak)) }, []string{l})
+					rss := s.medianOf(func(r *result) float64 { return float64(r.rssPeak) }, []string{l})
+					line(h <= wmkHeap && rss <= wmkRSS, "zero-work memory %s: heap %.0f MB, RSS %.0f MB; wm-kafka heap %.0f MB, RSS %.0f MB",
+						l, h/(1<<20), rss/(1<<20), wmkHeap/(1<<20), wmkRSS/(1<<20))
+				}
+			}
+			for _, ceil := range []string{ceilingLabel, routerCeilingLabel} {
+				c := s.medianRate(ceil)
+				if c <= 0 {
+					continue
+				}
+				for _, l := range labels {
+					if r := s.medianRate(l); r > 0 {
+						line(r >= 0.9*c, "zero-work %s at %.2f of the %s (%s vs %s rec/s; goal ≥ 0.9)", l, r/c, ceil, fmtRate(r), fmtRate(c))
+					}
+				}
+			}
+		}
+	}
+	b.WriteString("  (MET/MISSED compare medians of this invocation's runs; with few reps on a loaded machine, read the tables' spreads too.)\n\n")
+	return b.String()
+}
+
+// labelsOf lists the section's labels of one contender kind that ran.
+func (s *section) labelsOf(k contenderKind) []string {
+	var out []string
+	for _, c := range s.w.cases {
+		if c.kind == k && len(s.ok(c.label)) > 0 && !slices.Contains(out, c.label) {
+			out = append(out, c.label)
+		}
+	}
+	return out
+}
+
+// medianOf is the median of f's positive values over the successful runs
+// of labels; 0 when none.
+func (s *section) medianOf(f func(*result) float64, labels []string) float64 {
+	var vals []float64
+	for _, label := range labels {
+		for _, r := range s.results[label] {
+			if r.err == nil {
+				if v := f(r); v > 0 {
+					vals = append(vals, v)
+				}
+			}
+		}
+	}
+	if len(vals) == 0 {
+		return 0
+	}
+	return median(vals)
+}
