@@ -253,7 +253,7 @@ func startPC(c *caseSpec, env *brokerEnv, t *topic, group string, tr *ackTracker
 		_, _ = io.Copy(io.Discard, stdout)
 		waitErr = cmd.Wait()
 		if !done {
-			con.failErr = fmt.Errorf("Parallel Consumer driver exited before acking every record: %v", waitErr)
+			con.failErr = fmt.Errorf("the Parallel Consumer driver exited before acking every record: %v", waitErr)
 			close(con.failed)
 		}
 	}()
@@ -284,7 +284,7 @@ func pcDone(kv, acksFile string, tr *ackTracker, x *extStats) error {
 		k, v, _ := strings.Cut(f, "=")
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return fmt.Errorf("Parallel Consumer driver: bad DONE field %q", f)
+			return fmt.Errorf("the Parallel Consumer driver: bad DONE field %q", f)
 		}
 		vals[k] = n
 	}
@@ -293,12 +293,12 @@ func pcDone(kv, acksFile string, tr *ackTracker, x *extStats) error {
 		return err
 	}
 	if len(b) != 8*tr.n {
-		return fmt.Errorf("Parallel Consumer driver: acks file holds %d bytes, want %d", len(b), 8*tr.n)
+		return fmt.Errorf("the Parallel Consumer driver: acks file holds %d bytes, want %d", len(b), 8*tr.n)
 	}
 	for i := range tr.n {
 		ns := int64(binary.BigEndian.Uint64(b[8*i:]))
 		if ns <= 0 {
-			return fmt.Errorf("Parallel Consumer driver: record %d not acked", i)
+			return fmt.Errorf("the Parallel Consumer driver: record %d not acked", i)
 		}
 		tr.seen[i].Store(1)
 		tr.ackAt[i].Store(uint32((ns-1)/int64(time.Microsecond)) + 1)

@@ -244,8 +244,3 @@ func (l *sentLog) all() []commitView {
 	return append([]commitView(nil), l.views...)
 }
 
-func (l *sentLog) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.views)
-}
