@@ -347,7 +347,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		// id, which the coordinator (a new one loads it with the group)
 		// still counts as a member for a session timeout. A new member id
 		// would make the whole group wait for the old one to expire.
-		wait, ok := rejoin.next(time.Now(), sub.rejoinWindow())
+		wait, ok := rejoin.next(time.Now(), sub.rejoinWindow(), coordinatorMoving(err))
 		if !ok {
 			return err
 		}
