@@ -328,13 +328,38 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 	if sub.cfg.Tracer != nil {
 		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
 	}
+	var rejoin rejoinRetry
 	for ctx.Err() == nil {
 		// Consume returns at every rebalance; calling it again rejoins.
-		if err := group.Consume(ctx, []string{sub.topic}, handler); err != nil {
-			if errors.Is(err, context.Canceled) || errors.Is(err, sarama.ErrClosedConsumerGroup) {
-				return nil
-			}
+		err := group.Consume(ctx, []string{sub.topic}, handler)
+		if err == nil {
+			rejoin.reset()
+			continue
+		}
+		if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, sarama.ErrClosedConsumerGroup) {
+			return nil
+		}
+		// The join failed: most often the group coordinator died or moved
+		// (Sarama returns a JoinGroup's connection error at once, and gives
+		// up on NOT_COORDINATOR and the like after Rebalance.Retry.Max).
+		// Rejoin with this consumer group, after finding the coordinator
+		// again, rather than with a new client: the group keeps its member
+		// id, which the coordinator (a new one loads it with the group)
+		// still counts as a member for a session timeout. A new member id
+		// would make the whole group wait for the old one to expire.
+		wait, ok := rejoin.next(time.Now(), sub.rejoinWindow(), coordinatorMoving(err))
+		if !ok {
 			return err
+		}
+		sub.logger.Info("Cannot rejoin the consumer group; retrying with the same member", sub.logFields.Add(watermill.LogFields{
+			"err": err.Error(), "retry_in": wait.String(), "failures": rejoin.failures,
+		}))
+		sub.s.ready.set(sub, phaseConnecting, err)
+		if !sleepCtx(ctx, wait) {
+			return nil
+		}
+		if err := client.RefreshCoordinator(sub.cfg.ConsumerGroup); err != nil {
+			sub.logger.Debug("Cannot find the group coordinator", sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 		}
 	}
 	return nil

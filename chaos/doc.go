@@ -149,12 +149,14 @@
 //
 // On the three-node cluster: a dead leader stalls its partitions until the
 // cluster fences the node (broker.session.timeout.ms, 6 s there); a dead
-// coordinator stalls the group for the fencing, then one session timeout
-// more: Sarama returns the JoinGroup's connection error at once (no retry
-// for a transport error), safeack then replaces its Sarama client and
-// consumer group (as watermill-kafka does), each member rejoins under a new
-// member id, and the new coordinator, which loaded the old members with
-// the group, waits for their sessions to expire before it rebalances; a
+// coordinator stalls the group for the fencing, then the new coordinator's
+// load of the group and one rebalance: Sarama returns the JoinGroup's
+// connection error at once (no retry for a transport error), safeack
+// retries Consume on the same consumer group (after refreshing the
+// coordinator) so each member rejoins under its own member id, which the
+// new coordinator loaded with the group (replacing the Sarama client
+// instead, as safeack did before, gave each member a new id and made the
+// group wait one more session timeout for the old ones to expire); a
 // hung node stalls the partitions it led until it answers again or
 // Sarama's Net.ReadTimeout ends the fetch waiting on it; a rolling restart
 // (controlled shutdowns) costs next to nothing. Records handled twice there
