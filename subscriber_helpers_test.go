@@ -227,6 +227,17 @@ type commitWatch struct {
 	// that is not where its log starts (OffsetNewest on a topic with
 	// history): a commit below it makes the next owner re-handle history.
 	floor map[int32]int64
+	// records, when set, lists the topic's records per partition in
+	// place of the ones produced through the harness (for records
+	// published by other producers).
+	records func() map[int32][]int64
+}
+
+func (w *commitWatch) recordsByPartition() map[int32][]int64 {
+	if w.records != nil {
+		return w.records()
+	}
+	return producedByPartition(w.c, w.topic)
 }
 
 // newCommitWatch must run before the consumers start, so that every commit
@@ -268,7 +279,7 @@ func (w *commitWatch) poll(t *testing.T) map[int32]kafkatest.CommittedOffset {
 	}
 	co := w.c.CommittedOffsets(t, w.group, w.topic)
 	at := time.Now()
-	byPart := producedByPartition(w.c, w.topic)
+	byPart := w.recordsByPartition()
 	violations := func() []error {
 		var errs []error
 		for p, c := range co {
@@ -308,7 +319,7 @@ func (w *commitWatch) check(t *testing.T) int {
 		w.poll(t)
 		return w.polls
 	}
-	byPart := producedByPartition(w.c, w.topic)
+	byPart := w.recordsByPartition()
 	n := 0
 	w.log.CheckUntil(t, time.Now(), func(o kafkatest.ObservedCommit) error {
 		if o.Group != w.group {
