@@ -306,6 +306,7 @@ func deliveryFromCtx(ctx context.Context) (*txnDelivery, bool) {
 // can never be taken for the next.
 type txnDelivery struct {
 	committer *txnCommitter
+	msg       *message.Message // the delivery
 	mu        sync.Mutex
 	outputs   []*sarama.ProducerMessage
 	answered  bool
@@ -316,6 +317,15 @@ func (d *txnDelivery) add(pm *sarama.ProducerMessage) error {
 	defer d.mu.Unlock()
 	if d.answered {
 		return ErrAlreadyAnswered
+	}
+	// The router's answer reaches the partition asynchronously: an output
+	// published after it must fail even before then.
+	select {
+	case <-d.msg.Acked():
+		return ErrAlreadyAnswered
+	case <-d.msg.Nacked():
+		return ErrAlreadyAnswered
+	default:
 	}
 	d.outputs = append(d.outputs, pm)
 	return nil

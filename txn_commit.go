@@ -193,7 +193,7 @@ func (m *txnMarker) stale() {
 // newDelivery gives a delivery of r its output buffer, in the delivery's
 // context and in r (read back when the delivery is answered).
 func (m *txnMarker) newDelivery(ctx context.Context, r *record) context.Context {
-	d := &txnDelivery{committer: m.c}
+	d := &txnDelivery{committer: m.c, msg: r.wm}
 	r.txnCur = d
 	return context.WithValue(ctx, txnDeliveryKey{}, d)
 }
