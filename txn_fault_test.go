@@ -1,0 +1,166 @@
+package safeack_test
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// transform is the rigs' handler: one output per input, after up to delay.
+func transform(att *attempts, delay time.Duration) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		n := att.next(msg)
+		randomDelay(delay)
+		return []*message.Message{outputOf(msg, n)}, nil
+	}
+}
+
+// Closing the router (and the subscriber) while handlers run and
+// transactions are being written, then starting again: the outputs are
+// exactly once.
+func TestTxnCloseMidTransaction(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := newTxnRig(t, c, 4, 2000)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	ids := r.inputIDs()
+	var att attempts
+
+	sub1, pub1 := r.subscriber(t, "txn-close", nil)
+	stop1 := runRouter(t, r, sub1, pub1, transform(&att, 3*time.Millisecond))
+	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
+	stop1()
+	t.Logf("first run: %+v, %d inputs with output", pub1.Stats(), rd.seen(ids))
+
+	sub2, pub2 := r.subscriber(t, "txn-close", nil)
+	runRouter(t, r, sub2, pub2, transform(&att, 3*time.Millisecond))
+	rd.waitAll(t, ids, 60*time.Second)
+	r.waitCommittedAll(t, 30*time.Second)
+	rd.complete(t, c, r.out, r.parts)
+	rd.checkExactlyOnce(t, ids)
+	t.Logf("second run: %+v", pub2.Stats())
+}
+
+// A second member joins mid-stream (an eager rebalance moves partitions
+// between the two while transactions are in flight), then the first one
+// leaves: the outputs are exactly once.
+func TestTxnRebalanceSecondMember(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := newTxnRig(t, c, 4, 3000)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	ids := r.inputIDs()
+	var att attempts
+
+	sub1, pub1 := r.subscriber(t, "txn-member-1", nil)
+	stop1 := runRouter(t, r, sub1, pub1, transform(&att, 3*time.Millisecond))
+	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
+
+	sub2, pub2 := r.subscriber(t, "txn-member-2", nil)
+	runRouter(t, r, sub2, pub2, transform(&att, 3*time.Millisecond))
+	kafkatest.WaitFor(t, 60*time.Second, "the second member to commit a transaction", func() bool {
+		return pub2.Stats().Committed > 0
+	})
+	stop1()
+	rd.waitAll(t, ids, 90*time.Second)
+	r.waitCommittedAll(t, 30*time.Second)
+	rd.complete(t, c, r.out, r.parts)
+	rd.checkExactlyOnce(t, ids)
+	t.Logf("member 1: %+v; member 2: %+v", pub1.Stats(), pub2.Stats())
+}
+
+// Another producer takes the subscription's transactional id mid-stream
+// (as a restarted instance does): the running producer is fenced, its
+// transaction aborted, and the partitions restart from the committed
+// offsets. Nothing of the aborted transactions is visible, and the
+// outputs are exactly once.
+func TestTxnFencedByTransactionalID(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := newTxnRig(t, c, 2, 3000)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	ids := r.inputIDs()
+	var att attempts
+	sub, pub := r.subscriber(t, "txn-fenced", nil)
+	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
+	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
+
+	// InitProducerId with the same id bumps the epoch: the running producer
+	// is fenced at its next request.
+	pc := txnProducerConfig(c)
+	pc.Producer.Idempotent = true
+	pc.Net.MaxOpenRequests = 1
+	pc.Producer.Transaction.ID = "txn-fenced-" + r.in
+	fencer, err := sarama.NewSyncProducer(c.Brokers(), pc)
+	require.NoError(t, err)
+	require.NoError(t, fencer.Close())
+
+	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
+	rd.waitAll(t, ids, 90*time.Second)
+	r.waitCommittedAll(t, 30*time.Second)
+	rd.complete(t, c, r.out, r.parts)
+	rd.checkExactlyOnce(t, ids)
+	t.Logf("transactions: %+v", pub.Stats())
+}
+
+// The group coordinator rejects the transaction's offsets as a zombie's
+// (ILLEGAL_GENERATION, what KIP-447 fencing answers a member a rebalance
+// left behind): the transaction aborts, its outputs are never visible to a
+// read_committed reader, and the records are handled again.
+func TestTxnOffsetsFencedByGeneration(t *testing.T) {
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	r := newTxnRig(t, c, 2, 2000)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
+	ids := r.inputIDs()
+	var att attempts
+	sub, pub := r.subscriber(t, "txn-zombie", nil)
+
+	var reject atomic.Int32
+	c.Kfake().ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.Kfake().KeepControl()
+		if reject.Add(-1) < 0 {
+			reject.Store(0)
+			return nil, nil, false
+		}
+		creq := req.(*kmsg.TxnOffsetCommitRequest)
+		resp := creq.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
+		for _, rt := range creq.Topics {
+			st := kmsg.NewTxnOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.IllegalGeneration.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+
+	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
+	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
+	reject.Store(2)
+	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
+	rd.waitAll(t, ids, 90*time.Second)
+	r.waitCommittedAll(t, 30*time.Second)
+	rd.complete(t, c, r.out, r.parts)
+	rd.checkExactlyOnce(t, ids)
+	uncommitted.complete(t, c, r.out, r.parts)
+	uncommitted.mu.Lock()
+	written := uncommitted.records - len(uncommitted.sentry)*2 // both readers' sentries
+	uncommitted.mu.Unlock()
+	st := pub.Stats()
+	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", st, written, len(ids))
+	require.Greater(t, written, len(ids), "the aborted transactions wrote outputs that read_committed must not see")
+}
+
+var _ = safeack.ErrNoDelivery
