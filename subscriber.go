@@ -385,6 +385,13 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(claimed),
 	}))
 	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
+	if err != nil && h.txn != nil {
+		// Handling a committed tail's records again would write their
+		// outputs twice: try the session again. Sarama runs Cleanup.
+		h.stop, h.done = make(chan struct{}), make(chan struct{})
+		close(h.done)
+		return fmt.Errorf("safeack: reading committed offsets for a transactional session: %w", err)
+	}
 	if err != nil {
 		// Without the tail every record after the committed offset is
 		// redelivered: more repeats, nothing lost. Partitions without a
@@ -404,7 +411,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
 	h.soon = make(chan struct{}, 1)
 	if h.txn != nil {
-		h.txn.beginSession(sess, h.endAssignments)
+		h.txn.beginSession(sess, committed, h.endAssignments)
 		go h.txnCommitLoop(h.stop, h.done)
 	} else {
 		go h.commitLoop(sess, h.stop, h.done, h.soon)

@@ -9,20 +9,31 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/safeack/safeack/frontier"
 )
 
 // txnCommitter is the transactional commit path of one subscription: where
 // its completed offsets go instead of the group session's marks. It buffers
 // the outputs of acked deliveries and the latest completed position of each
-// partition, and every CommitInterval writes both in one Kafka transaction.
+// partition, and every CommitInterval writes, in one Kafka transaction, the
+// positions and exactly the outputs of the records they cover.
 //
-// Taking what a transaction covers is a swap under mu, so acks never wait
-// for a commit: outputs acked while one is in flight land in the next. The
-// snapshot is consistent because an ack's outputs are added (under mu)
-// before its ticket completes, and a partition's position is recorded
-// (under mu) only after the completions it covers: a position in a snapshot
-// never covers a record whose outputs are not in that snapshot or an
-// earlier one.
+// Exactly-once needs both directions. A position never covers a record
+// whose outputs are not in its transaction or an earlier one: an ack's
+// outputs are added (under mu) before its ticket completes, and a position
+// is recorded (under mu) only after the completions it covers. And no
+// output is committed before a position covering its record is: outputs of
+// records completed above a partition's unfinished head wait until the
+// committed prefix or the completed tail in the metadata covers them, so a
+// crash never leaves an output committed for a record its next owner
+// handles again. Since the next owner skips what the committed tail lists,
+// what a committed position covers must never shrink: a position whose tail
+// would drop a record an earlier one covered (its encoding ran out of
+// budget) waits until the prefix passes that record.
+//
+// Taking what a transaction covers is done under mu, so acks never wait for
+// a commit: outputs acked while one is in flight land in a later one.
 //
 // Every consumer group session has an epoch. Positions and outputs of an
 // older epoch are dropped: those of a session that ended (its last
@@ -40,8 +51,9 @@ type txnCommitter struct {
 
 	mu          sync.Mutex
 	epoch       uint64
-	outputs     []*sarama.ProducerMessage // of deliveries acked since the last snapshot
-	marks       map[int32]txnMark         // latest position per partition since the last snapshot
+	pending     map[int32][]pendingOutputs // of acked deliveries, not yet covered by a committed position
+	marks       map[int32]txnMark          // latest position per partition since the last snapshot
+	covered     map[int32]coverage         // what the group's committed position covers, per partition
 	group       *sarama.ConsumerGroupMetadata
 	endSession  func() // ends the current session's assignments
 	committing  bool
@@ -56,13 +68,66 @@ type txnMark struct {
 	w        *partitionWorker
 }
 
+// pendingOutputs are the outputs of one acked record.
+type pendingOutputs struct {
+	offset int64
+	msgs   []*sarama.ProducerMessage
+}
+
+// coverage is what a committed position says is complete: every offset
+// below offset, and the completed tail.
+type coverage struct {
+	offset int64
+	tail   frontier.Tail
+}
+
+func coverageOf(offset int64, metadata string) coverage {
+	tail, _ := frontier.DecodeTail(metadata, offset) // an error leaves it empty: covers less, never more
+	return coverage{offset: offset, tail: tail}
+}
+
+func (c coverage) covers(offset int64) bool {
+	return offset < c.offset || c.tail.Contains(offset)
+}
+
+// within reports whether next covers everything c does.
+func (c coverage) within(next coverage) bool {
+	if next.offset < c.offset {
+		return false
+	}
+	for _, r := range c.tail.Ranges {
+		from := max(r.From, next.offset)
+		if from >= r.To {
+			continue
+		}
+		if !next.coversRange(from, r.To) {
+			return false
+		}
+	}
+	return true
+}
+
+// coversRange reports whether the tail covers [from, to) whole (ranges are
+// maximal, so one of them must).
+func (c coverage) coversRange(from, to int64) bool {
+	t := c.tail
+	if to > t.Bound {
+		return false
+	}
+	for _, r := range t.Ranges {
+		if r.To > from {
+			return r.From <= from && r.To >= to
+		}
+	}
+	return false
+}
+
 func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error) {
 	c := &txnCommitter{
 		pub:      pub,
 		sub:      sub,
 		id:       pub.cfg.TransactionalID + "-" + sub.topic,
 		interval: pub.cfg.CommitInterval,
-		marks:    make(map[int32]txnMark),
 	}
 	// The producer is made now so that a cluster without transactions
 	// (or an id another instance holds) is an error of Subscribe.
@@ -104,9 +169,10 @@ func (c *txnCommitter) close() {
 
 // beginSession starts an epoch for a consumer group session: positions are
 // committed with its generation and member id, which is what fences them
-// once a rebalance has moved their partitions on (KIP-447). end ends the
+// once a rebalance has moved their partitions on (KIP-447). committed is
+// what the group had committed when the session started; end ends the
 // session's assignments.
-func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, end func()) {
+func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset, end func()) {
 	md := &sarama.ConsumerGroupMetadata{
 		GroupID:      c.sub.cfg.ConsumerGroup,
 		GenerationID: sess.GenerationID(),
@@ -115,11 +181,21 @@ func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, end func()
 	if id := c.sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId; id != "" {
 		md.GroupInstanceID = &id
 	}
+	covered := make(map[int32]coverage, len(committed))
+	for p, co := range committed {
+		covered[p] = coverageOf(co.offset, co.metadata)
+	}
 	c.mu.Lock()
 	c.epoch++
-	c.outputs, c.marks = nil, make(map[int32]txnMark)
+	c.resetLocked()
+	c.covered = covered
 	c.group, c.endSession, c.sessionOpen = md, end, true
 	c.mu.Unlock()
+}
+
+// resetLocked drops what the epoch buffered. Callers hold mu.
+func (c *txnCommitter) resetLocked() {
+	c.pending, c.marks, c.covered = make(map[int32][]pendingOutputs), make(map[int32]txnMark), make(map[int32]coverage)
 }
 
 // finishSession commits what the session's drained partitions completed and
@@ -129,7 +205,7 @@ func (c *txnCommitter) finishSession() {
 	c.commit()
 	c.mu.Lock()
 	c.epoch++
-	c.outputs, c.marks = nil, make(map[int32]txnMark)
+	c.resetLocked()
 	c.group, c.endSession, c.sessionOpen = nil, nil, false
 	c.mu.Unlock()
 }
@@ -213,7 +289,10 @@ func (m *txnMarker) acked(r *record) {
 		m.stale()
 		return
 	}
-	c.outputs = append(c.outputs, outs...)
+	if len(outs) > 0 {
+		p := r.msg.Partition
+		c.pending[p] = append(c.pending[p], pendingOutputs{offset: r.msg.Offset, msgs: outs})
+	}
 	if c.committing {
 		c.ackedInTxn++
 	}
@@ -239,14 +318,20 @@ func (c *txnCommitter) commit() {
 		c.mu.Unlock()
 		return
 	}
-	outputs, marks, group, epoch := c.outputs, c.marks, c.group, c.epoch
-	if len(outputs) == 0 && len(marks) == 0 {
+	if len(c.marks) == 0 {
+		c.mu.Unlock()
+		return // outputs wait for a position that covers them
+	}
+	outputs, marks, next := c.takeCoveredLocked()
+	group, epoch := c.group, c.epoch
+	c.committing = true
+	c.mu.Unlock()
+	if len(marks) == 0 {
+		c.mu.Lock()
+		c.committing = false
 		c.mu.Unlock()
 		return
 	}
-	c.outputs, c.marks = nil, make(map[int32]txnMark, len(marks))
-	c.committing = true
-	c.mu.Unlock()
 
 	start := time.Now()
 	err := c.runTxn(outputs, marks, group)
@@ -262,6 +347,13 @@ func (c *txnCommitter) commit() {
 		c.abort(epoch, err)
 		return
 	}
+	c.mu.Lock()
+	if c.epoch == epoch {
+		for p, cov := range next {
+			c.covered[p] = cov
+		}
+	}
+	c.mu.Unlock()
 	for p, mk := range marks {
 		if mk.w != nil && mk.w.partition == p {
 			mk.w.setConfirmed(mk.offset)
@@ -274,6 +366,38 @@ func (c *txnCommitter) commit() {
 		s.CommitTime += took
 		s.MaxCommit = max(s.MaxCommit, took)
 	})
+}
+
+// takeCoveredLocked takes the positions recorded since the last commit and
+// the outputs of the records they cover. A position whose coverage would
+// not contain what the group's committed one covers stays for a later
+// commit. It returns the outputs, the positions and their coverage.
+// Callers hold mu.
+func (c *txnCommitter) takeCoveredLocked() ([]*sarama.ProducerMessage, map[int32]txnMark, map[int32]coverage) {
+	marks := c.marks
+	c.marks = make(map[int32]txnMark)
+	next := make(map[int32]coverage, len(marks))
+	var outputs []*sarama.ProducerMessage
+	for p, mk := range marks {
+		cov := coverageOf(mk.offset, mk.metadata)
+		if prev, ok := c.covered[p]; ok && !prev.within(cov) {
+			c.marks[p] = mk
+			delete(marks, p)
+			continue
+		}
+		next[p] = cov
+		keep := c.pending[p][:0]
+		for _, po := range c.pending[p] {
+			if cov.covers(po.offset) {
+				outputs = append(outputs, po.msgs...)
+			} else {
+				keep = append(keep, po)
+			}
+		}
+		clear(c.pending[p][len(keep):])
+		c.pending[p] = keep
+	}
+	return outputs, marks, next
 }
 
 // runTxn writes one transaction. Callers hold commitMu.
@@ -328,7 +452,7 @@ func (c *txnCommitter) abort(epoch uint64, cause error) {
 	var end func()
 	if c.epoch == epoch {
 		c.epoch++
-		c.outputs, c.marks = nil, make(map[int32]txnMark)
+		c.resetLocked()
 		end = c.endSession
 	}
 	c.mu.Unlock()
