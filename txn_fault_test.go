@@ -1,6 +1,7 @@
 package safeack_test
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,3 +165,55 @@ func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 }
 
 var _ = safeack.ErrNoDelivery
+
+// A record that never finishes holds its partition's committed offset back
+// while the records after it complete: their outputs are committed with
+// the completed tail that lists them, in the same transactions. The next
+// owner skips exactly those records (their outputs are there already) and
+// handles the held one: one output each.
+func TestTxnCompletedTailHandedOver(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := newTxnRig(t, c, 1, 400)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	ids := r.inputIDs()
+	held := ids[10]
+	var att attempts
+
+	sub1, pub1 := r.subscriber(t, "txn-tail", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		cfg.DrainTimeout = 200 * time.Millisecond
+	})
+	first := transform(&att, time.Millisecond)
+	stop1 := runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
+		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
+		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
+		if fmt.Sprintf("%d@%d", p, o) == held {
+			att.next(msg)
+			<-msg.Context().Done() // until the drain gives up on it
+			return nil, msg.Context().Err()
+		}
+		return first(msg)
+	})
+	kafkatest.WaitFor(t, 60*time.Second, "every record but the held one to have its output", func() bool {
+		return rd.seen(ids) == len(ids)-1
+	})
+	co := c.CommittedOffsets(t, r.group, r.in)[0]
+	require.Equal(t, int64(10), co.Offset, "committed past the held record")
+	require.NotEmpty(t, co.Metadata, "no completed tail committed")
+	stop1()
+
+	sub2, pub2 := r.subscriber(t, "txn-tail", nil)
+	runRouter(t, r, sub2, pub2, transform(&att, time.Millisecond))
+	rd.waitAll(t, ids, 60*time.Second)
+	r.waitCommittedAll(t, 30*time.Second)
+	rd.complete(t, c, r.out, r.parts)
+	rd.checkExactlyOnce(t, ids)
+	att.mu.Lock()
+	defer att.mu.Unlock()
+	for _, id := range ids {
+		want := 1
+		if id == held {
+			want = 2
+		}
+		require.Equal(t, want, att.n[id], "deliveries of %s", id)
+	}
+}
