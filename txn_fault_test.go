@@ -206,8 +206,6 @@ func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 	require.Greater(t, written, len(ids), "the aborted transactions wrote outputs that read_committed must not see")
 }
 
-var _ = safeack.ErrNoDelivery
-
 // A record that never finishes holds its partition's committed offset back
 // while the records after it complete: their outputs are committed with
 // the completed tail that lists them, in the same transactions. The next

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,12 +28,11 @@ const (
 // txnRig is a consume-transform-produce setup on one cluster: an input
 // topic with records, an output topic, and a group.
 type txnRig struct {
-	c        *kafkatest.Cluster
-	in, out  string
-	group    string
-	parts    int
-	inputs   []kafkatest.Produced
-	txnIDSeq atomic.Int32
+	c       *kafkatest.Cluster
+	in, out string
+	group   string
+	parts   int
+	inputs  []kafkatest.Produced
 }
 
 func newTxnRig(t *testing.T, c *kafkatest.Cluster, partitions, records int) *txnRig {
