@@ -216,3 +216,16 @@ func txnRouterOnce(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec
 	_ = pub.Close()
 	return r
 }
+
+func init() {
+	for col, title := range map[string]string{
+		"x:vs_alo":        "×at-least-once",
+		"x:txns":          "txns",
+		"x:commit_ms":     "commit ms",
+		"x:commit_max_ms": "max commit ms",
+		"x:during_commit": "acked during commit",
+		"x:endlag_s":      "end lag s",
+	} {
+		colTitles[col] = title
+	}
+}
