@@ -54,9 +54,6 @@ type record struct {
 	// skipped is set when the record's handler was not run because its
 	// assignment had ended; its Nack must not redeliver.
 	skipped atomic.Bool
-	// txnCur buffers the outputs of the current delivery in transactional
-	// mode; written before the delivery is handed out.
-	txnCur *txnDelivery
 }
 
 // partitionWorker owns one assigned partition: it takes records from the
@@ -438,7 +435,7 @@ func (w *partitionWorker) takeReady() *record {
 func (w *partitionWorker) startDelivery(r *record) {
 	ctx := context.WithValue(w.parentCtx, recordCtxKey{}, r)
 	if w.txn != nil {
-		ctx = w.txn.newDelivery(ctx, r)
+		ctx = w.txn.newDelivery(ctx, r.wm)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	r.wm.SetContext(ctx)
@@ -770,7 +767,7 @@ func (w *partitionWorker) answered(r *record, wm *message.Message, cancel contex
 	case !acked:
 		w.sub.releaseToken()
 		if w.txn != nil {
-			w.txn.nacked(r)
+			w.txn.nacked(wm)
 		}
 		w.nacked(r)
 	case isDeferredDelivery(r, wm):
@@ -782,7 +779,7 @@ func (w *partitionWorker) answered(r *record, wm *message.Message, cancel contex
 		w.poke()
 	default:
 		if w.txn != nil {
-			w.txn.acked(r) // outputs enter the transaction before the ticket completes
+			w.txn.acked(r, wm) // outputs enter the transaction before the ticket completes
 		}
 		return w.completeAndContinue(r)
 	}

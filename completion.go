@@ -135,9 +135,9 @@ func (c *Completion) resolve(err error) {
 func (c *Completion) apply(err error) {
 	if tm := c.r.owner.txn; tm != nil {
 		if err == nil {
-			tm.acked(c.r)
+			tm.acked(c.r, c.msg)
 		} else {
-			tm.nacked(c.r)
+			tm.nacked(c.msg)
 		}
 	}
 	if err == nil {

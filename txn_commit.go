@@ -9,6 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/safeack/safeack/frontier"
 )
@@ -266,19 +267,18 @@ func (m *txnMarker) stale() {
 	}
 }
 
-// newDelivery gives a delivery of r its output buffer, in the delivery's
-// context and in r (read back when the delivery is answered).
-func (m *txnMarker) newDelivery(ctx context.Context, r *record) context.Context {
-	d := &txnDelivery{committer: m.c, msg: r.wm}
-	r.txnCur = d
-	return context.WithValue(ctx, txnDeliveryKey{}, d)
+// newDelivery gives delivery msg its output buffer, in its context: read
+// back from msg's context once it is answered (handlers and middleware
+// only derive contexts from it, and are done with it by then).
+func (m *txnMarker) newDelivery(ctx context.Context, msg *message.Message) context.Context {
+	return context.WithValue(ctx, txnDeliveryKey{}, &txnDelivery{committer: m.c, msg: msg})
 }
 
-// acked moves the outputs of r's acked delivery into the next transaction.
-// Call it before the ticket completes.
-func (m *txnMarker) acked(r *record) {
-	d := r.txnCur
-	if d == nil {
+// acked moves the outputs of r's acked delivery msg into the next
+// transaction. Call it before the ticket completes.
+func (m *txnMarker) acked(r *record, msg *message.Message) {
+	d, ok := deliveryFromCtx(msg.Context())
+	if !ok {
 		return
 	}
 	outs := d.take()
@@ -299,9 +299,9 @@ func (m *txnMarker) acked(r *record) {
 	c.mu.Unlock()
 }
 
-// nacked drops the outputs of r's nacked delivery.
-func (m *txnMarker) nacked(r *record) {
-	if d := r.txnCur; d != nil {
+// nacked drops the outputs of nacked delivery msg.
+func (m *txnMarker) nacked(msg *message.Message) {
+	if d, ok := deliveryFromCtx(msg.Context()); ok {
 		d.take()
 	}
 }
