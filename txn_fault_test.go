@@ -257,3 +257,48 @@ func TestTxnCompletedTailHandedOver(t *testing.T) {
 		require.Equal(t, want, att.n[id], "deliveries of %s", id)
 	}
 }
+
+// The broker aborts a transaction that stays open past
+// Producer.Transaction.Timeout (here: its EndTxn is held back longer than
+// that): the producer's commit fails, the transaction's outputs are never
+// visible to a read_committed reader, and the records are handled again.
+func TestTxnAbortedByBrokerTimeout(t *testing.T) {
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	r := newTxnRig(t, c, 2, 2000)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
+	ids := r.inputIDs()
+	var att attempts
+	const txnTimeout = 3 * time.Second
+	sub, pub := r.subscriber(t, "txn-timeout", func(_ *safeack.SubscriberConfig, tc *safeack.TxnConfig) {
+		tc.OverwriteSaramaConfig.Producer.Transaction.Timeout = txnTimeout
+	})
+
+	kf := c.Kfake()
+	var hold atomic.Bool
+	kf.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		if hold.CompareAndSwap(true, false) {
+			// Yields to the broker's loop, whose timer aborts the
+			// transaction meanwhile; then the EndTxn is answered.
+			kf.SleepControl(func() { time.Sleep(2 * txnTimeout) })
+		}
+		return nil, nil, false
+	})
+
+	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
+	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
+	hold.Store(true)
+	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
+	rd.waitAll(t, ids, 90*time.Second)
+	r.waitCommittedAll(t, 30*time.Second)
+	rd.complete(t, c, r.out, r.parts)
+	rd.checkExactlyOnce(t, ids)
+	uncommitted.complete(t, c, r.out, r.parts)
+	uncommitted.mu.Lock()
+	written := uncommitted.records - len(uncommitted.sentry)*2
+	uncommitted.mu.Unlock()
+	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", pub.Stats(), written, len(ids))
+	require.Greater(t, written, len(ids), "the aborted transaction wrote outputs that read_committed must not see")
+}
