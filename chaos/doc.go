@@ -99,8 +99,10 @@
 //     (safeack.TxnPublisher) instead of the checks above: two router
 //     processes SIGKILLed and restarted with their transactional ids, an
 //     in-process member closed and restarted, one delivery in twenty
-//     failing, while a producer writes; a last member drains, and a
-//     read_committed reader must see exactly one output per input record.
+//     failing, while a producer writes (on a real broker with
+//     SAFEACK_CHAOS_RESTART, the broker is restarted halfway); a last
+//     member drains, and a read_committed reader must see exactly one
+//     output per input record.
 //
 // Running it:
 //

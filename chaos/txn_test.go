@@ -155,6 +155,7 @@ func TestTxnRouterChaos(t *testing.T) {
 	const parts = 4
 	in, out, group := c.NewTopic(t, parts), c.NewTopic(t, parts), c.NewGroup(t)
 	rng := rand.New(rand.NewPCG(seed, 15))
+	var err error
 	t.Logf("seed %d", seed)
 
 	// The producer: a record every millisecond or so, until stopped.
@@ -182,8 +183,10 @@ func TestTxnRouterChaos(t *testing.T) {
 				batch[j] = &sarama.ProducerMessage{Topic: in, Value: sarama.StringEncoder("rec-" + strconv.Itoa(i*10+j))}
 			}
 			if err := p.SendMessages(batch); err != nil {
-				producerDone <- err
-				return
+				// The broker may be restarting: what was written counts
+				// (the check goes by the topic's end), so go on.
+				time.Sleep(100 * time.Millisecond)
+				continue
 			}
 			produced.Add(int64(len(batch)))
 			time.Sleep(10 * time.Millisecond)
@@ -218,7 +221,6 @@ func TestTxnRouterChaos(t *testing.T) {
 	}()
 	startChild(slots[0])
 	startChild(slots[1])
-	var err error
 	slots[2].inner, err = startTxnRouter(c, in, out, group, slots[2].id)
 	require.NoError(t, err)
 	var aborted, committed uint64
@@ -228,8 +230,22 @@ func TestTxnRouterChaos(t *testing.T) {
 		committed += st.Committed
 	}
 
+	// On a real broker with a restart command (SAFEACK_CHAOS_RESTART), the
+	// broker is restarted once, halfway through.
+	restart := os.Getenv(envRestart)
+	if c.Embedded() {
+		restart = ""
+	}
 	kills, storms := 0, 0
-	for deadline := time.Now().Add(churn()); time.Now().Before(deadline); {
+	begin := time.Now()
+	for deadline := begin.Add(churn()); time.Now().Before(deadline); {
+		if restart != "" && time.Since(begin) > churn()/2 {
+			t.Log("restarting the broker")
+			out, err := runRestart(restart)
+			require.NoError(t, err, "restart command: %s", out)
+			restart = ""
+			continue
+		}
 		time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
 		switch s := slots[rng.IntN(len(slots))]; {
 		case s.inner != nil:
@@ -250,14 +266,23 @@ func TestTxnRouterChaos(t *testing.T) {
 		killChild(s)
 		kills++
 	}
-	t.Logf("churn over: %d records produced, %d SIGKILLs, %d closes of the in-process member", produced.Load(), kills, storms)
+	t.Logf("churn over: %d records produced, %d SIGKILLs, %d closes of the in-process member, broker restarted: %v",
+		produced.Load(), kills, storms, os.Getenv(envRestart) != "" && !c.Embedded())
 
 	// The in-process member drains the input alone.
-	hwm := c.HighWaterMarks(t, in)
+	hwm := endOffsets(t, c, in, parts)
+	admin, err := sarama.NewClusterAdmin(c.Brokers(), c.SaramaConfig())
+	require.NoError(t, err)
+	defer admin.Close()
 	kafkatest.WaitFor(t, 5*time.Minute, "the group's commits to reach the end of the input", func() bool {
-		got := c.CommittedOffsets(t, group, in)
+		// Errors (a coordinator still loading after a restart) are retried.
+		resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{in: {0, 1, 2, 3}})
+		if err != nil {
+			return false
+		}
 		for p, h := range hwm {
-			if got[p].Offset != h {
+			b := resp.GetBlock(in, p)
+			if b == nil || b.Err != sarama.ErrNoError || b.Offset != h {
 				return false
 			}
 		}
@@ -335,4 +360,28 @@ func TestTxnRouterChaos(t *testing.T) {
 	require.Empty(t, missing, "inputs without output")
 	require.Empty(t, twice, "inputs with more than one output")
 	require.Empty(t, outputs, "outputs of no input")
+}
+
+// endOffsets reads the end offset of each partition of topic, retrying
+// while the cluster's metadata settles (after a broker restart).
+func endOffsets(t *testing.T, c *kafkatest.Cluster, topic string, parts int) map[int32]int64 {
+	t.Helper()
+	client, err := sarama.NewClient(c.Brokers(), c.SaramaConfig())
+	require.NoError(t, err)
+	defer client.Close()
+	ends := map[int32]int64{}
+	kafkatest.WaitFor(t, 2*time.Minute, "the end offsets of "+topic, func() bool {
+		if err := client.RefreshMetadata(topic); err != nil {
+			return false
+		}
+		for p := range int32(parts) {
+			off, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+			if err != nil {
+				return false
+			}
+			ends[p] = off
+		}
+		return true
+	})
+	return ends
 }
