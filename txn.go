@@ -73,11 +73,12 @@ type TxnConfig struct {
 // buffers the outputs in memory with the delivery they belong to: they enter
 // a Kafka transaction when that delivery is acked (the handler succeeded)
 // and never when it is nacked. Every CommitInterval the subscription's
-// transactional producer writes the outputs of the records acked since the
-// last commit, adds the completed prefix of each partition (with the
-// completed tail in the offset metadata) to the same transaction, and
-// commits. Handlers keep running meanwhile: outputs acked during a commit
-// go into the next one.
+// transactional producer adds the completed prefix of each partition (with
+// the completed tail in the offset metadata) to a transaction, writes the
+// outputs of the records that position covers and were not written yet,
+// and commits. Outputs of a record completed above a slower one wait until
+// a committed position covers it. Handlers keep running meanwhile: outputs
+// acked during a commit go into a later one.
 //
 // A transaction that fails (the broker aborted or fenced it, the member
 // lost the group) is aborted; the subscription then ends its consumer
@@ -94,7 +95,7 @@ type TxnPublisher struct {
 
 	mu     sync.Mutex
 	topics map[string]bool // subscribed topics: one transactional id each
-	stats  txnCounters
+	stats  TxnStats
 }
 
 var _ message.Publisher = (*TxnPublisher)(nil)
@@ -256,20 +257,16 @@ type TxnStats struct {
 	CommitTime, MaxCommit time.Duration
 }
 
-type txnCounters struct {
-	TxnStats
-}
-
 // Stats returns the transaction counters so far.
 func (p *TxnPublisher) Stats() TxnStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.stats.TxnStats
+	return p.stats
 }
 
 func (p *TxnPublisher) count(f func(*TxnStats)) {
 	p.mu.Lock()
-	f(&p.stats.TxnStats)
+	f(&p.stats)
 	p.mu.Unlock()
 }
 
