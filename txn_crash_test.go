@@ -38,6 +38,7 @@ func TestHelperTxnRouterProcess(t *testing.T) {
 	c := kafkatest.Start(t) // the parent's cluster, through SAFEACK_KAFKA_BROKERS
 	r := &txnRig{c: c, in: os.Getenv(envTxnChildIn), out: os.Getenv(envTxnChildOut), group: os.Getenv(envTxnChildGrp)}
 	sub, pub := r.subscriber(t, os.Getenv(envTxnChildID), func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		cfg.MaxInFlight = 8 // slow enough that the kill lands mid-stream on a fast broker too
 		if c.Embedded() {
 			shortSessions(cfg.OverwriteSaramaConfig)
 		}
