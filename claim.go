@@ -72,6 +72,7 @@ type partitionWorker struct {
 	topic     string
 	partition int32
 	marker    offsetMarker // nil without a consumer group
+	txn       *txnMarker   // transactional mode: outputs of acked deliveries go with marker
 	logFields watermill.LogFields
 
 	// ctx is the assignment's context: it ends when the assignment starts
@@ -432,7 +433,11 @@ func (w *partitionWorker) takeReady() *record {
 // so records waiting for their key or in the ready queue cost none. The
 // stamp is written before the send, so the handler reads it safely.
 func (w *partitionWorker) startDelivery(r *record) {
-	ctx, cancel := context.WithCancel(context.WithValue(w.parentCtx, recordCtxKey{}, r))
+	ctx := context.WithValue(w.parentCtx, recordCtxKey{}, r)
+	if w.txn != nil {
+		ctx = w.txn.newDelivery(ctx, r.wm)
+	}
+	ctx, cancel := context.WithCancel(ctx)
 	r.wm.SetContext(ctx)
 	r.cancel = cancel
 	r.deliveredAt = time.Now()
@@ -761,6 +766,9 @@ func (w *partitionWorker) answered(r *record, wm *message.Message, cancel contex
 	switch {
 	case !acked:
 		w.sub.releaseToken()
+		if w.txn != nil {
+			w.txn.nacked(wm)
+		}
 		w.nacked(r)
 	case isDeferredDelivery(r, wm):
 		// The handler handed the record to something asynchronous: the
@@ -770,6 +778,9 @@ func (w *partitionWorker) answered(r *record, wm *message.Message, cancel contex
 		w.sub.releaseToken()
 		w.poke()
 	default:
+		if w.txn != nil {
+			w.txn.acked(r, wm) // outputs enter the transaction before the ticket completes
+		}
 		return w.completeAndContinue(r)
 	}
 	return nil

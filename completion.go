@@ -133,6 +133,13 @@ func (c *Completion) resolve(err error) {
 // goroutine of its own, so that Fail never blocks the caller, typically a
 // batching writer.
 func (c *Completion) apply(err error) {
+	if tm := c.r.owner.txn; tm != nil {
+		if err == nil {
+			tm.acked(c.r, c.msg)
+		} else {
+			tm.nacked(c.msg)
+		}
+	}
 	if err == nil {
 		c.r.owner.complete(c.r, true)
 		return

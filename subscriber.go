@@ -45,6 +45,11 @@ type Subscriber struct {
 	closed    atomic.Bool
 	subs      sync.WaitGroup
 
+	// txn makes the subscriptions commit through Kafka transactions (see
+	// NewTxnPublisher); subscribed tells NewTxnPublisher it is too late.
+	txn        atomic.Pointer[TxnPublisher]
+	subscribed atomic.Bool
+
 	registry registry
 	ready    readiness // for Ready and WaitReady
 }
@@ -99,6 +104,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if topic == "" {
 		return nil, errors.New("safeack: empty topic")
 	}
+	s.subscribed.Store(true)
 	sub := &subscription{
 		s:      s,
 		cfg:    &s.cfg,
@@ -115,6 +121,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		},
 	}
 	s.logger.Info("Subscribing to Kafka topic", sub.logFields)
+	if pub := s.txn.Load(); pub != nil {
+		if err := sub.startTxn(pub); err != nil {
+			return nil, err
+		}
+	}
 
 	// The first connection is made here, so that a cluster that cannot be
 	// reached is an error, not a silent retry loop.
@@ -128,6 +139,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		if client != nil {
 			_ = client.Close()
+		}
+		if sub.txn != nil {
+			sub.txn.close()
 		}
 		if errors.Is(err, ErrSubscriberClosed) || errors.Is(err, ErrInvalidConfig) {
 			return nil, err
@@ -144,6 +158,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	go func() {
 		defer s.subs.Done()
 		sub.run(ctx, client)
+		if sub.txn != nil {
+			sub.txn.close()
+		}
 		s.ready.remove(sub)
 		close(sub.output)
 	}()
@@ -183,6 +200,9 @@ type subscription struct {
 	partitions atomic.Int32
 	seed       maphash.Seed
 	logFields  watermill.LogFields
+	// txn is where completed offsets go in transactional mode (with the
+	// outputs of acked deliveries); nil: the group session's marks.
+	txn *txnCommitter
 }
 
 func (sub *subscription) releaseToken() { <-sub.tokens }
@@ -324,7 +344,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		<-errsDone
 	}()
 
-	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client, group: group}
+	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client, group: group, txn: sub.txn}
 	if sub.cfg.Tracer != nil {
 		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
 	}
@@ -371,6 +391,7 @@ type groupHandler struct {
 	ctx    context.Context
 	client sarama.Client
 	group  sarama.ConsumerGroup
+	txn    *txnCommitter // nil: offsets are committed through the session
 
 	// Per session, set in Setup and read by the claims it starts.
 	committed map[int32]committedOffset
@@ -389,6 +410,13 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(claimed),
 	}))
 	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
+	if err != nil && h.txn != nil {
+		// Handling a committed tail's records again would write their
+		// outputs twice: try the session again. Sarama runs Cleanup.
+		h.stop, h.done = make(chan struct{}), make(chan struct{})
+		close(h.done)
+		return fmt.Errorf("safeack: reading committed offsets for a transactional session: %w", err)
+	}
 	if err != nil {
 		// Without the tail every record after the committed offset is
 		// redelivered: more repeats, nothing lost. Partitions without a
@@ -407,7 +435,12 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
 	h.soon = make(chan struct{}, 1)
-	go h.commitLoop(sess, h.stop, h.done, h.soon)
+	if h.txn != nil {
+		h.txn.beginSession(sess, committed, h.endAssignments)
+		go h.txnCommitLoop(h.stop, h.done)
+	} else {
+		go h.commitLoop(sess, h.stop, h.done, h.soon)
+	}
 	h.sub.s.ready.set(h.sub, phaseConsuming, nil)
 	return nil
 }
@@ -620,6 +653,10 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	h.sub.s.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
 	close(h.stop)
 	<-h.done
+	if h.txn != nil {
+		h.txn.finishSession()
+		return nil
+	}
 	sess.Commit()
 	return nil
 }
@@ -627,9 +664,20 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 // ConsumeClaim runs one partition until it is revoked.
 func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	start := h.startOf(claim)
-	w, err := newPartitionWorker(h.sub, sess.Context(), sess, claim.Topic(), claim.Partition(), start)
+	// Where completed offsets go: the session's marks, or the transaction.
+	var marker offsetMarker = sess
+	var tm *txnMarker
+	if h.txn != nil {
+		tm = h.txn.newMarker()
+		marker = tm
+	}
+	w, err := newPartitionWorker(h.sub, sess.Context(), marker, claim.Topic(), claim.Partition(), start)
 	if err != nil {
 		return err
+	}
+	if tm != nil {
+		tm.bind(w)
+		w.txn = tm
 	}
 	w.hwm = claim.HighWaterMarkOffset
 	w.pauser = h.group

@@ -44,6 +44,7 @@ type options struct {
 	restartWith    []variant
 	restartCrash   string
 	restartLead    int
+	txnInterval    time.Duration
 	runTimeout     time.Duration
 	commitTimeout  time.Duration
 	commitPoll     time.Duration
@@ -77,6 +78,7 @@ func main() {
 		restartWith = flag.String("restart-with", "no-tail:DisableCompletedTail=true", "extra safeack variants for restart-cost, name:Field=value,...; separate variants with ';'. Variants naming a field SubscriberConfig lacks are skipped")
 		crash       = flag.String("restart-crash", "close", "how restart-cost crashes the first consumer: close (Close with a 1 ms DrainTimeout, in-process) or kill (SIGKILL of a child process)")
 		restartLead = flag.Int("restart-lead", 0, "restart-cost: records acked before the head (0: the head is the partition's first record)")
+		txnInterval = flag.Duration("txn-interval", 100*time.Millisecond, "txn-router: safeack.TxnConfig.CommitInterval")
 		runTimeout  = flag.Duration("run-timeout", 5*time.Minute, "give up on a run after this long")
 		commitTO    = flag.Duration("commit-timeout", 15*time.Second, "after the last ack, wait this long at most for the committed offsets to reach the end")
 		commitPoll  = flag.Duration("commit-poll", 5*time.Millisecond, "how often the commit watcher (a child process) reads the group's committed offsets (OffsetFetch)")
@@ -127,6 +129,7 @@ func main() {
 		memprofile:     *memprofile,
 		restartCrash:   *crash,
 		restartLead:    *restartLead,
+		txnInterval:    *txnInterval,
 		runTimeout:     *runTimeout,
 		commitTimeout:  *commitTO,
 		commitPoll:     *commitPoll,

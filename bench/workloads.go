@@ -75,7 +75,7 @@ type workload struct {
 }
 
 func workloadNames() []string {
-	return []string{"pc-published", "io-scale", "zero-work", "steady", "slow-head", "restart-cost", "issue3a"}
+	return []string{"pc-published", "io-scale", "zero-work", "steady", "slow-head", "restart-cost", "issue3a", "txn-router"}
 }
 
 // buildWorkload returns the named workload, sized by -quick.
@@ -95,6 +95,8 @@ func buildWorkload(name string) *workload {
 		return restartCost()
 	case "issue3a":
 		return issue3a()
+	case "txn-router":
+		return txnRouter()
 	}
 	panic("unknown workload " + name)
 }

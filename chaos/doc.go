@@ -95,6 +95,14 @@
 //     processes at once (2; 4). A killed node is started again once the
 //     cluster has fenced it. They are not parallel: each has the cluster
 //     to itself.
+//   - TestTxnRouterChaos (txn_test.go): the exactly-once router
+//     (safeack.TxnPublisher) instead of the checks above: two router
+//     processes SIGKILLed and restarted with their transactional ids, an
+//     in-process member closed and restarted, one delivery in twenty
+//     failing, while a producer writes (on a real broker with
+//     SAFEACK_CHAOS_RESTART, the broker is restarted halfway); a last
+//     member drains, and a read_committed reader must see exactly one
+//     output per input record.
 //
 // Running it:
 //

@@ -1,0 +1,387 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// Environment of a transactional router process of TestTxnRouterChaos.
+const (
+	envTxnChild = "SAFEACK_CHAOS_TXN_CHILD" // "in,out,group,transactional id"
+)
+
+const txnIDHeader = "input"
+
+// txnRouterMember is one running member of the transactional router: a
+// Subscriber, its TxnPublisher and a Router.
+type txnRouterMember struct {
+	router *message.Router
+	pub    *safeack.TxnPublisher
+	done   chan error
+}
+
+// startTxnRouter starts a member consuming in, writing one output per input
+// (its id in a header) to out, as transactional id txnID. Handlers take up
+// to 5 ms and fail one delivery in twenty (redelivered: their outputs must
+// never show).
+func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string) (*txnRouterMember, error) {
+	sc := c.SaramaConfig()
+	sc.Consumer.Return.Errors = true
+	if c.Embedded() {
+		sc.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
+		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+		sc.Consumer.Group.Rebalance.Timeout = kafkatest.EmbeddedSessionTimeout
+	}
+	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+		Brokers:               c.Brokers(),
+		OverwriteSaramaConfig: sc,
+		ConsumerGroup:         group,
+		MaxInFlight:           32,
+		Ordering:              safeack.Unordered,
+		DrainTimeout:          500 * time.Millisecond,
+		NackResendSleep:       10 * time.Millisecond,
+		ReconnectRetrySleep:   100 * time.Millisecond,
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	pc := c.SaramaConfig()
+	pc.Producer.Partitioner = sarama.NewHashPartitioner
+	pub, err := safeack.NewTxnPublisher(sub, safeack.TxnConfig{
+		TransactionalID:       txnID,
+		CommitInterval:        100 * time.Millisecond,
+		OverwriteSaramaConfig: pc,
+	}, nil)
+	if err != nil {
+		_ = sub.Close()
+		return nil, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, nil)
+	if err != nil {
+		return nil, err
+	}
+	router.AddMiddleware(pub.Middleware)
+	router.AddHandler("transform", in, sub, out, pub, func(msg *message.Message) ([]*message.Message, error) {
+		time.Sleep(rand.N(5 * time.Millisecond))
+		if rand.N(20) == 0 {
+			return nil, errors.New("transient failure")
+		}
+		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
+		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
+		outMsg := message.NewMessage(watermill.NewUUID(), msg.Payload)
+		outMsg.Metadata.Set(txnIDHeader, fmt.Sprintf("%d@%d", p, o))
+		return []*message.Message{outMsg}, nil
+	})
+	m := &txnRouterMember{router: router, pub: pub, done: make(chan error, 1)}
+	go func() { m.done <- router.Run(context.Background()) }()
+	select {
+	case <-router.Running():
+		return m, nil
+	case err := <-m.done:
+		return nil, fmt.Errorf("router stopped at start: %w", err)
+	case <-time.After(60 * time.Second):
+		return nil, errors.New("router did not start within 60 s")
+	}
+}
+
+func (m *txnRouterMember) stop() error {
+	err := m.router.Close()
+	return errors.Join(err, <-m.done)
+}
+
+// TestTxnChaosChild is not a test: TestTxnRouterChaos runs it as a
+// transactional router process that it SIGKILLs.
+func TestTxnChaosChild(t *testing.T) {
+	spec := os.Getenv(envTxnChild)
+	if spec == "" {
+		t.Skip("helper process for TestTxnRouterChaos")
+	}
+	f := strings.Split(spec, ",")
+	c := kafkatest.Start(t)
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin) // the parent holds it open
+		os.Exit(3)
+	}()
+	if _, err := startTxnRouter(c, f[0], f[1], f[2], f[3]); err != nil {
+		fmt.Fprintln(os.Stderr, "txn child:", err)
+		os.Exit(2)
+	}
+	fmt.Println("READY")
+	select {}
+}
+
+// txnSlot is a place for one router member; its transactional id stays
+// the same across the member's restarts, so that a restarted member aborts
+// what its killed predecessor left open.
+type txnSlot struct {
+	id    string
+	child *exec.Cmd
+	stdin io.WriteCloser
+	inner *txnRouterMember
+}
+
+// TestTxnRouterChaos: a consume-transform-produce router on safeack's
+// transactional path, while a producer keeps writing: router processes are
+// SIGKILLed and restarted, an in-process member is closed and restarted
+// (rebalance storms), handlers fail and are redelivered. Afterwards a last
+// member drains the input, and a read_committed reader of the output
+// must see exactly one output per input record (by the input's
+// partition@offset carried in a header): none missing, none twice, nothing
+// of an aborted transaction or a failed delivery.
+func TestTxnRouterChaos(t *testing.T) {
+	c := kafkatest.Start(t)
+	const parts = 4
+	in, out, group := c.NewTopic(t, parts), c.NewTopic(t, parts), c.NewGroup(t)
+	rng := rand.New(rand.NewPCG(seed, 15))
+	var err error
+	t.Logf("seed %d", seed)
+
+	// The producer: a record every millisecond or so, until stopped.
+	var produced atomic.Int64
+	stopProducing := make(chan struct{})
+	producerDone := make(chan error, 1)
+	go func() {
+		cfg := c.SaramaConfig()
+		cfg.Producer.Partitioner = sarama.NewRoundRobinPartitioner
+		p, err := sarama.NewSyncProducer(c.Brokers(), cfg)
+		if err != nil {
+			producerDone <- err
+			return
+		}
+		defer p.Close()
+		for i := 0; ; i++ {
+			select {
+			case <-stopProducing:
+				producerDone <- nil
+				return
+			default:
+			}
+			batch := make([]*sarama.ProducerMessage, 10)
+			for j := range batch {
+				batch[j] = &sarama.ProducerMessage{Topic: in, Value: sarama.StringEncoder("rec-" + strconv.Itoa(i*10+j))}
+			}
+			if err := p.SendMessages(batch); err != nil {
+				// The broker may be restarting: what was written counts
+				// (the check goes by the topic's end), so go on.
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
+			produced.Add(int64(len(batch)))
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+
+	startChild := func(s *txnSlot) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestTxnChaosChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(),
+			kafkatest.EnvBrokers+"="+strings.Join(c.Brokers(), ","),
+			envTxnChild+"="+strings.Join([]string{in, out, group, s.id}, ","),
+		)
+		stdin, err := cmd.StdinPipe()
+		require.NoError(t, err)
+		cmd.Stderr = os.Stderr
+		require.NoError(t, cmd.Start())
+		s.child, s.stdin = cmd, stdin
+	}
+	killChild := func(s *txnSlot) {
+		_ = s.child.Process.Signal(syscall.SIGKILL)
+		_ = s.child.Wait()
+		_ = s.stdin.Close()
+		s.child = nil
+	}
+	slots := []*txnSlot{{id: "chaos-txn-a"}, {id: "chaos-txn-b"}, {id: "chaos-txn-inner"}}
+	defer func() {
+		for _, s := range slots[:2] {
+			if s.child != nil {
+				killChild(s)
+			}
+		}
+	}()
+	startChild(slots[0])
+	startChild(slots[1])
+	slots[2].inner, err = startTxnRouter(c, in, out, group, slots[2].id)
+	require.NoError(t, err)
+	var aborted, committed uint64
+	collect := func(m *txnRouterMember) {
+		st := m.pub.Stats()
+		aborted += st.Aborted
+		committed += st.Committed
+	}
+
+	// On a real broker with a restart command (SAFEACK_CHAOS_RESTART), the
+	// broker is restarted once, halfway through.
+	restart := os.Getenv(envRestart)
+	if c.Embedded() {
+		restart = ""
+	}
+	kills, storms := 0, 0
+	begin := time.Now()
+	for deadline := begin.Add(churn()); time.Now().Before(deadline); {
+		if restart != "" && time.Since(begin) > churn()/2 {
+			t.Log("restarting the broker")
+			out, err := runRestart(restart)
+			require.NoError(t, err, "restart command: %s", out)
+			restart = ""
+			continue
+		}
+		time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
+		switch s := slots[rng.IntN(len(slots))]; {
+		case s.inner != nil:
+			collect(s.inner)
+			require.NoError(t, s.inner.stop())
+			s.inner, err = startTxnRouter(c, in, out, group, s.id)
+			require.NoError(t, err)
+			storms++
+		default:
+			killChild(s)
+			startChild(s)
+			kills++
+		}
+	}
+	close(stopProducing)
+	require.NoError(t, <-producerDone)
+	for _, s := range slots[:2] {
+		killChild(s)
+		kills++
+	}
+	t.Logf("churn over: %d records produced, %d SIGKILLs, %d closes of the in-process member, broker restarted: %v",
+		produced.Load(), kills, storms, os.Getenv(envRestart) != "" && !c.Embedded())
+
+	// The in-process member drains the input alone.
+	hwm := endOffsets(t, c, in, parts)
+	admin, err := sarama.NewClusterAdmin(c.Brokers(), c.SaramaConfig())
+	require.NoError(t, err)
+	defer admin.Close()
+	kafkatest.WaitFor(t, 5*time.Minute, "the group's commits to reach the end of the input", func() bool {
+		// Errors (a coordinator still loading after a restart) are retried.
+		resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{in: {0, 1, 2, 3}})
+		if err != nil {
+			return false
+		}
+		for p, h := range hwm {
+			b := resp.GetBlock(in, p)
+			if b == nil || b.Err != sarama.ErrNoError || b.Offset != h {
+				return false
+			}
+		}
+		return true
+	})
+	collect(slots[2].inner)
+	require.NoError(t, slots[2].inner.stop())
+	t.Logf("in-process member: %d transactions committed, %d aborted", committed, aborted)
+
+	// A read_committed reader of the whole output, up to sentries written
+	// after everything else.
+	cfg := c.SaramaConfig()
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
+	consumer, err := sarama.NewConsumer(c.Brokers(), cfg)
+	require.NoError(t, err)
+	defer consumer.Close()
+	var mu sync.Mutex
+	outputs := map[string]int{}
+	sentries := map[int32]bool{}
+	var wg sync.WaitGroup
+	var pcs []sarama.PartitionConsumer
+	for p := range int32(parts) {
+		pc, err := consumer.ConsumePartition(out, p, sarama.OffsetOldest)
+		require.NoError(t, err)
+		pcs = append(pcs, pc)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range pc.Messages() {
+				mu.Lock()
+				if string(m.Value) == "sentry" {
+					sentries[m.Partition] = true
+				} else {
+					id := ""
+					for _, h := range m.Headers {
+						if string(h.Key) == txnIDHeader {
+							id = string(h.Value)
+						}
+					}
+					outputs[id]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for p := range int32(parts) {
+		c.Produce(t, out, kafkatest.Record{Partition: p, Value: []byte("sentry")})
+	}
+	kafkatest.WaitFor(t, 2*time.Minute, "the output read up to the sentries", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(sentries) == parts
+	})
+	for _, pc := range pcs {
+		pc.AsyncClose()
+	}
+	wg.Wait()
+
+	var missing, twice []string
+	inputs := 0
+	for p, h := range hwm {
+		for o := int64(0); o < h; o++ {
+			id := fmt.Sprintf("%d@%d", p, o)
+			inputs++
+			switch n := outputs[id]; {
+			case n == 0:
+				missing = append(missing, id)
+			case n > 1:
+				twice = append(twice, fmt.Sprintf("%s×%d", id, n))
+			}
+			delete(outputs, id)
+		}
+	}
+	t.Logf("%d inputs, %d missing, %d with more than one output, %d outputs of no input", inputs, len(missing), len(twice), len(outputs))
+	require.Empty(t, missing, "inputs without output")
+	require.Empty(t, twice, "inputs with more than one output")
+	require.Empty(t, outputs, "outputs of no input")
+}
+
+// endOffsets reads the end offset of each partition of topic, retrying
+// while the cluster's metadata settles (after a broker restart).
+func endOffsets(t *testing.T, c *kafkatest.Cluster, topic string, parts int) map[int32]int64 {
+	t.Helper()
+	client, err := sarama.NewClient(c.Brokers(), c.SaramaConfig())
+	require.NoError(t, err)
+	defer client.Close()
+	ends := map[int32]int64{}
+	kafkatest.WaitFor(t, 2*time.Minute, "the end offsets of "+topic, func() bool {
+		if err := client.RefreshMetadata(topic); err != nil {
+			return false
+		}
+		for p := range int32(parts) {
+			off, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+			if err != nil {
+				return false
+			}
+			ends[p] = off
+		}
+		return true
+	})
+	return ends
+}

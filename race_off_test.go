@@ -1,0 +1,6 @@
+//go:build !race
+
+package safeack_test
+
+// raceEnabled tells tests the race detector is on.
+const raceEnabled = false

@@ -1,0 +1,339 @@
+package safeack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// DefaultTxnCommitInterval is how often the open transaction commits when
+// TxnConfig.CommitInterval is zero.
+const DefaultTxnCommitInterval = 100 * time.Millisecond
+
+// ErrNoDelivery is returned by TxnPublisher.Publish for an output message
+// whose context does not lead to the delivery it is the output of. Outputs
+// returned by a handler get it from TxnPublisher.Middleware; a handler that
+// publishes itself sets it with out.SetContext(msg.Context()).
+var ErrNoDelivery = errors.New("safeack: output message does not carry the context of a delivery of the transactional subscriber (use TxnPublisher.Middleware, or out.SetContext(msg.Context()))")
+
+// TxnConfig configures exactly-once routing: see NewTxnPublisher.
+type TxnConfig struct {
+	// TransactionalID names this instance of the router to Kafka's
+	// transaction coordinator; each subscription's producer uses
+	// TransactionalID + "-" + topic. It must be unique among the instances
+	// running at once (two instances with one id fence each other) and
+	// should stay the same when an instance restarts (a pod name, a host
+	// name): the restarted producer then aborts at once what a crashed one
+	// left open, instead of read_committed readers of the outputs waiting
+	// for Producer.Transaction.Timeout. Required.
+	TransactionalID string
+
+	// CommitInterval is how often the open transaction commits the outputs
+	// of the records acked since the last one, with the consumer offsets
+	// that cover them. Default DefaultTxnCommitInterval (100 ms). A shorter
+	// interval makes outputs visible sooner to read_committed readers, a
+	// longer one costs fewer commits.
+	CommitInterval time.Duration
+
+	// Marshaler turns output messages into Kafka records. Default
+	// kafka.DefaultMarshaler{}.
+	Marshaler kafka.Marshaler
+
+	// Brokers for the transactional producer. Default: the subscriber's.
+	// Outputs and consumer offsets must be on the same cluster: a Kafka
+	// transaction does not span clusters.
+	Brokers []string
+
+	// OverwriteSaramaConfig holds the producer's Sarama settings. Default: a
+	// copy of the subscriber's. Whatever is given, safeack sets what a
+	// transactional producer needs (Idempotent, RequiredAcks WaitForAll,
+	// Net.MaxOpenRequests 1, Producer.Transaction.ID, Return.Successes and
+	// Return.Errors) on its own copy. Version must be at least 2.5.0, the
+	// first that sends the consumer's generation and member id with the
+	// offsets (KIP-447 fencing).
+	OverwriteSaramaConfig *sarama.Config
+}
+
+// TxnPublisher makes a Subscriber's consume-transform-produce routing
+// exactly-once for Kafka outputs: each input record's outputs become
+// visible to read_committed readers exactly once, together with the
+// consumer offset that covers the record, across crashes, rebalances and
+// closes.
+//
+// It is the router's publisher for handlers that return messages (with
+// Middleware), and the publisher a handler calls itself for outputs whose
+// context is the input's (out.SetContext(msg.Context())). Publish only
+// buffers the outputs in memory with the delivery they belong to: they enter
+// a Kafka transaction when that delivery is acked (the handler succeeded)
+// and never when it is nacked. Every CommitInterval the subscription's
+// transactional producer adds the completed prefix of each partition (with
+// the completed tail in the offset metadata) to a transaction, writes the
+// outputs of the records that position covers and were not written yet,
+// and commits. Outputs of a record completed above a slower one wait until
+// a committed position covers it. Handlers keep running meanwhile: outputs
+// acked during a commit go into a later one.
+//
+// A transaction that fails (the broker aborted or fenced it, the member
+// lost the group) is aborted; the subscription then ends its consumer
+// group session, so that its partitions are fetched again from their last
+// committed position and the records whose outputs were discarded are
+// handled again.
+//
+// Publish, Middleware and Close are safe for concurrent use.
+type TxnPublisher struct {
+	sub    *Subscriber
+	cfg    TxnConfig
+	pcfg   *sarama.Config // the producer's, with the transactional settings
+	logger watermill.LoggerAdapter
+
+	mu     sync.Mutex
+	topics map[string]bool // subscribed topics: one transactional id each
+	stats  TxnStats
+}
+
+var _ message.Publisher = (*TxnPublisher)(nil)
+
+// NewTxnPublisher makes sub transactional: from then on, sub commits its
+// consumer offsets only inside the transactions that carry its handlers'
+// outputs, and never through the consumer group's own OffsetCommit (except
+// the start position of a partition the group has never committed, which
+// carries no output). It must be called before sub.Subscribe. sub must
+// have a ConsumerGroup and use eager rebalancing (Sarama's default); its
+// consumer reads with IsolationLevel ReadCommitted from then on (so that a
+// new owner of a partition waits for its previous owner's open transaction,
+// KIP-447). A nil logger disables logging. Invalid configuration gives an
+// error wrapping ErrInvalidConfig that names the field.
+func NewTxnPublisher(sub *Subscriber, config TxnConfig, logger watermill.LoggerAdapter) (*TxnPublisher, error) {
+	if sub == nil {
+		return nil, fieldError("sub", "nil Subscriber")
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	sc := sub.cfg.OverwriteSaramaConfig
+	switch {
+	case config.TransactionalID == "":
+		return nil, fieldError("TransactionalID", "required: a name unique among running instances and stable across restarts")
+	case config.CommitInterval < 0:
+		return nil, fieldError("CommitInterval", "negative: %s", config.CommitInterval)
+	case sub.cfg.ConsumerGroup == "":
+		return nil, fieldError("SubscriberConfig.ConsumerGroup", "required in transactional mode: the offsets committed with the outputs are the group's")
+	case !sc.Version.IsAtLeast(sarama.V2_5_0_0):
+		return nil, fieldError("SubscriberConfig.OverwriteSaramaConfig.Version", "%s: transactional mode needs 2.5.0 or later (KIP-447: offsets fenced by generation and member id, stable offset fetches)", sc.Version)
+	case usesCooperative(sc):
+		return nil, fieldError("SubscriberConfig.OverwriteSaramaConfig.Consumer.Group.Rebalance", "transactional mode supports eager rebalancing only (range, roundrobin, sticky)")
+	}
+	if config.CommitInterval == 0 {
+		config.CommitInterval = DefaultTxnCommitInterval
+	}
+	if config.Marshaler == nil {
+		config.Marshaler = kafka.DefaultMarshaler{}
+	}
+	if len(config.Brokers) == 0 {
+		config.Brokers = sub.cfg.Brokers
+	}
+	var pcfg sarama.Config
+	if config.OverwriteSaramaConfig != nil {
+		pcfg = *config.OverwriteSaramaConfig
+	} else {
+		pcfg = *sc
+	}
+	if !pcfg.Version.IsAtLeast(sarama.V2_5_0_0) {
+		return nil, fieldError("OverwriteSaramaConfig.Version", "%s: transactional mode needs 2.5.0 or later", pcfg.Version)
+	}
+	pcfg.Producer.Idempotent = true
+	pcfg.Producer.RequiredAcks = sarama.WaitForAll
+	pcfg.Producer.Return.Successes = true
+	pcfg.Producer.Return.Errors = true
+	pcfg.Net.MaxOpenRequests = 1
+	pcfg.Producer.Transaction.ID = config.TransactionalID // per topic at Subscribe; validated here
+	if err := pcfg.Validate(); err != nil {
+		return nil, fieldError("OverwriteSaramaConfig", "%v", err)
+	}
+
+	p := &TxnPublisher{sub: sub, cfg: config, pcfg: &pcfg, logger: logger, topics: make(map[string]bool)}
+	if !sub.txn.CompareAndSwap(nil, p) {
+		return nil, fieldError("sub", "already has a TxnPublisher")
+	}
+	if sub.subscribed.Load() {
+		sub.txn.Store(nil)
+		return nil, fieldError("sub", "already subscribed: call NewTxnPublisher before Subscribe")
+	}
+	// A read_committed consumer fetches committed offsets with
+	// RequireStable: it waits for a transaction of the partition's previous
+	// owner still in flight instead of starting below it (Sarama's offset
+	// manager does this for ReadCommitted). Inputs that are themselves
+	// transactional outputs are read committed too.
+	sub.cfg.OverwriteSaramaConfig.Consumer.IsolationLevel = sarama.ReadCommitted
+	return p, nil
+}
+
+func usesCooperative(sc *sarama.Config) bool {
+	r := sc.Consumer.Group.Rebalance
+	if r.Strategy != nil && r.Strategy.Name() == sarama.CooperativeStickyBalanceStrategyName {
+		return true
+	}
+	for _, s := range r.GroupStrategies {
+		if s.Name() == sarama.CooperativeStickyBalanceStrategyName {
+			return true
+		}
+	}
+	return false
+}
+
+// Publish buffers msgs as outputs of the delivery each one's context comes
+// from (see ErrNoDelivery): they enter a transaction once that delivery is
+// acked, and are dropped if it is nacked. It marshals them now, so a
+// marshaling error reaches the handler. It fails with ErrAlreadyAnswered
+// once the delivery was acked or nacked.
+func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if topic == "" {
+		return errors.New("safeack: empty topic")
+	}
+	for _, m := range msgs {
+		d, ok := deliveryFromCtx(m.Context())
+		if !ok {
+			return ErrNoDelivery
+		}
+		if d.committer.pub != p {
+			return fmt.Errorf("%w: the delivery belongs to another TxnPublisher", ErrNoDelivery)
+		}
+		pm, err := p.cfg.Marshaler.Marshal(topic, m)
+		if err != nil {
+			return fmt.Errorf("safeack: marshaling output %s: %w", m.UUID, err)
+		}
+		if err := d.add(pm); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Middleware gives the messages a handler returns the context of the
+// message it handled, so that the router's Publish (this TxnPublisher)
+// files them under that delivery. Add it to every handler whose outputs go
+// through this publisher (router.AddMiddleware, or the handler's own). A
+// returned message that already carries a delivery keeps it.
+func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err != nil {
+			return out, err
+		}
+		for _, m := range out {
+			if _, ok := deliveryFromCtx(m.Context()); !ok {
+				m.SetContext(msg.Context())
+			}
+		}
+		return out, nil
+	}
+}
+
+// Close does nothing: the transactions belong to the Subscriber's
+// subscriptions, which commit what is complete and close their producers
+// when the Subscriber closes. It is there so that TxnPublisher is a
+// message.Publisher a router may close.
+func (p *TxnPublisher) Close() error { return nil }
+
+// TxnStats counts the transactions of a TxnPublisher's subscriptions.
+type TxnStats struct {
+	// Committed and Aborted count transactions.
+	Committed, Aborted uint64
+	// Outputs counts the output records written in committed transactions.
+	Outputs uint64
+	// AckedDuringCommit counts acked deliveries (with or without outputs)
+	// taken while a transaction was committing: handlers are not stopped
+	// for a commit, and their outputs go into the next transaction.
+	AckedDuringCommit uint64
+	// CommitTime is the total time spent writing and committing
+	// transactions, and MaxCommit the longest one.
+	CommitTime, MaxCommit time.Duration
+}
+
+// Stats returns the transaction counters so far.
+func (p *TxnPublisher) Stats() TxnStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
+func (p *TxnPublisher) count(f func(*TxnStats)) {
+	p.mu.Lock()
+	f(&p.stats)
+	p.mu.Unlock()
+}
+
+// claimTopic reserves topic's transactional id for one subscription.
+func (p *TxnPublisher) claimTopic(topic string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.topics[topic] {
+		return fmt.Errorf("%w: topic %q is already subscribed in transactional mode (one transactional id per topic)", ErrInvalidConfig, topic)
+	}
+	p.topics[topic] = true
+	return nil
+}
+
+func (p *TxnPublisher) releaseTopic(topic string) {
+	p.mu.Lock()
+	delete(p.topics, topic)
+	p.mu.Unlock()
+}
+
+// txnDeliveryKey is the context key of a delivery's *txnDelivery.
+type txnDeliveryKey struct{}
+
+func deliveryFromCtx(ctx context.Context) (*txnDelivery, bool) {
+	if ctx == nil {
+		return nil, false
+	}
+	d, ok := ctx.Value(txnDeliveryKey{}).(*txnDelivery)
+	return d, ok
+}
+
+// txnDelivery buffers the outputs of one delivery of a record until it is
+// answered. A redelivery gets a new one, so outputs of a nacked delivery
+// can never be taken for the next.
+type txnDelivery struct {
+	committer *txnCommitter
+	msg       *message.Message // the delivery
+	mu        sync.Mutex
+	outputs   []*sarama.ProducerMessage
+	answered  bool
+}
+
+func (d *txnDelivery) add(pm *sarama.ProducerMessage) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.answered {
+		return ErrAlreadyAnswered
+	}
+	// The router's answer reaches the partition asynchronously: an output
+	// published after it must fail even before then.
+	select {
+	case <-d.msg.Acked():
+		return ErrAlreadyAnswered
+	case <-d.msg.Nacked():
+		return ErrAlreadyAnswered
+	default:
+	}
+	d.outputs = append(d.outputs, pm)
+	return nil
+}
+
+// take closes the delivery to more outputs and returns those it holds.
+func (d *txnDelivery) take() []*sarama.ProducerMessage {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.answered = true
+	out := d.outputs
+	d.outputs = nil
+	return out
+}

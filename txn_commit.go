@@ -1,0 +1,514 @@
+package safeack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/safeack/safeack/frontier"
+)
+
+// txnCommitter is the transactional commit path of one subscription: where
+// its completed offsets go instead of the group session's marks. It buffers
+// the outputs of acked deliveries and the latest completed position of each
+// partition, and every CommitInterval writes, in one Kafka transaction, the
+// positions and exactly the outputs of the records they cover.
+//
+// Exactly-once needs both directions. A position never covers a record
+// whose outputs are not in its transaction or an earlier one: an ack's
+// outputs are added (under mu) before its ticket completes, and a position
+// is recorded (under mu) only after the completions it covers. And no
+// output is committed before a position covering its record is: outputs of
+// records completed above a partition's unfinished head wait until the
+// committed prefix or the completed tail in the metadata covers them, so a
+// crash never leaves an output committed for a record its next owner
+// handles again. Since the next owner skips what the committed tail lists,
+// what a committed position covers must never shrink: a position whose tail
+// would drop a record an earlier one covered (its encoding ran out of
+// budget) waits until the prefix passes that record.
+//
+// Taking what a transaction covers is done under mu, so acks never wait for
+// a commit: outputs acked while one is in flight land in a later one.
+//
+// Every consumer group session has an epoch. Positions and outputs of an
+// older epoch are dropped: those of a session that ended (its last
+// transaction is committed in Cleanup), and those of a session whose
+// transaction aborted, whose workers are then ended so that the session
+// restarts from the committed offsets and redelivers what was discarded.
+type txnCommitter struct {
+	pub      *TxnPublisher
+	sub      *subscription
+	id       string // the producer's transactional id
+	interval time.Duration
+
+	commitMu sync.Mutex // one transaction at a time; guards producer
+	producer sarama.SyncProducer
+
+	mu          sync.Mutex
+	epoch       uint64
+	pending     map[int32][]pendingOutputs // of acked deliveries, not yet covered by a committed position
+	marks       map[int32]txnMark          // latest position per partition since the last snapshot
+	covered     map[int32]coverage         // what the group's committed position covers, per partition
+	group       *sarama.ConsumerGroupMetadata
+	endSession  func() // ends the current session's assignments
+	committing  bool
+	ackedInTxn  uint64 // deliveries taken while committing, for TxnStats
+	sessionOpen bool
+}
+
+// txnMark is a partition's completed prefix and tail, as a worker marks it.
+type txnMark struct {
+	offset   int64
+	metadata string
+	w        *partitionWorker
+}
+
+// pendingOutputs are the outputs of one acked record.
+type pendingOutputs struct {
+	offset int64
+	msgs   []*sarama.ProducerMessage
+}
+
+// coverage is what a committed position says is complete: every offset
+// below offset, and the completed tail.
+type coverage struct {
+	offset int64
+	tail   frontier.Tail
+}
+
+func coverageOf(offset int64, metadata string) coverage {
+	tail, _ := frontier.DecodeTail(metadata, offset) // an error leaves it empty: covers less, never more
+	return coverage{offset: offset, tail: tail}
+}
+
+func (c coverage) covers(offset int64) bool {
+	return offset < c.offset || c.tail.Contains(offset)
+}
+
+// within reports whether next covers everything c does.
+func (c coverage) within(next coverage) bool {
+	if next.offset < c.offset {
+		return false
+	}
+	for _, r := range c.tail.Ranges {
+		from := max(r.From, next.offset)
+		if from >= r.To {
+			continue
+		}
+		if !next.coversRange(from, r.To) {
+			return false
+		}
+	}
+	return true
+}
+
+// coversRange reports whether the tail covers [from, to) whole (ranges are
+// maximal, so one of them must).
+func (c coverage) coversRange(from, to int64) bool {
+	t := c.tail
+	if to > t.Bound {
+		return false
+	}
+	for _, r := range t.Ranges {
+		if r.To > from {
+			return r.From <= from && r.To >= to
+		}
+	}
+	return false
+}
+
+func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error) {
+	c := &txnCommitter{
+		pub:      pub,
+		sub:      sub,
+		id:       pub.cfg.TransactionalID + "-" + sub.topic,
+		interval: pub.cfg.CommitInterval,
+	}
+	// The producer is made now so that a cluster without transactions
+	// (or an id another instance holds) is an error of Subscribe.
+	if err := c.ensureProducer(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// ensureProducer makes the transactional producer if there is none.
+// InitProducerId, which it sends, fences and aborts what an earlier
+// producer of the same id left open. Callers hold commitMu (or own c).
+func (c *txnCommitter) ensureProducer() error {
+	if c.producer != nil {
+		return nil
+	}
+	cfg := *c.pub.pcfg
+	cfg.Producer.Transaction.ID = c.id
+	p, err := sarama.NewSyncProducer(c.pub.cfg.Brokers, &cfg)
+	if err != nil {
+		return fmt.Errorf("safeack: creating transactional producer %q: %w", c.id, err)
+	}
+	c.producer = p
+	return nil
+}
+
+// close closes the producer; the subscription has ended.
+func (c *txnCommitter) close() {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	if c.producer != nil {
+		if err := c.producer.Close(); err != nil {
+			c.sub.logger.Debug("Closing the transactional producer", c.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+		}
+		c.producer = nil
+	}
+	c.pub.releaseTopic(c.sub.topic)
+}
+
+// beginSession starts an epoch for a consumer group session: positions are
+// committed with its generation and member id, which is what fences them
+// once a rebalance has moved their partitions on (KIP-447). committed is
+// what the group had committed when the session started; end ends the
+// session's assignments.
+func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset, end func()) {
+	md := &sarama.ConsumerGroupMetadata{
+		GroupID:      c.sub.cfg.ConsumerGroup,
+		GenerationID: sess.GenerationID(),
+		MemberID:     sess.MemberID(),
+	}
+	if id := c.sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId; id != "" {
+		md.GroupInstanceID = &id
+	}
+	covered := make(map[int32]coverage, len(committed))
+	for p, co := range committed {
+		covered[p] = coverageOf(co.offset, co.metadata)
+	}
+	c.mu.Lock()
+	c.epoch++
+	c.resetLocked()
+	c.covered = covered
+	c.group, c.endSession, c.sessionOpen = md, end, true
+	c.mu.Unlock()
+}
+
+// resetLocked drops what the epoch buffered. Callers hold mu.
+func (c *txnCommitter) resetLocked() {
+	c.pending, c.marks, c.covered = make(map[int32][]pendingOutputs), make(map[int32]txnMark), make(map[int32]coverage)
+}
+
+// finishSession commits what the session's drained partitions completed and
+// closes the epoch: acks of handlers that outlived the drain are dropped,
+// and their records are the next owner's.
+func (c *txnCommitter) finishSession() {
+	c.commit()
+	c.mu.Lock()
+	c.epoch++
+	c.resetLocked()
+	c.group, c.endSession, c.sessionOpen = nil, nil, false
+	c.mu.Unlock()
+}
+
+// newMarker returns the marker of a partition worker of the current
+// session; bind it to the worker before the worker runs.
+func (c *txnCommitter) newMarker() *txnMarker {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return &txnMarker{c: c, epoch: c.epoch}
+}
+
+// txnMarker is the offsetMarker of a partition in transactional mode: marks
+// are recorded for the next transaction, and Commit commits one now.
+type txnMarker struct {
+	c     *txnCommitter
+	epoch uint64
+	w     *partitionWorker
+}
+
+func (m *txnMarker) bind(w *partitionWorker) { m.w = w }
+
+// MarkOffset records the partition's completed position for the next
+// transaction. The worker marks only forward (see markIfAdvanced), so the
+// latest mark is the one to commit.
+func (m *txnMarker) MarkOffset(_ string, partition int32, offset int64, metadata string) {
+	m.record(partition, offset, metadata)
+}
+
+// ResetOffset records a new tail at an unchanged offset, as MarkOffset.
+func (m *txnMarker) ResetOffset(_ string, partition int32, offset int64, metadata string) {
+	m.record(partition, offset, metadata)
+}
+
+// Commit commits a transaction now: a drained partition's last position
+// must be committed before the partition is handed on.
+func (m *txnMarker) Commit() { m.c.commit() }
+
+func (m *txnMarker) record(partition int32, offset int64, metadata string) {
+	c := m.c
+	c.mu.Lock()
+	if m.epoch != c.epoch {
+		c.mu.Unlock()
+		m.stale()
+		return
+	}
+	c.marks[partition] = txnMark{offset: offset, metadata: metadata, w: m.w}
+	c.mu.Unlock()
+}
+
+// stale ends the assignment of a worker whose epoch is over: its positions
+// and outputs are no longer committed, so it must not go on handling
+// records (a session whose transaction aborted restarts from the committed
+// offsets once its assignments end).
+func (m *txnMarker) stale() {
+	if m.w != nil {
+		m.w.cancel()
+	}
+}
+
+// newDelivery gives delivery msg its output buffer, in its context: read
+// back from msg's context once it is answered (handlers and middleware
+// only derive contexts from it, and are done with it by then).
+func (m *txnMarker) newDelivery(ctx context.Context, msg *message.Message) context.Context {
+	return context.WithValue(ctx, txnDeliveryKey{}, &txnDelivery{committer: m.c, msg: msg})
+}
+
+// acked moves the outputs of r's acked delivery msg into the next
+// transaction. Call it before the ticket completes.
+func (m *txnMarker) acked(r *record, msg *message.Message) {
+	d, ok := deliveryFromCtx(msg.Context())
+	if !ok {
+		return
+	}
+	outs := d.take()
+	c := m.c
+	c.mu.Lock()
+	if m.epoch != c.epoch {
+		c.mu.Unlock()
+		m.stale()
+		return
+	}
+	if len(outs) > 0 {
+		p := r.msg.Partition
+		c.pending[p] = append(c.pending[p], pendingOutputs{offset: r.msg.Offset, msgs: outs})
+	}
+	if c.committing {
+		c.ackedInTxn++
+	}
+	c.mu.Unlock()
+}
+
+// nacked drops the outputs of nacked delivery msg.
+func (m *txnMarker) nacked(msg *message.Message) {
+	if d, ok := deliveryFromCtx(msg.Context()); ok {
+		d.take()
+	}
+}
+
+// commit writes the outputs and positions recorded since the last commit
+// in one transaction. On failure the transaction is aborted, the epoch is
+// closed and the session ended, so that its partitions restart from their
+// committed offsets.
+func (c *txnCommitter) commit() {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	c.mu.Lock()
+	if !c.sessionOpen {
+		c.mu.Unlock()
+		return
+	}
+	if len(c.marks) == 0 {
+		c.mu.Unlock()
+		return // outputs wait for a position that covers them
+	}
+	outputs, marks, next := c.takeCoveredLocked()
+	group, epoch := c.group, c.epoch
+	c.committing = true
+	c.mu.Unlock()
+	if len(marks) == 0 {
+		c.mu.Lock()
+		c.committing = false
+		c.mu.Unlock()
+		return
+	}
+
+	start := time.Now()
+	err := c.runTxn(outputs, marks, group)
+	took := time.Since(start)
+
+	c.mu.Lock()
+	c.committing = false
+	during := c.ackedInTxn
+	c.ackedInTxn = 0
+	c.mu.Unlock()
+
+	if err != nil {
+		c.abort(epoch, err)
+		return
+	}
+	c.mu.Lock()
+	if c.epoch == epoch {
+		for p, cov := range next {
+			c.covered[p] = cov
+		}
+	}
+	c.mu.Unlock()
+	for p, mk := range marks {
+		if mk.w != nil && mk.w.partition == p {
+			mk.w.setConfirmed(mk.offset)
+		}
+	}
+	c.pub.count(func(s *TxnStats) {
+		s.Committed++
+		s.Outputs += uint64(len(outputs))
+		s.AckedDuringCommit += during
+		s.CommitTime += took
+		s.MaxCommit = max(s.MaxCommit, took)
+	})
+}
+
+// takeCoveredLocked takes the positions recorded since the last commit and
+// the outputs of the records they cover. A position whose coverage would
+// not contain what the group's committed one covers stays for a later
+// commit. It returns the outputs, the positions and their coverage.
+// Callers hold mu.
+func (c *txnCommitter) takeCoveredLocked() ([]*sarama.ProducerMessage, map[int32]txnMark, map[int32]coverage) {
+	marks := c.marks
+	c.marks = make(map[int32]txnMark)
+	next := make(map[int32]coverage, len(marks))
+	var outputs []*sarama.ProducerMessage
+	for p, mk := range marks {
+		cov := coverageOf(mk.offset, mk.metadata)
+		if prev, ok := c.covered[p]; ok && !prev.within(cov) {
+			c.marks[p] = mk
+			delete(marks, p)
+			continue
+		}
+		next[p] = cov
+		keep := c.pending[p][:0]
+		for _, po := range c.pending[p] {
+			if cov.covers(po.offset) {
+				outputs = append(outputs, po.msgs...)
+			} else {
+				keep = append(keep, po)
+			}
+		}
+		clear(c.pending[p][len(keep):])
+		c.pending[p] = keep
+	}
+	return outputs, marks, next
+}
+
+// runTxn writes one transaction. Callers hold commitMu.
+func (c *txnCommitter) runTxn(outputs []*sarama.ProducerMessage, marks map[int32]txnMark, group *sarama.ConsumerGroupMetadata) error {
+	if err := c.ensureProducer(); err != nil {
+		return err
+	}
+	p := c.producer
+	if err := p.BeginTxn(); err != nil {
+		return fmt.Errorf("beginning a transaction: %w", err)
+	}
+	if len(outputs) > 0 {
+		if err := p.SendMessages(outputs); err != nil {
+			return fmt.Errorf("writing %d outputs: %w", len(outputs), err)
+		}
+	}
+	if len(marks) > 0 {
+		offsets := make([]*sarama.PartitionOffsetMetadata, 0, len(marks))
+		for part, mk := range marks {
+			meta := mk.metadata
+			offsets = append(offsets, &sarama.PartitionOffsetMetadata{Partition: part, Offset: mk.offset, Metadata: &meta, LeaderEpoch: -1})
+		}
+		if err := p.AddOffsetsToTxnWithGroupMetadata(map[string][]*sarama.PartitionOffsetMetadata{c.sub.topic: offsets}, group); err != nil {
+			return fmt.Errorf("adding offsets: %w", err)
+		}
+	}
+	if err := p.CommitTxn(); err != nil {
+		return fmt.Errorf("committing: %w", err)
+	}
+	return nil
+}
+
+// abort ends a failed transaction: aborted when the producer allows it,
+// the producer replaced otherwise (its successor's InitProducerId aborts
+// what it left open). The epoch's outputs and positions are dropped and the
+// session ended: its partitions restart from their committed offsets, and
+// the records whose outputs were discarded are handled again. Callers hold
+// commitMu.
+func (c *txnCommitter) abort(epoch uint64, cause error) {
+	if p := c.producer; p != nil {
+		st := p.TxnStatus()
+		aborted := false
+		if st&sarama.ProducerTxnFlagFatalError == 0 && st&(sarama.ProducerTxnFlagInTransaction|sarama.ProducerTxnFlagAbortableError) != 0 {
+			aborted = p.AbortTxn() == nil
+		}
+		if !aborted && p.TxnStatus()&sarama.ProducerTxnFlagReady == 0 {
+			_ = p.Close()
+			c.producer = nil
+		}
+	}
+	c.mu.Lock()
+	var end func()
+	if c.epoch == epoch {
+		c.epoch++
+		c.resetLocked()
+		end = c.endSession
+	}
+	c.mu.Unlock()
+	c.pub.count(func(s *TxnStats) { s.Aborted++ })
+	c.sub.logger.Error("Transaction failed and was aborted; its partitions restart from their committed offsets", cause,
+		c.sub.logFields.Add(watermill.LogFields{"transactional_id": c.id}))
+	if end != nil {
+		end()
+	}
+}
+
+// txnCommitLoop commits the session's transaction every interval, after
+// marking each partition's completed prefix and tail.
+func (h *groupHandler) txnCommitLoop(stop, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(h.txn.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			h.markTails()
+			h.txn.commit()
+		case <-stop:
+			return
+		}
+	}
+}
+
+// endAssignments ends every assignment of the session: a Sarama session
+// ends once one of its ConsumeClaims returns, and the next one fetches from
+// the committed offsets.
+func (h *groupHandler) endAssignments() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, w := range h.workers {
+		w.cancel()
+	}
+}
+
+// errTxnNeedsGroup guards the path without a consumer group, which
+// NewTxnPublisher refuses.
+var errTxnNeedsGroup = errors.New("safeack: transactional mode needs a consumer group")
+
+// startTxn gives the subscription its transactional commit path.
+func (sub *subscription) startTxn(pub *TxnPublisher) error {
+	if sub.cfg.ConsumerGroup == "" {
+		return errTxnNeedsGroup
+	}
+	if err := pub.claimTopic(sub.topic); err != nil {
+		return err
+	}
+	c, err := newTxnCommitter(pub, sub)
+	if err != nil {
+		pub.releaseTopic(sub.topic)
+		return err
+	}
+	sub.txn = c
+	return nil
+}

@@ -1,0 +1,50 @@
+package safeack
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack/frontier"
+)
+
+func mustTail(t *testing.T, base int64, ranges ...frontier.Range) string {
+	t.Helper()
+	meta, _, err := frontier.EncodeTail(base, ranges, frontier.DefaultMetadataBudget)
+	require.NoError(t, err)
+	return meta
+}
+
+// What a committed position covers may only grow: the committer holds back
+// a position whose tail drops a record an earlier one listed.
+func TestCoverageWithin(t *testing.T) {
+	prev := coverageOf(10, mustTail(t, 10, frontier.Range{From: 12, To: 15}, frontier.Range{From: 20, To: 21}))
+	require.True(t, prev.covers(9))
+	require.False(t, prev.covers(10))
+	require.True(t, prev.covers(13))
+	require.False(t, prev.covers(15))
+	require.True(t, prev.covers(20))
+
+	for _, tc := range []struct {
+		name string
+		next coverage
+		ok   bool
+	}{
+		{"same", prev, true},
+		{"prefix passed everything", coverageOf(21, ""), true},
+		{"prefix inside the first range, rest listed", coverageOf(13, mustTail(t, 13, frontier.Range{From: 13, To: 16}, frontier.Range{From: 20, To: 21})), true},
+		{"prefix passed the first range, second dropped", coverageOf(15, ""), false},
+		{"a listed record dropped", coverageOf(10, mustTail(t, 10, frontier.Range{From: 12, To: 15})), false},
+		{"a range shortened", coverageOf(10, mustTail(t, 10, frontier.Range{From: 13, To: 15}, frontier.Range{From: 20, To: 21})), false},
+		{"prefix went back", coverageOf(9, mustTail(t, 9, frontier.Range{From: 12, To: 15}, frontier.Range{From: 20, To: 21})), false},
+		{"ranges merged", coverageOf(10, mustTail(t, 10, frontier.Range{From: 12, To: 21})), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.ok, prev.within(tc.next))
+		})
+	}
+	// A tail cut by its budget covers nothing at or above its bound.
+	cut := coverage{offset: 10, tail: frontier.Tail{Base: 10, Bound: 14, Ranges: []frontier.Range{{From: 12, To: 14}}}}
+	require.False(t, prev.within(cut))
+	require.False(t, cut.covers(14))
+}
