@@ -243,4 +243,3 @@ func (l *sentLog) all() []commitView {
 	defer l.mu.Unlock()
 	return append([]commitView(nil), l.views...)
 }
-
