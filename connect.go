@@ -23,6 +23,10 @@ func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 	done := make(chan result, 1)
 	go func() {
 		c, err := newConnectedClient(sub.cfg.Brokers, copySaramaConfig(sub.cfg.OverwriteSaramaConfig))
+		if err == nil && sub.cfg.ConsumerGroup != "" {
+			// Commits must not wait behind a Fetch (see coordinatorClient).
+			c = newCoordinatorClient(c)
+		}
 		done <- result{c, err}
 	}()
 	abandon := func() {
