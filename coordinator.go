@@ -28,7 +28,7 @@ type coordinatorClient struct {
 
 	mu     sync.Mutex
 	closed bool
-	own    map[string]*sarama.Broker // by coordinator address
+	own    map[string]*sarama.Broker // by coordinator address: the current one
 }
 
 func newCoordinatorClient(c sarama.Client) *coordinatorClient {
@@ -53,6 +53,13 @@ func (c *coordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
 	}
 	b := c.own[addr]
 	if b == nil {
+		// A new coordinator (the first, or the group moved): the
+		// connection to a former one is closed, as the client closes a
+		// broker it replaces.
+		for old, ob := range c.own {
+			delete(c.own, old)
+			go closeBroker(ob)
+		}
 		b = sarama.NewBroker(addr)
 		c.own[addr] = b
 	}
@@ -69,9 +76,13 @@ func (c *coordinatorClient) Close() error {
 	c.own, c.closed = nil, true
 	c.mu.Unlock()
 	for _, b := range own {
-		if ok, _ := b.Connected(); ok {
-			_ = b.Close()
-		}
+		closeBroker(b)
 	}
 	return c.Client.Close()
+}
+
+func closeBroker(b *sarama.Broker) {
+	if ok, _ := b.Connected(); ok {
+		_ = b.Close()
+	}
 }
