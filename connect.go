@@ -106,6 +106,11 @@ var errNotReported = errors.New("not reported by the broker")
 // coordinatorMetadataLimit reads offset.metadata.max.bytes from the
 // group's coordinator. Broker configs are described by the broker itself.
 func coordinatorMetadataLimit(client sarama.Client, group string) (int, error) {
+	if cc, ok := client.(*coordinatorClient); ok {
+		// Its coordinator connection carries no broker id; the id is the
+		// client's.
+		client = cc.Client
+	}
 	coord, err := client.Coordinator(group)
 	if err != nil {
 		return 0, fmt.Errorf("finding the group coordinator: %w", err)

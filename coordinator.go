@@ -22,7 +22,9 @@ import (
 // cost is one more connection per subscription to the coordinator broker.
 //
 // Every other call goes to the wrapped client. Close closes the
-// coordinator connections and then the wrapped client.
+// coordinator connections and then the wrapped client. The Broker that
+// Coordinator returns is made from the coordinator's address and has no
+// broker id (ID is -1): ask the wrapped client for the id.
 type coordinatorClient struct {
 	sarama.Client
 
