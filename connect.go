@@ -23,6 +23,10 @@ func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 	done := make(chan result, 1)
 	go func() {
 		c, err := newConnectedClient(sub.cfg.Brokers, copySaramaConfig(sub.cfg.OverwriteSaramaConfig))
+		if err == nil && sub.cfg.ConsumerGroup != "" {
+			// Commits must not wait behind a Fetch (see coordinatorClient).
+			c = newCoordinatorClient(c)
+		}
 		done <- result{c, err}
 	}()
 	abandon := func() {
@@ -102,6 +106,11 @@ var errNotReported = errors.New("not reported by the broker")
 // coordinatorMetadataLimit reads offset.metadata.max.bytes from the
 // group's coordinator. Broker configs are described by the broker itself.
 func coordinatorMetadataLimit(client sarama.Client, group string) (int, error) {
+	if cc, ok := client.(*coordinatorClient); ok {
+		// Its coordinator connection carries no broker id; the id is the
+		// client's.
+		client = cc.Client
+	}
 	coord, err := client.Coordinator(group)
 	if err != nil {
 		return 0, fmt.Errorf("finding the group coordinator: %w", err)

@@ -2,6 +2,7 @@ package safeack
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/IBM/sarama"
 )
@@ -59,4 +60,60 @@ func fetchCommittedOnce(client sarama.Client, group, topic string, partitions []
 		out[p] = committedOffset{offset: block.Offset, metadata: block.Metadata}
 	}
 	return out, nil
+}
+
+// listOffsets resolves at (sarama.OffsetNewest or sarama.OffsetOldest) for
+// partitions of topic with one ListOffsets request per partition leader,
+// the leaders asked at once: what client.GetOffset, one partition and one
+// round trip at a time, would answer. A partition without an answer here
+// (its leader unknown, a failed request, an error in its block) is asked
+// again through client.GetOffset, which refreshes the metadata first; one
+// that fails there too is left out of the result, with its error in errs.
+func listOffsets(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, errs map[int32]error) {
+	offsets = make(map[int32]int64, len(partitions))
+	errs = make(map[int32]error)
+	byLeader := make(map[*sarama.Broker][]int32)
+	var retry []int32
+	for _, p := range partitions {
+		leader, err := client.Leader(topic, p)
+		if err != nil {
+			retry = append(retry, p)
+			continue
+		}
+		byLeader[leader] = append(byLeader[leader], p)
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for leader, parts := range byLeader {
+		wg.Go(func() {
+			req := sarama.NewOffsetRequest(client.Config().Version)
+			for _, p := range parts {
+				req.AddBlock(topic, p, at, 1)
+			}
+			resp, err := leader.GetAvailableOffsets(req)
+			mu.Lock()
+			defer mu.Unlock()
+			for _, p := range parts {
+				var block *sarama.OffsetResponseBlock
+				if err == nil {
+					block = resp.GetBlock(topic, p)
+				}
+				if block == nil || block.Err != sarama.ErrNoError || len(block.Offsets) != 1 {
+					retry = append(retry, p)
+					continue
+				}
+				offsets[p] = block.Offsets[0]
+			}
+		})
+	}
+	wg.Wait()
+	for _, p := range retry {
+		off, err := client.GetOffset(topic, p, at)
+		if err != nil {
+			errs[p] = err
+			continue
+		}
+		offsets[p] = off
+	}
+	return offsets, errs
 }

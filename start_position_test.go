@@ -534,7 +534,8 @@ func TestStartPositionWithoutGroup(t *testing.T) {
 }
 
 // TestStartPositionCommittedBeforeFetching: a new group at OffsetNewest has
-// its position at the broker before it fetches anything, so records
+// its position at the broker before it hands anything out (Stats shows the
+// partition only once that commit returned), so records
 // produced after a member got the partition are not lost when that member
 // leaves before handing any of them out (its handlers were all busy): the
 // next member resumes at the pinned start, not at the then-newest offset.

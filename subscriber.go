@@ -395,28 +395,46 @@ type groupHandler struct {
 
 	// Per session, set in Setup and read by the claims it starts.
 	committed map[int32]committedOffset
-	mu        sync.Mutex
-	workers   map[int32]*partitionWorker
-	stop      chan struct{}
-	done      chan struct{}
-	soon      chan struct{} // capacity 1: a partition asks for a commit now
+	// pinned closes once the commit of the session's pinned starts
+	// returned (see pinStarts).
+	pinned  <-chan struct{}
+	mu      sync.Mutex
+	workers map[int32]*partitionWorker
+	stop    chan struct{}
+	done    chan struct{}
+	soon    chan struct{} // capacity 1: a partition asks for a commit now
 }
 
 // Setup reads the committed offsets and metadata of the claimed partitions
-// (one OffsetFetch per session) and starts the session's commit loop.
+// (one OffsetFetch per session), pins the start of those without a commit
+// (see pinStarts) and starts the session's commit loop.
 func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	claimed := sess.Claims()[h.sub.topic]
 	h.sub.logger.Debug("Consumer group session started", h.sub.logFields.Add(watermill.LogFields{
 		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(claimed),
 	}))
+	// The start offsets are listed beside the OffsetFetch rather than after
+	// it, so that pinning costs no round trip of its own: a partition that
+	// turns out to have a commit wastes a block of a request made anyway.
+	var starts map[int32]int64
+	var startErrs map[int32]error
+	var listing sync.WaitGroup
+	listing.Go(func() {
+		starts, startErrs = listOffsets(h.client, h.sub.topic, claimed, h.sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
+	})
 	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
+	listing.Wait()
 	if err != nil && h.txn != nil {
 		// Handling a committed tail's records again would write their
 		// outputs twice: try the session again. Sarama runs Cleanup.
+		h.mu.Lock()
+		h.pinned = closedChan
+		h.mu.Unlock()
 		h.stop, h.done = make(chan struct{}), make(chan struct{})
 		close(h.done)
 		return fmt.Errorf("safeack: reading committed offsets for a transactional session: %w", err)
 	}
+	var pinned <-chan struct{} = closedChan
 	if err != nil {
 		// Without the tail every record after the committed offset is
 		// redelivered: more repeats, nothing lost. Partitions without a
@@ -424,13 +442,14 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		h.sub.logger.Error("Cannot read committed offsets; completed tails are not skipped this session", err, h.sub.logFields)
 		committed = nil
 	} else {
-		h.pinStarts(sess, claimed, committed)
+		pinned = h.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
 	if h.sub.cfg.DisableCompletedTail {
 		committed = nil
 	}
 	h.mu.Lock()
 	h.committed = committed
+	h.pinned = pinned
 	h.workers = make(map[int32]*partitionWorker, len(claimed))
 	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
@@ -445,38 +464,60 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	return nil
 }
 
+// closedChan is a channel that is always closed.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
 // pinStarts commits a start position for the claimed partitions on which
 // the group has no commit, before Sarama starts them: Offsets.Initial
-// resolved now. Sarama then fetches from exactly there (the claim's
-// InitialOffset is that offset), and the group's position is at the broker
-// before any record is fetched, so a member that dies or loses the
-// partition before handing a record out does not leave the next one to
-// resolve Offsets.Initial afresh (at OffsetNewest, skipping what came in
-// between). Partitions whose start cannot be pinned here (a cooperative
-// claim added without Setup, a commit out of range, an error) start at
-// their first record instead (fixStart).
-func (h *groupHandler) pinStarts(sess sarama.ConsumerGroupSession, claimed []int32, committed map[int32]committedOffset) {
-	initial := h.sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
+// resolved now (starts, listed by Setup). Sarama then fetches from exactly
+// there (the claim's InitialOffset is that offset), and the group's
+// position is at the broker before any record is handed out, so a member
+// that dies or loses the partition before handing a record out does not
+// leave the next one to resolve Offsets.Initial afresh (at OffsetNewest,
+// skipping what came in between). Partitions whose start cannot be pinned
+// here (a cooperative claim added without Setup, a commit out of range, an
+// error) start at their first record instead (fixStart).
+//
+// The marks are made here, so that Sarama's claims fetch from them; the
+// commit is sent in the background, beside the claims' first fetches, and
+// the returned channel closes once it returned. ConsumeClaim hands nothing
+// out before that.
+func (h *groupHandler) pinStarts(sess sarama.ConsumerGroupSession, claimed []int32, committed map[int32]committedOffset,
+	starts map[int32]int64, startErrs map[int32]error) <-chan struct{} {
 	pinned := 0
 	for _, p := range claimed {
 		if c, ok := committed[p]; !ok || c.offset >= 0 {
 			continue
 		}
-		start, err := h.client.GetOffset(h.sub.topic, p, initial)
-		if err != nil {
+		start, ok := starts[p]
+		if !ok {
+			fields := watermill.LogFields{"kafka_partition": p}
+			if err := startErrs[p]; err != nil {
+				fields["err"] = err.Error()
+			}
 			h.sub.logger.Debug("Cannot resolve the start offset; the partition starts at its first record",
-				h.sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "err": err.Error()}))
+				h.sub.logFields.Add(fields))
 			continue
 		}
 		sess.MarkOffset(h.sub.topic, p, start, "")
 		committed[p] = committedOffset{offset: start}
 		pinned++
 	}
-	if pinned > 0 {
+	if pinned == 0 {
+		return closedChan
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
 		sess.Commit()
 		h.sub.logger.Debug("Committed the start of partitions without a commit",
 			h.sub.logFields.Add(watermill.LogFields{"partitions": pinned}))
-	}
+	}()
+	return done
 }
 
 // commitSoon asks the commit loop to commit without waiting for the next
@@ -653,6 +694,10 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	h.sub.s.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
 	close(h.stop)
 	<-h.done
+	h.mu.Lock()
+	pinned := h.pinned
+	h.mu.Unlock()
+	<-pinned
 	if h.txn != nil {
 		h.txn.finishSession()
 		return nil
@@ -663,6 +708,13 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 
 // ConsumeClaim runs one partition until it is revoked.
 func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	// Nothing is taken from the claim, handed out or shown in Stats before
+	// the session's pinned starts are committed; Sarama made the claim
+	// (resolving its start, starting its fetch) meanwhile.
+	h.mu.Lock()
+	pinned := h.pinned
+	h.mu.Unlock()
+	<-pinned
 	start := h.startOf(claim)
 	// Where completed offsets go: the session's marks, or the transaction.
 	var marker offsetMarker = sess

@@ -174,3 +174,38 @@ func TestCommitWhenAllComplete(t *testing.T) {
 		}
 	}
 }
+
+// TestCommitNotBehindFetch: a commit does not wait behind a Fetch that
+// waits for records. A broker answers the requests of one connection in
+// order, and a Fetch that finds nothing new waits up to
+// Consumer.MaxWaitTime: on the connection shared with fetching, the early
+// commit of a burst's last records waited that long. Here MaxWaitTime is 5 s
+// and the interval an hour: the end of every partition must be committed
+// well within the MaxWaitTime after the last ack, burst after burst.
+func TestCommitNotBehindFetch(t *testing.T) {
+	t.Parallel()
+	const maxWait = 5 * time.Second
+	c := kafkatest.Start(t)
+	const partitions = 2
+	topic := c.NewTopic(t, partitions)
+	group := c.NewGroup(t)
+	acks := newAckLog()
+	watch := newCommitWatch(t, c, group, topic, acks)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.MaxWaitTime = maxWait
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Interval = time.Hour
+		cfg.Ordering = safeack.Unordered
+	})
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) { acks.ack(m) })
+	for round := range 3 {
+		c.ProduceN(t, topic, partitions, 50, nil)
+		acks.waitAllAcked(t, c, topic, 15*time.Second)
+		lastAck := time.Now()
+		hwm := c.HighWaterMarks(t, topic)
+		watch.waitCommitted(t, hwm, 2*maxWait)
+		lag := time.Since(lastAck)
+		t.Logf("round %d: end of every partition committed %v after the last ack", round, lag)
+		require.Less(t, lag, maxWait/2, "the commit waited behind a Fetch (MaxWaitTime %v)", maxWait)
+	}
+	require.Positive(t, watch.check(t))
+}

@@ -87,7 +87,7 @@ func main() {
 		verbose     = flag.Bool("v", false, "log progress details to stderr")
 		pc          = flag.String("pc", "auto", "Confluent Parallel Consumer contenders (pc/*): auto (build with Maven on first use, skip with a note where java or mvn is missing) or off")
 		pcWarmup    = flag.Int("pc-warmup", 20000, "Parallel Consumer: records of an unmeasured warm-up pass (own group, no work) in the same JVM before the measured pass, so it runs on JIT-compiled code; 0: a cold JVM")
-		maxWait     = flag.Duration("sarama-max-wait", 0, "Consumer.MaxWaitTime of every Sarama-based contender (0: Sarama's default, 500 ms). A fetch that waits for data holds up requests queued behind it on the same broker connection, commits included")
+		maxWait     = flag.Duration("sarama-max-wait", 0, "Consumer.MaxWaitTime of every Sarama-based contender (0: Sarama's default, 500 ms). A fetch that waits for data holds up requests queued behind it on the same broker connection, commits included (safeack reaches the group coordinator over a connection of its own)")
 		steadyRate  = flag.Int("steady-rate", 0, "steady: records/s to offer every contender (0: half of each contender's own zero-work median when zero-work ran before it, else 50,000; -quick 20,000)")
 		steadyMax   = flag.Int("steady-max-rate", 100_000, "steady: highest rate derived from zero-work (the producer child's own limit)")
 		steadyDur   = flag.Duration("steady-duration", 0, "steady: how long to produce (0: 10 s; -quick 4 s)")

@@ -1,0 +1,90 @@
+package safeack
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/IBM/sarama"
+)
+
+// coordinatorClient is a sarama.Client whose group coordinator is reached
+// over a connection of its own instead of the one the client shares with
+// every other request to that broker.
+//
+// Sarama keeps one connection per broker, and a broker answers the requests
+// of one connection in order. A Fetch that finds no new records waits up to
+// Consumer.MaxWaitTime (500 ms by default) for some, and an OffsetCommit
+// sent to the same broker behind it waits as long: the last records of a
+// burst were committed up to that much later than their acks. With the
+// coordinator on its own connection, commits, the read-backs of committed
+// offsets, heartbeats and group membership requests never queue behind a
+// Fetch, and fetching keeps Sarama's (or the caller's) MaxWaitTime. The
+// cost is one more connection per subscription to the coordinator broker.
+//
+// Every other call goes to the wrapped client. Close closes the
+// coordinator connections and then the wrapped client. The Broker that
+// Coordinator returns is made from the coordinator's address and has no
+// broker id (ID is -1): ask the wrapped client for the id.
+type coordinatorClient struct {
+	sarama.Client
+
+	mu     sync.Mutex
+	closed bool
+	own    map[string]*sarama.Broker // by coordinator address: the current one
+}
+
+func newCoordinatorClient(c sarama.Client) *coordinatorClient {
+	return &coordinatorClient{Client: c, own: make(map[string]*sarama.Broker)}
+}
+
+// Coordinator returns the group coordinator the wrapped client knows (it
+// finds it as usual), on a connection of this client's own, opened (again)
+// when needed: Sarama closes a coordinator connection after a failed
+// request and expects the next Coordinator call to reopen it, as the
+// client's own cached brokers do.
+func (c *coordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
+	shared, err := c.Client.Coordinator(group)
+	if err != nil {
+		return nil, err
+	}
+	addr := shared.Addr()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, sarama.ErrClosedClient
+	}
+	b := c.own[addr]
+	if b == nil {
+		// A new coordinator (the first, or the group moved): the
+		// connection to a former one is closed, as the client closes a
+		// broker it replaces.
+		for old, ob := range c.own {
+			delete(c.own, old)
+			go closeBroker(ob)
+		}
+		b = sarama.NewBroker(addr)
+		c.own[addr] = b
+	}
+	if err := b.Open(c.Client.Config()); err != nil && !errors.Is(err, sarama.ErrAlreadyConnected) {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Close closes the coordinator connections, then the wrapped client.
+func (c *coordinatorClient) Close() error {
+	c.mu.Lock()
+	own := c.own
+	c.own, c.closed = nil, true
+	c.mu.Unlock()
+	for _, b := range own {
+		closeBroker(b)
+	}
+	return c.Client.Close()
+}
+
+func closeBroker(b *sarama.Broker) {
+	if ok, _ := b.Connected(); ok {
+		_ = b.Close()
+	}
+}
