@@ -151,6 +151,11 @@ type txnSlot struct {
 // partition@offset carried in a header): none missing, none twice, nothing
 // of an aborted transaction or a failed delivery.
 func TestTxnRouterChaos(t *testing.T) {
+	if os.Getenv(envRestart) == "" || os.Getenv(kafkatest.EnvBrokers) == "" {
+		// Beside the other scenarios unless it restarts the broker under
+		// them (then it runs alone, as TestBrokerRestart does).
+		t.Parallel()
+	}
 	c := kafkatest.Start(t)
 	const parts = 4
 	in, out, group := c.NewTopic(t, parts), c.NewTopic(t, parts), c.NewGroup(t)
