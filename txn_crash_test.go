@@ -88,31 +88,9 @@ func TestTxnRouterSIGKILL(t *testing.T) {
 	ids := r.inputIDs()
 	const txnID = "txn-crash"
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperTxnRouterProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		envTxnChild+"=1",
-		kafkatest.EnvBrokers+"="+strings.Join(c.Brokers(), ","),
-		envTxnChildIn+"="+r.in,
-		envTxnChildOut+"="+r.out,
-		envTxnChildGrp+"="+r.group,
-		envTxnChildID+"="+txnID,
-	)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	killed := false
-	t.Cleanup(func() {
-		if !killed {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		_ = stdin.Close()
-	})
+	cmd, _ := startTxnChild(t, c, r, txnID)
 	kafkatest.WaitFor(t, 90*time.Second, "the child's first outputs", func() bool { return rd.seen(ids) >= 500 })
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	killed = true
 	_ = cmd.Wait()
 	before := rd.seen(ids)
 	t.Logf("killed the child with %d of %d inputs' outputs visible", before, len(ids))
@@ -125,13 +103,7 @@ func TestTxnRouterSIGKILL(t *testing.T) {
 	})
 	var att attempts
 	runRouter(t, r, sub, pub, transform(&att, 3*time.Millisecond))
-	rd.waitAll(t, ids, 120*time.Second)
-	r.waitCommittedAll(t, 60*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	if t.Failed() {
-		t.Logf("child's stderr:\n%s", stderr.String())
-	}
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 120*time.Second, 60*time.Second)
 	t.Logf("survivor: %+v", pub.Stats())
 }
 
@@ -232,10 +204,7 @@ func TestTxnZombieFencedByGeneration(t *testing.T) {
 		return ab > abortedBefore
 	})
 	close(awake)
-	rd.waitAll(t, ids, 120*time.Second)
-	r.waitCommittedAll(t, 60*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 120*time.Second, 60*time.Second)
 	zc, za := zombieStats()
 	t.Logf("zombie: %d committed, %d aborted; second member: %+v", zc, za, pub.Stats())
 }

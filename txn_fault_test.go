@@ -43,10 +43,7 @@ func TestTxnCloseMidTransaction(t *testing.T) {
 
 	sub2, pub2 := r.subscriber(t, "txn-close", nil)
 	runRouter(t, r, sub2, pub2, transform(&att, 3*time.Millisecond))
-	rd.waitAll(t, ids, 60*time.Second)
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 60*time.Second, 30*time.Second)
 	t.Logf("second run: %+v", pub2.Stats())
 }
 
@@ -88,10 +85,7 @@ func TestTxnRebalanceSecondMember(t *testing.T) {
 		return pub2.Stats().Committed > 0
 	})
 	stop1()
-	rd.waitAll(t, ids, 90*time.Second)
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
 	t.Logf("member 1: %+v; member 2: %+v", pub1.Stats(), pub2.Stats())
 }
 
@@ -145,10 +139,7 @@ func TestTxnFencedByTransactionalID(t *testing.T) {
 	close(gate)
 
 	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
-	rd.waitAll(t, ids, 90*time.Second)
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
 	t.Logf("transactions: %+v", pub.Stats())
 }
 
@@ -193,10 +184,7 @@ func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
 	reject.Store(2)
 	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
-	rd.waitAll(t, ids, 90*time.Second)
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
 	uncommitted.complete(t, c, r.out, r.parts)
 	uncommitted.mu.Lock()
 	written := uncommitted.records - len(uncommitted.sentry)*2 // both readers' sentries
@@ -243,10 +231,7 @@ func TestTxnCompletedTailHandedOver(t *testing.T) {
 
 	sub2, pub2 := r.subscriber(t, "txn-tail", nil)
 	runRouter(t, r, sub2, pub2, transform(&att, time.Millisecond))
-	rd.waitAll(t, ids, 60*time.Second)
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 60*time.Second, 30*time.Second)
 	att.mu.Lock()
 	defer att.mu.Unlock()
 	for _, id := range ids {
@@ -291,10 +276,7 @@ func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
 	hold.Store(true)
 	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
-	rd.waitAll(t, ids, 90*time.Second)
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
 	uncommitted.complete(t, c, r.out, r.parts)
 	uncommitted.mu.Lock()
 	written := uncommitted.records - len(uncommitted.sentry)*2

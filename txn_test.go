@@ -258,7 +258,19 @@ func (rd *outputReader) checkExactlyOnce(t *testing.T, ids []string) {
 	require.Empty(t, foreign, "outputs of no input")
 }
 
-// commitsCoverAll waits until the group's committed offsets are at the
+// requireExactlyOnce is how a transactional test ends: it waits until
+// every input has an output visible to rd and the group's commits reached
+// the end of the input, reads the output topic to its end, and checks
+// that every input has exactly one output.
+func (r *txnRig) requireExactlyOnce(t *testing.T, rd *outputReader, ids []string, outputsWithin, commitsWithin time.Duration) {
+	t.Helper()
+	rd.waitAll(t, ids, outputsWithin)
+	r.waitCommittedAll(t, commitsWithin)
+	rd.complete(t, r.c, r.out, r.parts)
+	rd.checkExactlyOnce(t, ids)
+}
+
+// waitCommittedAll waits until the group's committed offsets are at the
 // input topic's high-water marks.
 func (r *txnRig) waitCommittedAll(t *testing.T, timeout time.Duration) {
 	t.Helper()
@@ -294,10 +306,7 @@ func TestTxnRouterExactlyOnce(t *testing.T) {
 	})
 	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
 	ids := r.inputIDs()
-	rd.waitAll(t, ids, 60*time.Second)
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 60*time.Second, 30*time.Second)
 
 	st := pub.Stats()
 	require.Greater(t, st.Committed, uint64(1))
@@ -381,10 +390,7 @@ func TestTxnFailedDeliveryOutputsDiscarded(t *testing.T) {
 	})
 	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
 	ids := r.inputIDs()
-	rd.waitAll(t, ids, 60*time.Second)
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
-	rd.checkExactlyOnce(t, ids)
+	r.requireExactlyOnce(t, rd, ids, 60*time.Second, 30*time.Second)
 	rd.mu.Lock()
 	defer rd.mu.Unlock()
 	for id, ms := range rd.byID {

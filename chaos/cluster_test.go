@@ -514,6 +514,23 @@ func (r *clusterRun) settle() {
 	time.Sleep(sc.between(time.Second, 3*time.Second))
 }
 
+// settleRoles settles (see settle) and returns who leads each partition of
+// the scenario's topic and which node coordinates its group: the roles
+// the next failure is chosen by.
+func (r *clusterRun) settleRoles() (leaders map[int32]int32, coord int32) {
+	r.t.Helper()
+	r.settle()
+	leaders, err := r.k.leaders(r.sc.topic)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	coord, err = r.k.coordinator(r.sc.group)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return leaders, coord
+}
+
 // affected returns the partitions a failure of node affects: those it
 // leads, or nil (every partition) when it coordinates the group.
 func affected(leaders map[int32]int32, node, coord int32) []int32 {
@@ -532,12 +549,13 @@ func describe(leaders map[int32]int32, node, coord int32) string {
 	return s + ")"
 }
 
-// keepDown waits, after node was killed, until the process is gone and
-// the cluster has fenced the node (its metadata no longer lists it:
-// broker.session.timeout.ms, 6 s, after its last heartbeat; its partitions
-// are led elsewhere), then up to 2 s more, so that the failover happens
-// with the node down however fast it restarts.
-func (r *clusterRun) keepDown(node int32) {
+// restartOnceFenced waits, after node was killed, until the process is
+// gone and the cluster has fenced the node (its metadata no longer lists
+// it: broker.session.timeout.ms, 6 s, after its last heartbeat; its
+// partitions are led elsewhere), then up to 2 s more, so that the failover
+// happens with the node down however fast it restarts; then it starts the
+// node again.
+func (r *clusterRun) restartOnceFenced(node int32) {
 	t, k := r.t, r.k
 	t.Helper()
 	if err := k.waitState(node, "down", 30*time.Second); err != nil {
@@ -561,6 +579,10 @@ func (r *clusterRun) keepDown(node int32) {
 	}
 	r.sc.note("node %d fenced", node)
 	time.Sleep(r.sc.between(0, 2*time.Second))
+	if err := k.start(node); err != nil {
+		t.Fatal(err)
+	}
+	r.sc.note("node %d started again", node)
 }
 
 // failures returns how many failures a scenario injects (rounds of the
@@ -593,22 +615,14 @@ func (r *clusterRun) end(kind string, stop func()) {
 
 // TestClusterLeaderKill SIGKILLs the node that leads the most partitions
 // (not the coordinator's, when another leads any) while three members
-// consume, keeps it down until the cluster fenced it (see keepDown), starts it again and waits until the
+// consume, keeps it down until the cluster fenced it (see restartOnceFenced), starts it again and waits until the
 // cluster is whole; twice with -short, five times otherwise.
 func TestClusterLeaderKill(t *testing.T) {
 	r := clusterScenario(t, "cluster-leader-kill")
 	sc, k := r.sc, r.k
 	live := r.members(3)
 	for range failures(2, 5) {
-		r.settle()
-		leaders, err := k.leaders(sc.topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		coord, err := k.coordinator(sc.group)
-		if err != nil {
-			t.Fatal(err)
-		}
+		leaders, coord := r.settleRoles()
 		victim := busiest(leaders, coord)
 		n, err := k.node(victim)
 		if err != nil {
@@ -618,11 +632,7 @@ func TestClusterLeaderKill(t *testing.T) {
 		if err := k.signal(n, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		r.keepDown(victim)
-		if err := k.start(victim); err != nil {
-			t.Fatal(err)
-		}
-		sc.note("node %d started again", victim)
+		r.restartOnceFenced(victim)
 	}
 	r.end("SIGKILL of a partition leader", func() { leaveAll(live.take()) })
 }
@@ -639,15 +649,7 @@ func TestClusterCoordinatorKill(t *testing.T) {
 	live := r.members(3)
 	midCommit := 0
 	for range failures(2, 4) {
-		r.settle()
-		leaders, err := k.leaders(sc.topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		coord, err := k.coordinator(sc.group)
-		if err != nil {
-			t.Fatal(err)
-		}
+		leaders, coord := r.settleRoles()
 		n, err := k.node(coord)
 		if err != nil {
 			t.Fatal(err)
@@ -690,11 +692,7 @@ func TestClusterCoordinatorKill(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.keepDown(coord)
-		if err := k.start(coord); err != nil {
-			t.Fatal(err)
-		}
-		sc.note("node %d started again", coord)
+		r.restartOnceFenced(coord)
 	}
 	r.end(fmt.Sprintf("SIGKILL of the coordinator, %d mid-commit", midCommit), func() { leaveAll(live.take()) })
 }
@@ -710,15 +708,7 @@ func TestClusterBrokerPause(t *testing.T) {
 	live := r.members(3)
 	pause := max(2*sc.session, 12*time.Second)
 	for i := range failures(1, 2) {
-		r.settle()
-		leaders, err := k.leaders(sc.topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		coord, err := k.coordinator(sc.group)
-		if err != nil {
-			t.Fatal(err)
-		}
+		leaders, coord := r.settleRoles()
 		victim := coord
 		if i%2 == 1 {
 			victim = busiest(leaders, coord)
@@ -750,15 +740,7 @@ func TestClusterRollingRestart(t *testing.T) {
 	live := r.members(3)
 	for range failures(1, 2) {
 		for node := int32(1); node <= 3; node++ {
-			r.settle()
-			leaders, err := k.leaders(sc.topic)
-			if err != nil {
-				t.Fatal(err)
-			}
-			coord, err := k.coordinator(sc.group)
-			if err != nil {
-				t.Fatal(err)
-			}
+			leaders, coord := r.settleRoles()
 			sc.failure("restart (SIGTERM) of "+describe(leaders, node, coord), node, affected(leaders, node, coord))
 			if err := k.stop(node); err != nil {
 				t.Fatal(err)
@@ -781,15 +763,7 @@ func TestClusterConsumersAndBroker(t *testing.T) {
 	sc, k := r.sc, r.k
 	live := r.processes(3)
 	for i := range failures(2, 4) {
-		r.settle()
-		leaders, err := k.leaders(sc.topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		coord, err := k.coordinator(sc.group)
-		if err != nil {
-			t.Fatal(err)
-		}
+		leaders, coord := r.settleRoles()
 		victim := coord
 		if i%2 == 1 {
 			victim = busiest(leaders, coord)
@@ -811,11 +785,7 @@ func TestClusterConsumersAndBroker(t *testing.T) {
 			sc.fig.Crashes++
 			sc.fig.MemberChanges += 2
 		}
-		r.keepDown(victim)
-		if err := k.start(victim); err != nil {
-			t.Fatal(err)
-		}
-		sc.note("node %d started again", victim)
+		r.restartOnceFenced(victim)
 	}
 	r.end("SIGKILL of a node with consumer processes", func() {
 		for _, ch := range live.take() {
