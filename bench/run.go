@@ -82,10 +82,10 @@ func selected(label string) bool {
 	return false
 }
 
-// runStandard runs every selected case of w, -reps times, interleaving the
-// cases within each repetition so drift hits them all alike.
-func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, error) {
-	sec := newSection(w)
+// selectedCases returns w's cases that -contenders selects. Parallel
+// Consumer's are left out, with a note on w, where it cannot run; where it
+// can, its warm-up topic is produced first (with -pc-warmup).
+func selectedCases(ctx context.Context, env *brokerEnv, w *workload) ([]*caseSpec, error) {
 	var cases []*caseSpec
 	pcSkipped := false
 	for _, c := range w.cases {
@@ -102,11 +102,22 @@ func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, er
 			}
 			if opt.pcWarmup > 0 {
 				if _, err := env.topicFor(ctx, pcWarmupTopic()); err != nil {
-					return sec, err
+					return nil, err
 				}
 			}
 		}
 		cases = append(cases, c)
+	}
+	return cases, nil
+}
+
+// runStandard runs every selected case of w, -reps times, interleaving the
+// cases within each repetition so drift hits them all alike.
+func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, error) {
+	sec := newSection(w)
+	cases, err := selectedCases(ctx, env, w)
+	if err != nil {
+		return sec, err
 	}
 	// Produce every topic first, so producing never overlaps a measurement.
 	for _, c := range cases {

@@ -92,27 +92,9 @@ func steadyWorkload() *workload {
 
 func runSteady(ctx context.Context, env *brokerEnv, w *workload) (*section, error) {
 	sec := newSection(w)
-	var cases []*caseSpec
-	pcSkipped := false
-	for _, c := range w.cases {
-		if !selected(c.label) {
-			continue
-		}
-		if c.kind == kindPC {
-			if err := pcReady(); err != nil {
-				if !pcSkipped {
-					w.notes = append(w.notes, fmt.Sprintf("Parallel Consumer rows (pc/*) skipped: %v.", err))
-					pcSkipped = true
-				}
-				continue
-			}
-			if opt.pcWarmup > 0 {
-				if _, err := env.topicFor(ctx, pcWarmupTopic()); err != nil {
-					return sec, err
-				}
-			}
-		}
-		cases = append(cases, c)
+	cases, err := selectedCases(ctx, env, w)
+	if err != nil {
+		return sec, err
 	}
 	var firstErr error
 	for rep := 1; rep <= opt.reps; rep++ {
