@@ -80,8 +80,7 @@ func TestDefaultsRouterEndToEnd(t *testing.T) {
 
 	var mu sync.Mutex
 	handled := map[string][]int{} // UUID → members that completed it
-	var heldStarted = make(chan string, 1)
-	var failing map[string]bool
+	heldStarted := make(chan string, 1)
 
 	// member runs one router with a default subscriber; its handler fails
 	// "fail" records, and holds "hold" records until their context ends.
@@ -166,7 +165,7 @@ func TestDefaultsRouterEndToEnd(t *testing.T) {
 	sub1, router1 := member(1)
 	okIDs := publish("ok", working)
 	slowIDs := publish("slow", 10)
-	failing = publish("fail", 10)
+	failing := publish("fail", 10)
 	waitHandled(okIDs, "member 1 to handle every ok record")
 	waitHandled(slowIDs, "member 1 to handle every slow record")
 	waitHandled(failing, "member 1 to pass every failing record to the poison queue")

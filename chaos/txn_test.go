@@ -151,9 +151,14 @@ type txnSlot struct {
 // partition@offset carried in a header): none missing, none twice, nothing
 // of an aborted transaction or a failed delivery.
 func TestTxnRouterChaos(t *testing.T) {
-	if os.Getenv(envRestart) == "" || os.Getenv(kafkatest.EnvBrokers) == "" {
-		// Beside the other scenarios unless it restarts the broker under
-		// them (then it runs alone, as TestBrokerRestart does).
+	// On a real broker with a restart command (SAFEACK_CHAOS_RESTART), the
+	// broker is restarted once, halfway through; the scenario then runs
+	// alone, as TestBrokerRestart does, and otherwise beside the others.
+	restart := os.Getenv(envRestart)
+	if strings.TrimSpace(os.Getenv(kafkatest.EnvBrokers)) == "" {
+		restart = "" // the embedded broker is not restarted
+	}
+	if restart == "" {
 		t.Parallel()
 	}
 	c := kafkatest.Start(t)
@@ -235,12 +240,6 @@ func TestTxnRouterChaos(t *testing.T) {
 		committed += st.Committed
 	}
 
-	// On a real broker with a restart command (SAFEACK_CHAOS_RESTART), the
-	// broker is restarted once, halfway through.
-	restart := os.Getenv(envRestart)
-	if c.Embedded() {
-		restart = ""
-	}
 	kills, storms := 0, 0
 	begin := time.Now()
 	for deadline := begin.Add(churn()); time.Now().Before(deadline); {
