@@ -1,0 +1,92 @@
+package safeack
+
+import (
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// drain ends the assignment: nothing more is handed out, acks of the
+// messages handed out are awaited up to DrainTimeout with their contexts
+// alive, the final completed prefix is marked (and committed when commits
+// are manual), the tracker is revoked so that later acks change nothing,
+// and only then are the contexts of messages still unanswered cancelled.
+// Cancelling first would turn work that could still finish into failures
+// (and, behind a plain dead-letter middleware, into dead letters).
+func (w *partitionWorker) drain(reason string) {
+	w.cancel() // the assignment is ending; message contexts live on
+	if w.next != nil {
+		w.unsend(w.next)
+		w.next = nil
+	}
+	// Stop the acks' goroutines from handing out more: the cancelled
+	// context lets any that is sending give its record back, and once
+	// handout is ours none is left.
+	w.handout.Lock()
+	w.mu.Lock()
+	w.handedDone = true
+	w.ready.clear()
+	w.mu.Unlock()
+	w.handout.Unlock()
+	w.fetched.clear()
+	if w.fetchPaused {
+		// Sarama keeps a partition paused across reassignment: a later
+		// owner of this partition in this member must find it fetching.
+		w.pauser.Resume(map[string][]int32{w.topic: {w.partition}})
+		w.fetchPaused = false
+	}
+
+	// Waiting for acks serves the final commit. Without a consumer group
+	// nothing is committed, so there is nothing to wait for.
+	wait := w.sub.cfg.DrainTimeout
+	if w.marker == nil {
+		wait = 0
+	}
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	timedOut := false
+	for !timedOut {
+		w.mu.Lock()
+		n := w.inFlight
+		w.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-w.wake:
+		case <-deadline.C:
+			timedOut = true
+		}
+	}
+	w.markIfAdvanced(true)
+
+	w.mu.Lock()
+	left := w.inFlight
+	stats := w.tracker.Stats()
+	w.tracker.Revoke()
+	w.gate.Drain(nil)
+	w.ready.clear()
+	w.mu.Unlock()
+	// Give up: the waiters cancel the contexts of messages still
+	// unanswered. Waiting for them means Close and a revocation return
+	// with every message context of the assignment ended.
+	close(w.abandoned)
+	w.awaiting.Wait()
+
+	if w.marker != nil {
+		// Sarama discards what is marked but not committed when a
+		// partition is revoked: commit the final prefix now.
+		w.marker.Commit()
+	}
+	fields := w.logFields.Add(watermill.LogFields{
+		"reason":      reason,
+		"safe_offset": stats.SafeOffset,
+		"retained":    stats.Retained,
+		"abandoned":   left,
+	})
+	if timedOut {
+		w.sub.logger.Info("Partition drain timed out; unacked records are left to the next owner", fields)
+	} else {
+		w.sub.logger.Debug("Partition drained", fields)
+	}
+}

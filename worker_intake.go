@@ -1,0 +1,213 @@
+package safeack
+
+import (
+	"hash/maphash"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/safeack/safeack/frontier"
+)
+
+// accept registers a record with the tracker before anything else sees it,
+// so no completion can move the prefix past it.
+func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
+	w.rateCount++
+	if w.startPending {
+		w.fixStart(m.Offset)
+	}
+	w.mu.Lock()
+	tk, err := w.tracker.OfferOne(m.Offset, m.Offset+1)
+	if err == nil {
+		w.accepted.push(m.Offset, time.Now())
+	}
+	w.mu.Unlock()
+	if err != nil {
+		// The claim's offsets are increasing and capacity was checked
+		// before reading, so this is a broken invariant: refuse the record
+		// loudly rather than deliver something the commit cannot cover.
+		w.sub.logger.Error("Record refused by the frontier tracker; partition stops", err, w.logFields.Add(watermill.LogFields{"kafka_partition_offset": m.Offset}))
+		w.setStuck(&record{msg: m, owner: w})
+		return
+	}
+	r := &record{msg: m, ticket: tk, owner: w}
+	if len(w.skip.Ranges) > 0 {
+		if w.skip.Contains(m.Offset) {
+			w.mu.Lock()
+			w.counters.skippedTail++
+			w.mu.Unlock()
+			w.complete(r, false)
+			return
+		}
+		if m.Offset >= w.skip.Ranges[len(w.skip.Ranges)-1].To || m.Offset >= w.skip.Bound {
+			w.skip = frontier.Tail{} // past the tail: nothing more to skip
+		}
+	}
+	if !w.prepare(r) {
+		w.setStuck(r)
+		return
+	}
+	w.admit(r)
+}
+
+// fixStart starts the bookkeeping at the first record delivered, when
+// Sarama resolved the start itself (Consumer.Offsets.Initial: a commit out
+// of range, or no commit on a partition whose start Setup could not pin,
+// see groupHandler.pinStarts). That record is where fetching
+// really started, or the first one that exists after it (compaction,
+// transaction markers). The position is committed before the record is
+// handed out, so a group that delivered anything has an in-range commit at
+// or before its oldest unfinished record: the next owner resumes there and
+// does not fall back to Offsets.Initial, which at OffsetNewest would skip
+// the record, and at OffsetOldest re-handle history.
+//
+// Marking and resetting both is what lands Sarama's offset exactly on the
+// start: MarkOffset only moves forward (from no commit, or from a commit
+// below the log start), ResetOffset only back (from a commit above the
+// high-water mark, which Sarama keeps as its current offset).
+func (w *partitionWorker) fixStart(first int64) {
+	tracker, err := frontier.New(first, w.sub.cfg.MaxPendingPerPartition)
+	if err != nil {
+		// The claim delivered a negative offset: accept refuses it below.
+		return
+	}
+	w.mu.Lock()
+	w.tracker = tracker // the estimate's tracker was never offered a record
+	w.startPending = false
+	if w.marker != nil {
+		w.marked = first
+	}
+	w.mu.Unlock()
+	w.logFields = w.logFields.Add(watermill.LogFields{"kafka_initial_offset": first})
+	if w.marker == nil {
+		return
+	}
+	w.marker.MarkOffset(w.topic, w.partition, first, "")
+	w.marker.ResetOffset(w.topic, w.partition, first, "")
+	w.marker.Commit()
+	w.sub.logger.Debug("Partition starts at its first record; committed that position", w.logFields)
+}
+
+// skipCompleted makes the worker complete, without delivering, the records
+// that the committed metadata says a previous owner already completed. The
+// metadata is trusted only when it decodes as our tail relative to the
+// offset this assignment starts at.
+func (w *partitionWorker) skipCompleted(c committedOffset, start int64) {
+	if w.sub.cfg.DisableCompletedTail || c.offset < 0 || c.metadata == "" {
+		return
+	}
+	if c.offset != start {
+		w.ignoreMetadata(c, "the committed offset is not where fetching starts")
+		return
+	}
+	tail, err := frontier.DecodeTail(c.metadata, start)
+	if err != nil {
+		w.ignoreMetadata(c, err.Error())
+		return
+	}
+	w.skip = tail
+	w.sub.logger.Info("Completed tail found in commit metadata; these records will not be handled again",
+		w.logFields.Add(watermill.LogFields{"completed_offsets": tail.Len(), "ranges": len(tail.Ranges)}))
+}
+
+// ignoreMetadata counts and logs commit metadata that is not trusted.
+func (w *partitionWorker) ignoreMetadata(c committedOffset, why string) {
+	w.mu.Lock()
+	w.counters.ignoredMetadata++
+	w.mu.Unlock()
+	w.sub.logger.Info("Ignoring commit metadata; records after the committed offset are redelivered",
+		w.logFields.Add(watermill.LogFields{"reason": why, "committed": c.offset}))
+}
+
+// prepare unmarshals the record into its first delivery. It reports false
+// when the unmarshaler rejects it.
+func (w *partitionWorker) prepare(r *record) bool {
+	wm, err := w.sub.cfg.Unmarshaler.Unmarshal(r.msg)
+	if err != nil {
+		r.unmarshalErr = err
+		w.mu.Lock()
+		w.counters.unmarshalFailures++
+		w.mu.Unlock()
+		w.sub.logger.Error("Cannot unmarshal record; the partition waits on it", err,
+			w.logFields.Add(watermill.LogFields{"kafka_partition_offset": r.msg.Offset}))
+		return false
+	}
+	r.wm = wm
+	return true
+}
+
+// admit passes a prepared record through the ordering gate into the ready
+// queue.
+func (w *partitionWorker) admit(r *record) {
+	key, ordered := w.orderingKey(r.msg)
+	r.key, r.gated = key, ordered
+	w.mu.Lock()
+	if !ordered || w.gate.Admit(key, r) {
+		w.ready.push(r)
+	}
+	w.mu.Unlock()
+}
+
+// noKeyLane is the gate key of records that must run one at a time in
+// their partition: every record under OrderByPartition, and key-less ones
+// under OrderByKey, which keep watermill-kafka's one-at-a-time order (its
+// DefaultMarshaler sets no key). No real key hashes to it (see
+// orderingKey), so a keyed record never waits for key-less ones or the
+// reverse.
+const noKeyLane uint64 = 0
+
+// orderingKey returns the gate key of m, and false when m may run beside
+// any other record.
+func (w *partitionWorker) orderingKey(m *sarama.ConsumerMessage) (uint64, bool) {
+	switch w.sub.cfg.Ordering {
+	case OrderByPartition:
+		return noKeyLane, true
+	case Unordered:
+		return 0, false
+	}
+	k := m.Key
+	if f := w.sub.cfg.OrderingKey; f != nil {
+		k = f(m)
+	}
+	if len(k) == 0 {
+		return noKeyLane, true
+	}
+	h := maphash.Bytes(w.seed, k)
+	if h == noKeyLane {
+		// Share a lane with another key instead (a collision the gate
+		// already allows: it only serializes more).
+		h++
+	}
+	return h, true
+}
+
+// retryStuck retries a record the unmarshaler rejected, or hands it to
+// OnUnmarshalError. Only success lets the partition go on.
+func (w *partitionWorker) retryStuck() {
+	r := w.stuck
+	if !r.ticket.Valid() {
+		return // refused by the tracker: nothing can fix it in this assignment
+	}
+	if h := w.sub.cfg.OnUnmarshalError; h != nil {
+		if err := h(w.ctx, r.msg, r.unmarshalErr); err != nil {
+			w.sub.logger.Error("OnUnmarshalError failed; will retry", err,
+				w.logFields.Add(watermill.LogFields{"kafka_partition_offset": r.msg.Offset}))
+			return
+		}
+		w.setStuck(nil)
+		w.complete(r, false)
+		return
+	}
+	if w.prepare(r) {
+		w.setStuck(nil)
+		w.admit(r)
+	}
+}
+
+func (w *partitionWorker) setStuck(r *record) {
+	w.stuck = r
+	w.mu.Lock()
+	w.stuckFlag = r != nil
+	w.mu.Unlock()
+}

@@ -1,0 +1,155 @@
+package safeack
+
+import (
+	"math"
+	"time"
+
+	"github.com/safeack/safeack/frontier"
+)
+
+// markIfAdvanced hands the completed prefix to Sarama when it changed,
+// with the completed tail in the metadata. A tail is encoded when forced: by
+// the session's commit loop just before each commit, once per commit
+// interval (Sarama commits no more often), or by a drain. Unforced (run's
+// call after completions), it marks a prefix with no completed record behind
+// it, which needs no encoding, so a partition that keeps up is marked at
+// once; a tail it encodes only when PauseAtTailUsage needs to know its size
+// (see tailCheckDueLocked). It reports whether it marked, and whether every
+// record taken so far is complete.
+func (w *partitionWorker) markIfAdvanced(force bool) (marked, allDone bool) {
+	if !w.dirty.Load() {
+		return false, false
+	}
+	tailOn := w.marker != nil && !w.sub.cfg.DisableCompletedTail
+	w.markMu.Lock()
+	defer w.markMu.Unlock()
+	w.mu.Lock()
+	if tailOn && !force && w.tracker.Blocked() > 0 && !w.tailCheckDueLocked() {
+		w.mu.Unlock()
+		return false, false // the commit loop encodes the tail
+	}
+	if !w.dirty.Swap(false) {
+		w.mu.Unlock()
+		return false, false // marked by another caller meanwhile
+	}
+	safe, err := w.tracker.SafeOffset()
+	if err != nil {
+		w.mu.Unlock()
+		return false, false
+	}
+	allDone = w.tracker.Retained() == 0
+	w.accepted.dropBelow(safe) // keeps the log as short as the retained window
+	if tailOn {
+		w.rangeBuf = w.tracker.AppendCompleted(w.rangeBuf[:0])
+		b := w.tracker.TailLenBound()
+		w.tailRecheckAt = b + b/8 + 1
+	}
+	prev := w.marked
+	w.marked = max(prev, safe)
+	w.mu.Unlock()
+
+	var meta string
+	if tailOn {
+		meta = w.encodeTail(safe)
+	}
+	switch {
+	case w.marker == nil:
+	case safe > prev:
+		w.marker.MarkOffset(w.topic, w.partition, safe, meta)
+		marked = true
+	case safe == prev && meta != w.lastMeta:
+		// MarkOffset ignores a mark at or below Sarama's current offset, so
+		// a tail that grew behind an unchanged head is written with
+		// ResetOffset, which applies at or below it. It cannot move the
+		// offset back: Sarama's offset is the start (a committed, in-range
+		// offset, or the one fixStart committed) or an earlier mark, all at
+		// most safe.
+		w.marker.ResetOffset(w.topic, w.partition, safe, meta)
+		marked = true
+	}
+	w.lastMeta = meta
+	return marked, allDone
+}
+
+// encodeTail encodes the completed ranges in rangeBuf relative to safe,
+// within the metadata budget, and updates the pause state. An empty tail
+// costs nothing and is not counted as an encode. Callers hold markMu.
+func (w *partitionWorker) encodeTail(safe int64) string {
+	var buf []byte
+	cut, encoded := false, len(w.rangeBuf) > 0
+	budget := w.sub.cfg.TailMetadataBudget
+	if encoded {
+		var bound int64
+		var err error
+		buf, bound, err = frontier.AppendTail(w.tailBuf[:0], safe, w.rangeBuf, budget)
+		if err != nil {
+			// The tracker's ranges are valid by construction; if not, commit
+			// plain offsets rather than anything doubtful.
+			w.sub.logger.Error("Cannot encode the completed tail; committing the offset alone", err, w.logFields)
+			buf = buf[:0]
+		}
+		w.tailBuf = buf
+		cut = err == nil && bound != math.MaxInt64
+	}
+	pause := false
+	if f := w.sub.cfg.PauseAtTailUsage; f > 0 && encoded {
+		pause = cut || float64(len(buf)) >= f*float64(budget)
+	}
+	w.mu.Lock()
+	if encoded {
+		w.counters.tailEncodes++
+	}
+	w.tailBytes, w.tailCut = len(buf), cut
+	resumed := w.setPausedLocked(pause)
+	w.mu.Unlock()
+	if resumed {
+		w.poke() // run may take records again
+	}
+	return string(buf)
+}
+
+// tailCheckDueLocked is PauseAtTailUsage between commits: run asks it after
+// completions behind an unfinished head, where the tail is otherwise left to
+// the commit loop. The tracker's TailLenBound, O(1), bounds the encoded
+// tail. Below the fraction of the budget, the tail is too: nothing to
+// encode, and a paused partition resumes at once. At or above it, the tail
+// may have reached the fraction, and it is encoded now (which decides the
+// pause exactly) when the bound has grown by an eighth since the last
+// encoding: a tail that keeps growing is encoded O(log) times, each costing
+// O(retained), so the cost per completion stays constant. With
+// PauseAtTailUsage zero it costs one comparison. Callers hold markMu and mu.
+func (w *partitionWorker) tailCheckDueLocked() bool {
+	f := w.sub.cfg.PauseAtTailUsage
+	if f == 0 {
+		return false
+	}
+	bound := w.tracker.TailLenBound()
+	if float64(bound) < f*float64(w.sub.cfg.TailMetadataBudget) {
+		w.setPausedLocked(false) // run, the caller, takes records next
+		return false
+	}
+	return bound >= w.tailRecheckAt
+}
+
+// setPausedLocked sets the pause state (PauseAtTailUsage) and accounts the
+// time paused. It reports whether the partition resumed. Callers hold markMu
+// and mu.
+func (w *partitionWorker) setPausedLocked(pause bool) (resumed bool) {
+	if pause == w.paused {
+		return false
+	}
+	now := time.Now()
+	if pause {
+		w.pausedAt = now
+	} else {
+		w.pausedFor += now.Sub(w.pausedAt)
+	}
+	w.paused = pause
+	return !pause
+}
+
+func (w *partitionWorker) setConfirmed(offset int64) {
+	w.mu.Lock()
+	w.confirmed = offset
+	w.mu.Unlock()
+}
