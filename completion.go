@@ -3,9 +3,9 @@ package safeack
 import (
 	"errors"
 	"sync/atomic"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // ErrNotSafeackMessage is returned for a message that was not delivered by
@@ -34,12 +34,12 @@ var ErrAlreadyAnswered = errors.New("safeack: message already acked or nacked")
 // meanwhile; after that they change nothing, and the partition's next
 // owner handles their records again.
 type Completion struct {
-	r        *record          // nil for a message of another subscriber
-	msg      *message.Message // the delivery whose completion is deferred
+	d   *partition.Deferral // nil for a message of another subscriber
+	msg *message.Message    // the delivery whose completion is deferred
+	// resolved and result serve a message of another subscriber:
+	// DeferredCompletion waits on result before returning.
 	resolved atomic.Bool
-	// result carries the outcome for a message of another subscriber:
-	// DeferredCompletion waits on it before returning.
-	result chan error
+	result   chan error
 }
 
 // errFailedWithoutReason stands in for Fail(nil).
@@ -56,31 +56,15 @@ var errFailedWithoutReason = errors.New("safeack: deferred completion failed")
 // ErrNotSafeackMessage; one already acked or nacked (for example behind
 // middleware.InstantAck) gives ErrAlreadyAnswered.
 func Defer(msg *message.Message) (*Completion, error) {
-	r, ok := recordFromCtx(msg.Context())
+	r, ok := partition.FromContext(msg.Context())
 	if !ok {
 		return nil, ErrNotSafeackMessage
 	}
-	select {
-	case <-msg.Acked():
+	d, ok := r.Defer(msg, func(d *partition.Deferral) any { return &Completion{d: d, msg: msg} })
+	if !ok {
 		return nil, ErrAlreadyAnswered
-	case <-msg.Nacked():
-		return nil, ErrAlreadyAnswered
-	default:
 	}
-	c := &Completion{r: r, msg: msg}
-	for {
-		prev := r.deferred.Load()
-		if prev != nil && prev.msg == msg {
-			return prev, nil // this delivery was deferred already
-		}
-		if r.deferred.CompareAndSwap(prev, c) {
-			break
-		}
-	}
-	r.owner.mu.Lock()
-	r.owner.counters.deferred++
-	r.owner.mu.Unlock()
-	return c, nil
+	return d.Handle().(*Completion), nil
 }
 
 // Done completes the record: the completed prefix may move past it.
@@ -100,69 +84,31 @@ func (c *Completion) Fail(err error) {
 }
 
 func (c *Completion) resolve(err error) {
-	if c == nil || !c.resolved.CompareAndSwap(false, true) {
-		return
-	}
-	if c.r == nil {
+	switch {
+	case c == nil:
+	case c.d != nil:
+		c.d.Resolve(err)
+	case c.resolved.CompareAndSwap(false, true):
 		c.result <- err // capacity 1, sent once
-		return
 	}
-	select {
-	case <-c.msg.Acked():
-		c.apply(err)
-	case <-c.msg.Nacked():
-		// The Nack redelivers the record: nothing to add.
-	default:
-		// Resolved before the handler returned: take effect when the
-		// router answers. This goroutine ends with that answer or with
-		// the assignment.
-		go func() {
-			select {
-			case <-c.msg.Acked():
-				c.apply(err)
-			case <-c.msg.Nacked():
-			case <-c.r.owner.abandoned:
-			}
-		}()
-	}
-}
-
-// apply turns the resolution of an acked delivery into a completion or a
-// redelivery. The record is still counted in flight (see await). A
-// redelivery waits NackResendSleep (or for the assignment's end) on a
-// goroutine of its own, so that Fail never blocks the caller, typically a
-// batching writer.
-func (c *Completion) apply(err error) {
-	if tm := c.r.owner.txn; tm != nil {
-		if err == nil {
-			tm.acked(c.r, c.msg)
-		} else {
-			tm.nacked(c.msg)
-		}
-	}
-	if err == nil {
-		c.r.owner.complete(c.r, true)
-		return
-	}
-	go c.r.owner.nacked(c.r)
 }
 
 // Offset returns the Kafka offset of the deferred record, or -1 for a
 // message of another subscriber.
 func (c *Completion) Offset() int64 {
-	if c.r == nil {
+	if c.d == nil {
 		return -1
 	}
-	return c.r.msg.Offset
+	return c.d.Record().Message().Offset
 }
 
 // Partition returns the Kafka partition of the deferred record, or -1 for
 // a message of another subscriber.
 func (c *Completion) Partition() int32 {
-	if c.r == nil {
+	if c.d == nil {
 		return -1
 	}
-	return c.r.msg.Partition
+	return c.d.Record().Message().Partition
 }
 
 // AssignmentEnded reports whether the partition assignment that delivered
@@ -172,48 +118,14 @@ func (c *Completion) Partition() int32 {
 // until the drain gives up (DrainTimeout), and an ack before then still
 // counts. It is false for messages not delivered by a safeack Subscriber.
 func AssignmentEnded(msg *message.Message) bool {
-	r, ok := recordFromCtx(msg.Context())
-	return ok && r.owner.ctx.Err() != nil
+	r, ok := partition.FromContext(msg.Context())
+	return ok && r.AssignmentEnded()
 }
 
 // skipIfRevoked nacks msg without redelivery when its assignment ended
 // before its handler started, so that the partition's next owner handles
 // it and nothing is acked for it here. It reports whether it did.
 func skipIfRevoked(msg *message.Message) bool {
-	r, ok := recordFromCtx(msg.Context())
-	if !ok || r.owner.ctx.Err() == nil {
-		return false
-	}
-	select {
-	case <-msg.Acked():
-		return false // answered already (e.g. behind InstantAck): too late
-	case <-msg.Nacked():
-		return false
-	default:
-	}
-	r.skipped.Store(true)
-	r.owner.mu.Lock()
-	r.owner.counters.skippedRevoked++
-	r.owner.mu.Unlock()
-	msg.Nack()
-	return true
-}
-
-// deliveredAt returns when msg was handed out, for telemetry.
-func deliveredAt(msg *message.Message) (time.Time, bool) {
-	r, ok := recordFromCtx(msg.Context())
-	if !ok {
-		return time.Time{}, false
-	}
-	return r.deliveredAt, true
-}
-
-// isDeferred reports whether the handler deferred msg's completion.
-func isDeferred(msg *message.Message) bool {
-	r, ok := recordFromCtx(msg.Context())
-	if !ok {
-		return false
-	}
-	c := r.deferred.Load()
-	return c != nil && c.msg == msg
+	r, ok := partition.FromContext(msg.Context())
+	return ok && r.SkipIfEnded(msg)
 }

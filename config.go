@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // NoSleep can be set to SubscriberConfig.NackResendSleep and
@@ -354,4 +357,32 @@ func (c *SubscriberConfig) commitInterval() time.Duration {
 		return oc.Interval
 	}
 	return c.CommitInterval
+}
+
+// workerConfig is what the partition workers of one subscription share:
+// the parts of c they act on, with a fresh seed for ordering keys.
+func (c *SubscriberConfig) workerConfig(logger watermill.LoggerAdapter, fields watermill.LogFields) partition.Config {
+	ordering := partition.ByKey
+	switch c.Ordering {
+	case OrderByPartition:
+		ordering = partition.ByPartition
+	case Unordered:
+		ordering = partition.Unordered
+	}
+	return partition.Config{
+		Ordering:         ordering,
+		OrderingKey:      c.OrderingKey,
+		Seed:             maphash.MakeSeed(),
+		Unmarshaler:      c.Unmarshaler,
+		OnUnmarshalError: c.OnUnmarshalError,
+		UnmarshalRetry:   max(c.ReconnectRetrySleep, 0),
+		MaxPending:       c.MaxPendingPerPartition,
+		NackResendSleep:  c.NackResendSleep,
+		DrainTimeout:     c.DrainTimeout,
+		CompletedTail:    !c.DisableCompletedTail,
+		TailBudget:       c.TailMetadataBudget,
+		PauseAtTailUsage: c.PauseAtTailUsage,
+		Logger:           logger,
+		LogFields:        fields,
+	}
 }

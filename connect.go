@@ -42,7 +42,7 @@ func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 	case <-ctx.Done():
 		abandon()
 		return nil, ctx.Err()
-	case <-sub.s.closing:
+	case <-sub.subscriber.closing:
 		abandon()
 		return nil, ErrSubscriberClosed
 	}

@@ -3,19 +3,19 @@ package safeack
 import (
 	"context"
 	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/safeack/safeack/internal/partition"
 )
 
-// recordCtxKey is the context key under which a message's *record is kept.
-// One key for all record facts keeps message creation to a single
-// context.WithValue.
-type recordCtxKey struct{}
-
-func recordFromCtx(ctx context.Context) (*record, bool) {
-	if ctx == nil {
+// recordFromCtx returns the Kafka record of a message delivered by a
+// Subscriber.
+func recordFromCtx(ctx context.Context) (*sarama.ConsumerMessage, bool) {
+	r, ok := partition.FromContext(ctx)
+	if !ok {
 		return nil, false
 	}
-	r, ok := ctx.Value(recordCtxKey{}).(*record)
-	return r, ok
+	return r.Message(), true
 }
 
 // MessagePartitionFromCtx returns the Kafka partition of a message
@@ -26,7 +26,7 @@ func MessagePartitionFromCtx(ctx context.Context) (int32, bool) {
 	if !ok {
 		return 0, false
 	}
-	return r.msg.Partition, true
+	return r.Partition, true
 }
 
 // MessagePartitionOffsetFromCtx returns the Kafka offset of a message
@@ -36,7 +36,7 @@ func MessagePartitionOffsetFromCtx(ctx context.Context) (int64, bool) {
 	if !ok {
 		return 0, false
 	}
-	return r.msg.Offset, true
+	return r.Offset, true
 }
 
 // MessageTimestampFromCtx returns the Kafka timestamp of a message
@@ -46,7 +46,7 @@ func MessageTimestampFromCtx(ctx context.Context) (time.Time, bool) {
 	if !ok {
 		return time.Time{}, false
 	}
-	return r.msg.Timestamp, true
+	return r.Timestamp, true
 }
 
 // MessageKeyFromCtx returns the Kafka key of a message delivered by a
@@ -56,7 +56,7 @@ func MessageKeyFromCtx(ctx context.Context) ([]byte, bool) {
 	if !ok {
 		return nil, false
 	}
-	return r.msg.Key, true
+	return r.Key, true
 }
 
 // MessageTopicFromCtx returns the Kafka topic of a message delivered by a
@@ -66,5 +66,5 @@ func MessageTopicFromCtx(ctx context.Context) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	return r.msg.Topic, true
+	return r.Topic, true
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // ErrAssignmentEnded is wrapped around a handler's error by PoisonQueue
@@ -89,8 +90,8 @@ func PoisonQueueWithFilter(pub message.Publisher, topic string, shouldGoToPoison
 // drain gives up), so a context that ended alone was ended by middleware
 // outside PoisonQueue, which must not count.
 func endedBySubscriber(ctx context.Context) bool {
-	if r, ok := recordFromCtx(ctx); ok {
-		return r.owner.ctx.Err() != nil
+	if r, ok := partition.FromContext(ctx); ok {
+		return r.AssignmentEnded()
 	}
 	return ctx.Err() != nil
 }

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // ErrNoDeferredCompletion is returned by CompletionFromCtx for a context
@@ -180,11 +181,11 @@ func KafkaMetadata(h message.HandlerFunc) message.HandlerFunc {
 			if msg.Metadata == nil {
 				msg.Metadata = make(message.Metadata)
 			}
-			msg.Metadata.Set(MetadataTopic, r.msg.Topic)
-			msg.Metadata.Set(MetadataPartition, strconv.FormatInt(int64(r.msg.Partition), 10))
-			msg.Metadata.Set(MetadataOffset, strconv.FormatInt(r.msg.Offset, 10))
-			if len(r.msg.Key) > 0 {
-				msg.Metadata.Set(MetadataKey, string(r.msg.Key))
+			msg.Metadata.Set(MetadataTopic, r.Topic)
+			msg.Metadata.Set(MetadataPartition, strconv.FormatInt(int64(r.Partition), 10))
+			msg.Metadata.Set(MetadataOffset, strconv.FormatInt(r.Offset, 10))
+			if len(r.Key) > 0 {
+				msg.Metadata.Set(MetadataKey, string(r.Key))
 			}
 		}
 		return h(msg)
@@ -288,13 +289,13 @@ func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
 				UUID:      msg.UUID,
 				Handler:   message.HandlerNameFromCtx(msg.Context()),
 			}
-			r, ours := recordFromCtx(msg.Context())
+			r, ours := partition.FromContext(msg.Context())
 			if ours {
+				rec := r.Message()
 				ev.FromSafeack = true
-				ev.Topic, ev.Partition, ev.Offset = r.msg.Topic, r.msg.Partition, r.msg.Offset
-				if at, ok := deliveredAt(msg); ok {
-					ev.DeliveredAt, ev.Wait = at, max(start.Sub(at), 0)
-				}
+				ev.Topic, ev.Partition, ev.Offset = rec.Topic, rec.Partition, rec.Offset
+				at := r.DeliveredAt()
+				ev.DeliveredAt, ev.Wait = at, max(start.Sub(at), 0)
 			}
 			returned := false
 			defer func() {
@@ -304,13 +305,13 @@ func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
 					// Panicking: report, and let the panic go on to the
 					// Recoverer or router that handles it.
 					ev.Outcome, ev.Err = OutcomeNack, ErrHandlerPanicked
-				case ours && r.skipped.Load() && answered(msg.Nacked()):
+				case ours && r.Skipped() && answered(msg.Nacked()):
 					ev.Outcome = OutcomeSkipped
 				case err != nil:
 					ev.Outcome, ev.Err = OutcomeNack, err
 				case answered(msg.Nacked()):
 					ev.Outcome = OutcomeNack
-				case isDeferred(msg):
+				case ours && r.Deferred(msg):
 					ev.Outcome = OutcomeDeferred
 				default:
 					ev.Outcome = OutcomeAck

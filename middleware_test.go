@@ -952,8 +952,8 @@ func TestMiddlewareDeferredUnresolvedAtClose(t *testing.T) {
 	kafkatest.WaitFor(t, mwWait, "no subscriber goroutine left", func() bool {
 		buf := make([]byte, 1<<20)
 		stacks := string(buf[:runtime.Stack(buf, true)])
-		return !strings.Contains(stacks, "safeack.(*partitionWorker).await") &&
-			!strings.Contains(stacks, "safeack.(*Completion).resolve")
+		return !strings.Contains(stacks, "partition.(*Worker).await") &&
+			!strings.Contains(stacks, "partition.(*Deferral).Resolve")
 	})
 	mu.Lock()
 	handles[0].Done()

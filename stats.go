@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // TopicPartition names one Kafka partition.
@@ -59,9 +61,8 @@ type PartitionStats struct {
 	// rejected.
 	Stuck bool
 	// Paused reports that taking records waits for the completed tail to
-	// shrink (PauseAtTailUsage); PausedFor sums the time spent paused.
-	Paused    bool
-	PausedFor time.Duration
+	// shrink (PauseAtTailUsage).
+	Paused bool
 	// TailBytes is the size of the last completed tail written to the
 	// commit metadata, and TailTruncated whether it did not fit whole.
 	TailBytes     int
@@ -71,7 +72,17 @@ type PartitionStats struct {
 	// measure a growing tail between commits (a number logarithmic in its
 	// growth).
 	TailEncodes uint64
-	// Offered and Completed count records over the assignment's life.
+	// PartitionCounters count over this assignment: they start again from
+	// zero when the partition is reassigned (see Totals).
+	PartitionCounters
+	// AssignedAt is when this member got the partition.
+	AssignedAt time.Time
+}
+
+// PartitionCounters count what happened to a partition: PartitionStats
+// over one assignment, PartitionTotals over all of them.
+type PartitionCounters struct {
+	// Offered and Completed count records.
 	Offered, Completed uint64
 	// Redeliveries counts nacks. UnmarshalFailures counts rejected
 	// unmarshal attempts.
@@ -86,8 +97,20 @@ type PartitionStats struct {
 	IgnoredMetadata uint64
 	// Deferred counts completions deferred with Defer.
 	Deferred uint64
-	// AssignedAt is when this member got the partition.
-	AssignedAt time.Time
+	// PausedFor sums the time spent paused (PauseAtTailUsage).
+	PausedFor time.Duration
+}
+
+func (c *PartitionCounters) add(o PartitionCounters) {
+	c.Offered += o.Offered
+	c.Completed += o.Completed
+	c.Redeliveries += o.Redeliveries
+	c.UnmarshalFailures += o.UnmarshalFailures
+	c.SkippedTail += o.SkippedTail
+	c.SkippedRevoked += o.SkippedRevoked
+	c.IgnoredMetadata += o.IgnoredMetadata
+	c.Deferred += o.Deferred
+	c.PausedFor += o.PausedFor
 }
 
 // Stats returns a snapshot of every partition the Subscriber currently
@@ -99,21 +122,21 @@ func (s *Subscriber) Stats() []PartitionStats {
 // registry tracks the partitions a Subscriber owns, for Stats.
 type registry struct {
 	mu      sync.Mutex
-	workers map[*partitionWorker]time.Time
+	workers map[*partition.Worker]time.Time
 	ended   map[TopicPartition]*PartitionTotals // for Totals: see totals.go
 }
 
-func (r *registry) attach(w *partitionWorker) {
+func (r *registry) attach(w *partition.Worker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.workers == nil {
-		r.workers = make(map[*partitionWorker]time.Time)
+		r.workers = make(map[*partition.Worker]time.Time)
 	}
 	r.workers[w] = time.Now()
 	r.assigned(w)
 }
 
-func (r *registry) detach(w *partitionWorker) {
+func (r *registry) detach(w *partition.Worker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.workers[w]; ok {
@@ -126,7 +149,7 @@ func (r *registry) snapshot() []PartitionStats {
 	r.mu.Lock()
 	out := make([]PartitionStats, 0, len(r.workers))
 	for w, at := range r.workers {
-		ps := w.stats()
+		ps := partitionStats(w)
 		ps.AssignedAt = at
 		out = append(out, ps)
 	}
@@ -137,43 +160,29 @@ func (r *registry) snapshot() []PartitionStats {
 	return out
 }
 
-func (w *partitionWorker) stats() PartitionStats {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	ts := w.tracker.Stats()
-	pausedFor := w.pausedFor
-	if w.paused {
-		pausedFor += time.Since(w.pausedAt)
-	}
-	hwm := w.highWaterMark()
+// partitionStats converts a worker's snapshot.
+func partitionStats(w *partition.Worker) PartitionStats {
+	s := w.Stats()
 	return PartitionStats{
-		ConfirmedOffset:     w.confirmed,
-		HighWaterMark:       hwm,
-		Lag:                 max(hwm-ts.SafeOffset, 0),
-		OldestUnfinishedAge: w.oldestAge(ts),
-		Paused:              w.paused,
-		PausedFor:           pausedFor,
-		TailBytes:           w.tailBytes,
-		TailTruncated:       w.tailCut,
-		TailEncodes:         w.counters.tailEncodes,
-		SkippedTail:         w.counters.skippedTail,
-		SkippedRevoked:      w.counters.skippedRevoked,
-		IgnoredMetadata:     w.counters.ignoredMetadata,
-		Deferred:            w.counters.deferred,
-		TopicPartition:      TopicPartition{Topic: w.topic, Partition: w.partition},
-		SafeOffset:          ts.SafeOffset,
-		MarkedOffset:        w.marked,
-		Delivered:           ts.Delivered,
-		Retained:            ts.Retained,
-		Blocked:             ts.Blocked,
-		InFlight:            w.inFlight,
-		WaitingForKey:       w.gate.Waiting(),
-		OldestUnfinished:    ts.OldestUnfinished,
-		HasUnfinished:       ts.HasUnfinished,
-		Stuck:               w.stuckFlag,
-		Offered:             ts.Offered,
-		Completed:           ts.Completed,
-		Redeliveries:        w.counters.redeliveries,
-		UnmarshalFailures:   w.counters.unmarshalFailures,
+		TopicPartition:      TopicPartition{Topic: w.Topic(), Partition: w.Partition()},
+		SafeOffset:          s.SafeOffset,
+		MarkedOffset:        s.MarkedOffset,
+		ConfirmedOffset:     s.ConfirmedOffset,
+		HighWaterMark:       s.HighWaterMark,
+		Lag:                 s.Lag,
+		Delivered:           s.Delivered,
+		Retained:            s.Retained,
+		Blocked:             s.Blocked,
+		InFlight:            s.InFlight,
+		WaitingForKey:       s.WaitingForKey,
+		OldestUnfinished:    s.OldestUnfinished,
+		HasUnfinished:       s.HasUnfinished,
+		OldestUnfinishedAge: s.OldestUnfinishedAge,
+		Stuck:               s.Stuck,
+		Paused:              s.Paused,
+		TailBytes:           s.TailBytes,
+		TailTruncated:       s.TailTruncated,
+		TailEncodes:         s.TailEncodes,
+		PartitionCounters:   PartitionCounters(s.Counters),
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +25,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
@@ -105,14 +105,14 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, errors.New("safeack: empty topic")
 	}
 	s.subscribed.Store(true)
+	output := make(chan *message.Message)
 	sub := &subscription{
-		s:      s,
-		cfg:    &s.cfg,
-		logger: s.logger,
-		topic:  topic,
-		output: make(chan *message.Message),
-		tokens: make(chan struct{}, s.cfg.MaxInFlight),
-		seed:   maphash.MakeSeed(),
+		subscriber: s,
+		cfg:        &s.cfg,
+		logger:     s.logger,
+		topic:      topic,
+		output:     output,
+		pool:       partition.NewPool(output, s.cfg.MaxInFlight),
 		logFields: watermill.LogFields{
 			"provider":            "safeack",
 			"topic":               topic,
@@ -120,6 +120,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			"kafka_consumer_uuid": watermill.NewShortUUID(),
 		},
 	}
+	sub.workerCfg = s.cfg.workerConfig(s.logger, sub.logFields)
 	s.logger.Info("Subscribing to Kafka topic", sub.logFields)
 	if pub := s.txn.Load(); pub != nil {
 		if err := sub.startTxn(pub); err != nil {
@@ -189,36 +190,25 @@ func (s *Subscriber) Close() error {
 // subscription is one Subscribe call: one output channel, one in-flight
 // budget, one consumer (group) connection at a time.
 type subscription struct {
-	s      *Subscriber
-	cfg    *SubscriberConfig
-	logger watermill.LoggerAdapter
-	topic  string
-	output chan *message.Message
-	tokens chan struct{} // a slot per message handed out and unanswered
-	// partitions counts the partition workers running, for each one's
-	// fair share of the tokens.
-	partitions atomic.Int32
-	seed       maphash.Seed
-	logFields  watermill.LogFields
+	subscriber *Subscriber
+	cfg        *SubscriberConfig
+	logger     watermill.LoggerAdapter
+	topic      string
+	output     chan *message.Message
+	// pool is the output and the MaxInFlight tokens the subscription's
+	// partition workers share; workerCfg is their configuration.
+	pool      *partition.Pool
+	workerCfg partition.Config
+	logFields watermill.LogFields
 	// txn is where completed offsets go in transactional mode (with the
 	// outputs of acked deliveries); nil: the group session's marks.
 	txn *txnCommitter
 }
 
-func (sub *subscription) releaseToken() { <-sub.tokens }
-
-// passToken offers a token its holder is done with to a partition waiting
-// for one, and takes it straight back when none is: freeing a slot of a
-// full channel hands it to the first blocked sender. It reports whether
-// the caller still holds the token.
-func (sub *subscription) passToken() bool {
-	<-sub.tokens
-	select {
-	case sub.tokens <- struct{}{}:
-		return true
-	default:
-		return false
-	}
+// newWorker returns the worker of one assigned partition. Its context,
+// and its messages' contexts, derive from parent.
+func (sub *subscription) newWorker(parent context.Context, a partition.Assignment) (*partition.Worker, error) {
+	return partition.New(parent, &sub.workerCfg, sub.pool, a)
 }
 
 func (sub *subscription) retrySleep() time.Duration {
@@ -240,7 +230,7 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 					return
 				}
 				sub.logger.Error("Cannot connect to Kafka; retrying", err, sub.logFields)
-				sub.s.ready.set(sub, phaseConnecting, err)
+				sub.subscriber.ready.set(sub, phaseConnecting, err)
 				if !sub.pause(ctx) {
 					return
 				}
@@ -249,9 +239,9 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 			client = c
 		}
 		if sub.cfg.ConsumerGroup == "" {
-			sub.s.ready.set(sub, phaseConsuming, nil)
+			sub.subscriber.ready.set(sub, phaseConsuming, nil)
 		} else {
-			sub.s.ready.set(sub, phaseJoining, nil)
+			sub.subscriber.ready.set(sub, phaseJoining, nil)
 		}
 		err := sub.consumeOnce(ctx, client)
 		client = nil
@@ -263,7 +253,7 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 		} else {
 			sub.logger.Info("Consumer stopped; reconnecting", sub.logFields)
 		}
-		sub.s.ready.set(sub, phaseConnecting, err)
+		sub.subscriber.ready.set(sub, phaseConnecting, err)
 		if !sub.pause(ctx) {
 			return
 		}
@@ -284,14 +274,14 @@ func (sub *subscription) pause(ctx context.Context) bool {
 		return true
 	case <-ctx.Done():
 		return false
-	case <-sub.s.closing:
+	case <-sub.subscriber.closing:
 		return false
 	}
 }
 
 func (sub *subscription) stopping(ctx context.Context) bool {
 	select {
-	case <-sub.s.closing:
+	case <-sub.subscriber.closing:
 		return true
 	case <-ctx.Done():
 		return true
@@ -313,7 +303,7 @@ func (sub *subscription) consumeOnce(parent context.Context, client sarama.Clien
 	defer cancel()
 	go func() {
 		select {
-		case <-sub.s.closing:
+		case <-sub.subscriber.closing:
 			cancel()
 		case <-ctx.Done():
 		}
@@ -374,7 +364,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		sub.logger.Info("Cannot rejoin the consumer group; retrying with the same member", sub.logFields.Add(watermill.LogFields{
 			"err": err.Error(), "retry_in": wait.String(), "failures": rejoin.failures,
 		}))
-		sub.s.ready.set(sub, phaseConnecting, err)
+		sub.subscriber.ready.set(sub, phaseConnecting, err)
 		if !sleepCtx(ctx, wait) {
 			return nil
 		}
@@ -399,7 +389,7 @@ type groupHandler struct {
 	// returned (see pinStarts).
 	pinned  <-chan struct{}
 	mu      sync.Mutex
-	workers map[int32]*partitionWorker
+	workers map[int32]*partition.Worker
 	stop    chan struct{}
 	done    chan struct{}
 	soon    chan struct{} // capacity 1: a partition asks for a commit now
@@ -450,7 +440,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.mu.Lock()
 	h.committed = committed
 	h.pinned = pinned
-	h.workers = make(map[int32]*partitionWorker, len(claimed))
+	h.workers = make(map[int32]*partition.Worker, len(claimed))
 	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
 	h.soon = make(chan struct{}, 1)
@@ -460,7 +450,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	} else {
 		go h.commitLoop(sess, h.stop, h.done, h.soon)
 	}
-	h.sub.s.ready.set(h.sub, phaseConsuming, nil)
+	h.sub.subscriber.ready.set(h.sub, phaseConsuming, nil)
 	return nil
 }
 
@@ -547,7 +537,7 @@ const maxEarlyCommitGap = 100 * time.Millisecond
 // for a commit at once (commitSoon), within earlyCommitGap.
 func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done, soon chan struct{}) {
 	defer close(done)
-	interval := h.sub.s.commitEvery
+	interval := h.sub.subscriber.commitEvery
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var early *time.Timer
@@ -611,16 +601,14 @@ const maxEarlyCommitRetries = 3
 // handed to Sarama.
 func (h *groupHandler) markedOffsets() map[int32]int64 {
 	h.mu.Lock()
-	workers := make([]*partitionWorker, 0, len(h.workers))
+	workers := make([]*partition.Worker, 0, len(h.workers))
 	for _, w := range h.workers {
 		workers = append(workers, w)
 	}
 	h.mu.Unlock()
 	out := make(map[int32]int64, len(workers))
 	for _, w := range workers {
-		w.mu.Lock()
-		out[w.partition] = w.marked
-		w.mu.Unlock()
+		out[w.Partition()] = w.Marked()
 	}
 	return out
 }
@@ -628,13 +616,13 @@ func (h *groupHandler) markedOffsets() map[int32]int64 {
 // markTails marks every partition's completed prefix with its tail.
 func (h *groupHandler) markTails() {
 	h.mu.Lock()
-	workers := make([]*partitionWorker, 0, len(h.workers))
+	workers := make([]*partition.Worker, 0, len(h.workers))
 	for _, w := range h.workers {
 		workers = append(workers, w)
 	}
 	h.mu.Unlock()
 	for _, w := range workers {
-		w.markIfAdvanced(true)
+		w.MarkTail()
 	}
 }
 
@@ -657,7 +645,7 @@ func (h *groupHandler) confirm(sent map[int32]int64) (behind bool) {
 	defer h.mu.Unlock()
 	for p, c := range committed {
 		if w := h.workers[p]; w != nil {
-			w.setConfirmed(c.offset)
+			w.SetConfirmed(c.offset)
 		}
 		if off, ok := sent[p]; ok && c.offset < off {
 			behind = true
@@ -691,7 +679,7 @@ func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) 
 
 // Cleanup stops the commit loop and commits what the claims marked.
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
-	h.sub.s.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
+	h.sub.subscriber.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
 	close(h.stop)
 	<-h.done
 	h.mu.Lock()
@@ -717,42 +705,41 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	<-pinned
 	start := h.startOf(claim)
 	// Where completed offsets go: the session's marks, or the transaction.
-	var marker offsetMarker = sess
+	a := partition.Assignment{
+		Topic:         claim.Topic(),
+		Partition:     claim.Partition(),
+		Start:         start,
+		Marker:        sess,
+		Pauser:        h.group,
+		HighWaterMark: claim.HighWaterMarkOffset,
+		RequestCommit: h.commitSoon,
+	}
 	var tm *txnMarker
 	if h.txn != nil {
 		tm = h.txn.newMarker()
-		marker = tm
+		a.Marker, a.Deliveries = tm, tm
 	}
-	w, err := newPartitionWorker(h.sub, sess.Context(), marker, claim.Topic(), claim.Partition(), start)
+	w, err := h.sub.newWorker(sess.Context(), a)
 	if err != nil {
 		return err
 	}
 	if tm != nil {
 		tm.bind(w)
-		w.txn = tm
 	}
-	w.hwm = claim.HighWaterMarkOffset
-	w.pauser = h.group
-	w.requestCommit = h.commitSoon
 	if c, ok := h.committedOffset(claim.Partition()); ok {
-		if start.resolved {
-			w.skipCompleted(c, start.offset)
-		} else if c.metadata != "" && !h.sub.cfg.DisableCompletedTail {
-			w.ignoreMetadata(c, "the committed offset is not where fetching starts")
-		}
-		w.setConfirmed(c.offset)
+		w.StartFromCommit(c.offset, c.metadata)
 	}
 	h.mu.Lock()
 	h.workers[claim.Partition()] = w
 	h.mu.Unlock()
-	h.sub.s.registry.attach(w)
+	h.sub.subscriber.registry.attach(w)
 	defer func() {
-		h.sub.s.registry.detach(w)
+		h.sub.subscriber.registry.detach(w)
 		h.mu.Lock()
 		delete(h.workers, claim.Partition())
 		h.mu.Unlock()
 	}()
-	w.run(claim.Messages(), h.sub.s.closing)
+	w.Run(claim.Messages(), h.sub.subscriber.closing)
 	return nil
 }
 
@@ -763,9 +750,9 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 // expose the offset it then resolved, so the first record fixes the start
 // (see fixStart) and, until one arrives, Stats shows the broker's current
 // answer for the sentinel.
-func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) startPosition {
+func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) partition.Start {
 	if off := claim.InitialOffset(); off >= 0 {
-		return startPosition{offset: off, resolved: true}
+		return partition.Start{Offset: off, Resolved: true}
 	}
 	estimate, err := h.client.GetOffset(claim.Topic(), claim.Partition(), claim.InitialOffset())
 	if err != nil {
@@ -773,7 +760,7 @@ func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) startPosition {
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": claim.Partition(), "err": err.Error()}))
 		estimate = 0
 	}
-	return startPosition{offset: estimate}
+	return partition.Start{Offset: estimate}
 }
 
 // resolveStart resolves Consumer.Offsets.Initial of a partition to an offset
@@ -830,27 +817,31 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 		if sub.cfg.Tracer != nil {
 			pc = sub.cfg.Tracer.WrapPartitionConsumer(pc)
 		}
-		w, err := newPartitionWorker(sub, pctx, nil, sub.topic, p, startPosition{offset: start, resolved: true})
+		w, err := sub.newWorker(pctx, partition.Assignment{
+			Topic:         sub.topic,
+			Partition:     p,
+			Start:         partition.Start{Offset: start, Resolved: true},
+			Pauser:        consumer,
+			HighWaterMark: pc.HighWaterMarkOffset,
+		})
 		if err != nil {
 			pc.Close()
 			cancel()
 			wg.Wait()
 			return err
 		}
-		w.hwm = pc.HighWaterMarkOffset
-		w.pauser = consumer
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			for err := range pc.Errors() {
-				sub.logger.Error("Partition consumer error", err, w.logFields)
+				sub.logger.Error("Partition consumer error", err, w.LogFields())
 			}
 		}()
 		go func() {
 			defer wg.Done()
-			sub.s.registry.attach(w)
-			defer sub.s.registry.detach(w)
-			w.run(pc.Messages(), sub.s.closing)
+			sub.subscriber.registry.attach(w)
+			defer sub.subscriber.registry.detach(w)
+			w.Run(pc.Messages(), sub.subscriber.closing)
 			if err := pc.Close(); err != nil {
 				failed <- err
 			}

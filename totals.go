@@ -3,7 +3,8 @@ package safeack
 import (
 	"cmp"
 	"slices"
-	"time"
+
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // PartitionTotals are the counters of one topic-partition summed over every
@@ -20,26 +21,8 @@ type PartitionTotals struct {
 	Assignments uint64
 	// Owned reports whether the Subscriber owns the partition now.
 	Owned bool
-	// The sums of PartitionStats' fields of the same names.
-	Offered, Completed          uint64
-	Redeliveries                uint64
-	UnmarshalFailures           uint64
-	SkippedTail, SkippedRevoked uint64
-	IgnoredMetadata             uint64
-	Deferred                    uint64
-	PausedFor                   time.Duration
-}
-
-func (t *PartitionTotals) add(ps PartitionStats) {
-	t.Offered += ps.Offered
-	t.Completed += ps.Completed
-	t.Redeliveries += ps.Redeliveries
-	t.UnmarshalFailures += ps.UnmarshalFailures
-	t.SkippedTail += ps.SkippedTail
-	t.SkippedRevoked += ps.SkippedRevoked
-	t.IgnoredMetadata += ps.IgnoredMetadata
-	t.Deferred += ps.Deferred
-	t.PausedFor += ps.PausedFor
+	// PartitionCounters sum the counters of every assignment.
+	PartitionCounters
 }
 
 // Totals returns the cumulative counters of every topic-partition the
@@ -54,9 +37,9 @@ func (s *Subscriber) Totals() []PartitionTotals {
 		sums[tp] = *t
 	}
 	for w := range r.workers {
-		tp := TopicPartition{Topic: w.topic, Partition: w.partition}
+		tp := TopicPartition{Topic: w.Topic(), Partition: w.Partition()}
 		t := sums[tp]
-		t.add(w.stats())
+		t.add(partitionStats(w).PartitionCounters)
 		t.Owned = true
 		sums[tp] = t
 	}
@@ -73,21 +56,21 @@ func (s *Subscriber) Totals() []PartitionTotals {
 }
 
 // assigned counts a new assignment. The caller holds r.mu.
-func (r *registry) assigned(w *partitionWorker) {
+func (r *registry) assigned(w *partition.Worker) {
 	r.totalsOf(w).Assignments++
 }
 
 // retire adds the counters of an ending assignment to its partition's
 // totals. The caller holds r.mu, and w is still in r.workers.
-func (r *registry) retire(w *partitionWorker) {
-	r.totalsOf(w).add(w.stats())
+func (r *registry) retire(w *partition.Worker) {
+	r.totalsOf(w).add(partitionStats(w).PartitionCounters)
 }
 
-func (r *registry) totalsOf(w *partitionWorker) *PartitionTotals {
+func (r *registry) totalsOf(w *partition.Worker) *PartitionTotals {
 	if r.ended == nil {
 		r.ended = make(map[TopicPartition]*PartitionTotals)
 	}
-	tp := TopicPartition{Topic: w.topic, Partition: w.partition}
+	tp := TopicPartition{Topic: w.Topic(), Partition: w.Partition()}
 	t := r.ended[tp]
 	if t == nil {
 		t = &PartitionTotals{TopicPartition: tp}

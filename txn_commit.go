@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // txnCommitter is the transactional commit path of one subscription: where
@@ -66,7 +67,7 @@ type txnCommitter struct {
 type txnMark struct {
 	offset   int64
 	metadata string
-	w        *partitionWorker
+	w        *partition.Worker
 }
 
 // pendingOutputs are the outputs of one acked record.
@@ -219,15 +220,22 @@ func (c *txnCommitter) newMarker() *txnMarker {
 	return &txnMarker{c: c, epoch: c.epoch}
 }
 
-// txnMarker is the offsetMarker of a partition in transactional mode: marks
-// are recorded for the next transaction, and Commit commits one now.
+// txnMarker is the partition.Marker of a partition in transactional mode:
+// marks are recorded for the next transaction, and Commit commits one now.
+// As the worker's partition.DeliveryHooks, it buffers each delivery's
+// outputs and moves those of acked deliveries into the next transaction.
 type txnMarker struct {
 	c     *txnCommitter
 	epoch uint64
-	w     *partitionWorker
+	w     *partition.Worker
 }
 
-func (m *txnMarker) bind(w *partitionWorker) { m.w = w }
+var (
+	_ partition.Marker        = (*txnMarker)(nil)
+	_ partition.DeliveryHooks = (*txnMarker)(nil)
+)
+
+func (m *txnMarker) bind(w *partition.Worker) { m.w = w }
 
 // MarkOffset records the partition's completed position for the next
 // transaction. The worker marks only forward (see markIfAdvanced), so the
@@ -263,20 +271,20 @@ func (m *txnMarker) record(partition int32, offset int64, metadata string) {
 // offsets once its assignments end).
 func (m *txnMarker) stale() {
 	if m.w != nil {
-		m.w.cancel()
+		m.w.End()
 	}
 }
 
-// newDelivery gives delivery msg its output buffer, in its context: read
+// Started gives delivery msg its output buffer, in its context: read
 // back from msg's context once it is answered (handlers and middleware
 // only derive contexts from it, and are done with it by then).
-func (m *txnMarker) newDelivery(ctx context.Context, msg *message.Message) context.Context {
+func (m *txnMarker) Started(ctx context.Context, msg *message.Message) context.Context {
 	return context.WithValue(ctx, txnDeliveryKey{}, &txnDelivery{committer: m.c, msg: msg})
 }
 
-// acked moves the outputs of r's acked delivery msg into the next
-// transaction. Call it before the ticket completes.
-func (m *txnMarker) acked(r *record, msg *message.Message) {
+// Acked moves the outputs of rec's acked delivery msg into the next
+// transaction. The worker calls it before the record completes.
+func (m *txnMarker) Acked(rec *sarama.ConsumerMessage, msg *message.Message) {
 	d, ok := deliveryFromCtx(msg.Context())
 	if !ok {
 		return
@@ -290,8 +298,8 @@ func (m *txnMarker) acked(r *record, msg *message.Message) {
 		return
 	}
 	if len(outs) > 0 {
-		p := r.msg.Partition
-		c.pending[p] = append(c.pending[p], pendingOutputs{offset: r.msg.Offset, msgs: outs})
+		p := rec.Partition
+		c.pending[p] = append(c.pending[p], pendingOutputs{offset: rec.Offset, msgs: outs})
 	}
 	if c.committing {
 		c.ackedInTxn++
@@ -299,8 +307,8 @@ func (m *txnMarker) acked(r *record, msg *message.Message) {
 	c.mu.Unlock()
 }
 
-// nacked drops the outputs of nacked delivery msg.
-func (m *txnMarker) nacked(msg *message.Message) {
+// Nacked drops the outputs of nacked delivery msg.
+func (m *txnMarker) Nacked(msg *message.Message) {
 	if d, ok := deliveryFromCtx(msg.Context()); ok {
 		d.take()
 	}
@@ -355,8 +363,8 @@ func (c *txnCommitter) commit() {
 	}
 	c.mu.Unlock()
 	for p, mk := range marks {
-		if mk.w != nil && mk.w.partition == p {
-			mk.w.setConfirmed(mk.offset)
+		if mk.w != nil && mk.w.Partition() == p {
+			mk.w.SetConfirmed(mk.offset)
 		}
 	}
 	c.pub.count(func(s *TxnStats) {
@@ -488,7 +496,7 @@ func (h *groupHandler) endAssignments() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, w := range h.workers {
-		w.cancel()
+		w.End()
 	}
 }
 

@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"slices"
 
-	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // PartitionWindow is a snapshot of the records one owned partition retains:
@@ -18,13 +18,28 @@ type PartitionWindow struct {
 	// fields of the same names, read in the same instant as Runs.
 	SafeOffset, Delivered int64
 	Retained, Blocked     int
-	// Runs are the retained records, oldest first (see
-	// frontier.Tracker.AppendWindow): the first run is unfinished and
-	// starts at the oldest unfinished record.
-	Runs []frontier.WindowRun
+	// Runs are the retained records, oldest first: the first run is
+	// unfinished and starts at the oldest unfinished record; unfinished and
+	// completed runs alternate after it.
+	Runs []WindowRun
 	// Truncated reports that the partition retains more records than the
 	// maxEntries given to Windows; Runs then stop after that many.
 	Truncated bool
+}
+
+// WindowRun is a maximal run of consecutive retained records of a
+// partition that are all unfinished or all completed.
+type WindowRun struct {
+	// From is the offset of the run's first record. To is where the next
+	// run starts or, for the last run, the position after its last record:
+	// the offsets [From, To) include the holes (offsets never delivered,
+	// such as compacted ones) after the run's records.
+	From, To int64
+	// Records counts the delivered records in the run.
+	Records int
+	// Done reports whether the run's records completed (and are blocked
+	// behind an unfinished one) rather than unfinished.
+	Done bool
 }
 
 // Windows returns the retained window of every partition the Subscriber
@@ -37,7 +52,7 @@ func (s *Subscriber) Windows(maxEntries int) []PartitionWindow {
 	r.mu.Lock()
 	out := make([]PartitionWindow, 0, len(r.workers))
 	for w := range r.workers {
-		out = append(out, w.window(maxEntries))
+		out = append(out, partitionWindow(w, maxEntries))
 	}
 	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b PartitionWindow) int {
@@ -46,18 +61,19 @@ func (s *Subscriber) Windows(maxEntries int) []PartitionWindow {
 	return out
 }
 
-func (w *partitionWorker) window(maxEntries int) PartitionWindow {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	ts := w.tracker.Stats()
-	runs, more := w.tracker.AppendWindow(nil, maxEntries)
-	return PartitionWindow{
-		TopicPartition: TopicPartition{Topic: w.topic, Partition: w.partition},
+// partitionWindow converts a worker's window.
+func partitionWindow(w *partition.Worker, maxEntries int) PartitionWindow {
+	ts, runs, truncated := w.Window(maxEntries)
+	out := PartitionWindow{
+		TopicPartition: TopicPartition{Topic: w.Topic(), Partition: w.Partition()},
 		SafeOffset:     ts.SafeOffset,
 		Delivered:      ts.Delivered,
 		Retained:       ts.Retained,
 		Blocked:        ts.Blocked,
-		Runs:           runs,
-		Truncated:      more,
+		Truncated:      truncated,
 	}
+	for _, r := range runs {
+		out.Runs = append(out.Runs, WindowRun(r))
+	}
+	return out
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/safeack/safeack"
-	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
@@ -70,7 +69,7 @@ func TestWindowsAndTotals(t *testing.T) {
 	want := safeack.PartitionWindow{
 		TopicPartition: safeack.TopicPartition{Topic: topic, Partition: 0},
 		SafeOffset:     2, Delivered: 10, Retained: 8, Blocked: 6,
-		Runs: []frontier.WindowRun{
+		Runs: []safeack.WindowRun{
 			{From: 2, To: 3, Records: 1},
 			{From: 3, To: 6, Records: 3, Done: true},
 			{From: 6, To: 7, Records: 1},
@@ -81,7 +80,7 @@ func TestWindowsAndTotals(t *testing.T) {
 		t.Fatalf("Windows(0) = %+v; want %+v", ws, want)
 	}
 	ws = sub.Windows(3)
-	want.Runs, want.Truncated = []frontier.WindowRun{{From: 2, To: 3, Records: 1}, {From: 3, To: 5, Records: 2, Done: true}}, true
+	want.Runs, want.Truncated = []safeack.WindowRun{{From: 2, To: 3, Records: 1}, {From: 3, To: 5, Records: 2, Done: true}}, true
 	if len(ws) != 1 || !reflect.DeepEqual(ws[0], want) {
 		t.Fatalf("Windows(3) = %+v; want %+v", ws, want)
 	}

@@ -96,7 +96,7 @@ type partitionView struct {
 
 	// Runs are the retained records from the oldest unfinished one on, as
 	// [from, to, records, done] with done 1 for completed-but-blocked
-	// runs and 0 for unfinished ones (see frontier.WindowRun).
+	// runs and 0 for unfinished ones (see safeack.WindowRun).
 	Runs      [][4]int64 `json:"runs"`
 	Truncated bool       `json:"truncated"`
 }

@@ -1,4 +1,4 @@
-package safeack
+package partition
 
 import "testing"
 

@@ -1,4 +1,4 @@
-package safeack
+package partition
 
 import (
 	"time"
@@ -13,21 +13,21 @@ import (
 // and only then are the contexts of messages still unanswered cancelled.
 // Cancelling first would turn work that could still finish into failures
 // (and, behind a plain dead-letter middleware, into dead letters).
-func (w *partitionWorker) drain(reason string) {
+func (w *Worker) drain(reason string) {
 	w.cancel() // the assignment is ending; message contexts live on
 	if w.next != nil {
-		w.unsend(w.next)
+		w.takeBack(w.next)
 		w.next = nil
 	}
 	// Stop the acks' goroutines from handing out more: the cancelled
 	// context lets any that is sending give its record back, and once
-	// handout is ours none is left.
-	w.handout.Lock()
+	// handOutGate is ours none is left.
+	w.handOutGate.Lock()
 	w.mu.Lock()
-	w.handedDone = true
+	w.handOutStopped = true
 	w.ready.clear()
 	w.mu.Unlock()
-	w.handout.Unlock()
+	w.handOutGate.Unlock()
 	w.fetched.clear()
 	if w.fetchPaused {
 		// Sarama keeps a partition paused across reassignment: a later
@@ -38,7 +38,7 @@ func (w *partitionWorker) drain(reason string) {
 
 	// Waiting for acks serves the final commit. Without a consumer group
 	// nothing is committed, so there is nothing to wait for.
-	wait := w.sub.cfg.DrainTimeout
+	wait := w.cfg.DrainTimeout
 	if w.marker == nil {
 		wait = 0
 	}
@@ -53,7 +53,7 @@ func (w *partitionWorker) drain(reason string) {
 			break
 		}
 		select {
-		case <-w.wake:
+		case <-w.wakeups:
 		case <-deadline.C:
 			timedOut = true
 		}
@@ -85,8 +85,8 @@ func (w *partitionWorker) drain(reason string) {
 		"abandoned":   left,
 	})
 	if timedOut {
-		w.sub.logger.Info("Partition drain timed out; unacked records are left to the next owner", fields)
+		w.cfg.Logger.Info("Partition drain timed out; unacked records are left to the next owner", fields)
 	} else {
-		w.sub.logger.Debug("Partition drained", fields)
+		w.cfg.Logger.Debug("Partition drained", fields)
 	}
 }

@@ -1,11 +1,11 @@
-package safeack
+package partition
 
 import (
 	"time"
 )
 
 // canAccept reports whether run may take another record from the claim.
-func (w *partitionWorker) canAccept() bool {
+func (w *Worker) canAccept() bool {
 	if w.stuck != nil {
 		return false
 	}
@@ -31,7 +31,7 @@ const (
 // fetchControl pauses fetching while records wait unaccepted, and resumes
 // it once few are left. The fetched queue is bounded by twice the resume
 // threshold plus what the client had fetched before the pause took effect.
-func (w *partitionWorker) fetchControl() {
+func (w *Worker) fetchControl() {
 	if w.pauser == nil || (!w.fetchPaused && w.fetched.len() < 2*minResumeBelow) {
 		return
 	}
@@ -48,7 +48,7 @@ func (w *partitionWorker) fetchControl() {
 
 // resumeBelow returns how many fetched records last resumeLead at the rate
 // records have been taken lately, within [minResumeBelow, maxResumeBelow].
-func (w *partitionWorker) resumeBelow() int {
+func (w *Worker) resumeBelow() int {
 	now := time.Now()
 	if w.rateFrom.IsZero() {
 		w.rateFrom, w.rateCount = now, 0
@@ -67,11 +67,11 @@ func (w *partitionWorker) resumeBelow() int {
 
 // roomLocked reports whether another record may be taken: the tracker has
 // room and the ordering mode's read-ahead is not used up. Callers hold mu.
-func (w *partitionWorker) roomLocked() bool {
+func (w *Worker) roomLocked() bool {
 	return w.tracker.Retained() < w.tracker.Capacity() && w.readAheadLeft()
 }
 
-// partitionReadAhead bounds the records taken ahead in OrderByPartition
+// partitionReadAhead bounds the records taken ahead in ByPartition
 // mode, and of key-less records in key mode. There, every record waits for
 // the one before it, so reading further ahead adds no concurrency, only
 // memory; in key mode a deep read-ahead is what lets other keys pass a busy
@@ -80,11 +80,11 @@ const partitionReadAhead = 16
 
 // readAheadLeft reports whether the ordering mode lets another record be
 // taken. Callers hold mu.
-func (w *partitionWorker) readAheadLeft() bool {
-	switch w.sub.cfg.Ordering {
-	case OrderByPartition:
+func (w *Worker) readAheadLeft() bool {
+	switch w.cfg.Ordering {
+	case ByPartition:
 		return w.gate.Waiting() < partitionReadAhead
-	case OrderByKey:
+	case ByKey:
 		// Key-less records wait in one lane, as in partition mode. While
 		// they are nearly all the partition holds (a stream without keys),
 		// reading further ahead adds only memory; once other records are

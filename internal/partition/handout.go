@@ -1,4 +1,4 @@
-package safeack
+package partition
 
 import (
 	"context"
@@ -14,15 +14,13 @@ const maxReadyAhead = 32
 // share of MaxInFlight, at most maxReadyAhead. More than the share could only
 // be handed out with tokens of other partitions, so it would unmarshal
 // records early and, measured, slows the others.
-func (w *partitionWorker) readyAhead() int {
+func (w *Worker) readyAhead() int {
 	return min(maxReadyAhead, w.tokenShare())
 }
 
 // tokenShare is the partition's fair share of MaxInFlight among the
 // subscription's running partitions.
-func (w *partitionWorker) tokenShare() int {
-	return max(1, w.sub.cfg.MaxInFlight/max(1, int(w.sub.partitions.Load())))
-}
+func (w *Worker) tokenShare() int { return w.pool.share() }
 
 // wantsToken reports whether run should wait for an in-flight token: a
 // record is ready and the partition holds less than its share of the
@@ -30,11 +28,11 @@ func (w *partitionWorker) tokenShare() int {
 // its ready records (see completeAndContinue), so run waiting as well would
 // only take turns with them; below it, waiting queues the partition for the
 // next token any partition frees.
-func (w *partitionWorker) wantsToken() bool {
-	return int(w.holding.Load()) < w.tokenShare() && w.readyLen() > 0
+func (w *Worker) wantsToken() bool {
+	return int(w.tokensHeld.Load()) < w.tokenShare() && w.readyLen() > 0
 }
 
-func (w *partitionWorker) readyLen() int {
+func (w *Worker) readyLen() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.ready.len()
@@ -42,24 +40,24 @@ func (w *partitionWorker) readyLen() int {
 
 // tryHandOut hands out the next ready record when a token is free and a
 // receiver waits, without blocking. It reports whether it did.
-func (w *partitionWorker) tryHandOut() bool {
+func (w *Worker) tryHandOut() bool {
 	if w.next == nil {
 		if w.readyLen() == 0 {
 			return false
 		}
 		select {
-		case w.sub.tokens <- struct{}{}:
+		case w.pool.tokens <- struct{}{}:
 		default:
 			return false
 		}
 		if w.next = w.takeReady(); w.next == nil {
-			w.sub.releaseToken()
+			w.pool.release()
 			return false
 		}
 	}
 	select {
-	case w.sub.output <- w.next.wm:
-		w.sent()
+	case w.pool.output <- w.next.wm:
+		w.handedOver()
 		return true
 	default:
 		return false
@@ -69,16 +67,16 @@ func (w *partitionWorker) tryHandOut() bool {
 // takeReady pops the next ready record for a caller holding a token and
 // gives it a fresh delivery context. It returns nil when none is ready or
 // the assignment is ending. The record counts in flight from here.
-func (w *partitionWorker) takeReady() *record {
+func (w *Worker) takeReady() *Record {
 	w.mu.Lock()
-	if w.handedDone || w.ready.len() == 0 {
+	if w.handOutStopped || w.ready.len() == 0 {
 		w.mu.Unlock()
 		return nil
 	}
 	r := w.ready.pop()
 	w.inFlight++
 	w.mu.Unlock()
-	w.holding.Add(1)
+	w.tokensHeld.Add(1)
 	w.startDelivery(r)
 	return r
 }
@@ -87,10 +85,10 @@ func (w *partitionWorker) takeReady() *record {
 // when it is handed out. Contexts are made only here, once a record starts,
 // so records waiting for their key or in the ready queue cost none. The
 // stamp is written before the send, so the handler reads it safely.
-func (w *partitionWorker) startDelivery(r *record) {
-	ctx := context.WithValue(w.parentCtx, recordCtxKey{}, r)
-	if w.txn != nil {
-		ctx = w.txn.newDelivery(ctx, r.wm)
+func (w *Worker) startDelivery(r *Record) {
+	ctx := context.WithValue(w.parentCtx, recordKey{}, r)
+	if w.hooks != nil {
+		ctx = w.hooks.Started(ctx, r.wm)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	r.wm.SetContext(ctx)
@@ -98,22 +96,23 @@ func (w *partitionWorker) startDelivery(r *record) {
 	r.deliveredAt = time.Now()
 }
 
-// sent is called by run once the consumer took w.next.
-func (w *partitionWorker) sent() {
+// handedOver is called by run once the consumer took w.next: a goroutine
+// waits for its answer.
+func (w *Worker) handedOver() {
 	r := w.next
 	w.next = nil
 	w.awaiting.Add(1) // only run adds, and run is the one that waits
 	go w.await(r)
 }
 
-// unsend takes back a record popped by takeReady that was never handed
+// takeBack takes back a record popped by takeReady that was never handed
 // out, because the assignment ended first. It stays unfinished.
-func (w *partitionWorker) unsend(r *record) {
+func (w *Worker) takeBack(r *Record) {
 	r.cancel()
-	w.holding.Add(-1)
-	w.sub.releaseToken()
+	w.tokensHeld.Add(-1)
+	w.pool.release()
 	w.mu.Lock()
 	w.inFlight--
 	w.mu.Unlock()
-	w.poke()
+	w.wakeRun()
 }

@@ -1,4 +1,6 @@
-package safeack
+package partition
+
+import "time"
 
 // fifo is a queue that reuses its storage and has a cheap push to the
 // front, for redeliveries. A queue that never empties (records keep
@@ -49,4 +51,34 @@ func (q *fifo[T]) pop() T {
 func (q *fifo[T]) clear() {
 	clear(q.items)
 	q.items, q.head = q.items[:0], 0
+}
+
+// acceptLog remembers when records were taken from Kafka, in offset order,
+// so the age of the oldest unfinished one can be told without a map.
+type acceptLog struct {
+	offsets []int64
+	times   []time.Time
+	head    int
+}
+
+func (l *acceptLog) push(offset int64, at time.Time) {
+	if l.head > 0 && l.head >= len(l.offsets)/2 {
+		n := copy(l.offsets, l.offsets[l.head:])
+		copy(l.times, l.times[l.head:])
+		l.offsets, l.times, l.head = l.offsets[:n], l.times[:n], 0
+	}
+	l.offsets = append(l.offsets, offset)
+	l.times = append(l.times, at)
+}
+
+// dropBelow forgets records below offset and returns the time of the first
+// one left, if any.
+func (l *acceptLog) dropBelow(offset int64) (time.Time, bool) {
+	for l.head < len(l.offsets) && l.offsets[l.head] < offset {
+		l.head++
+	}
+	if l.head == len(l.offsets) {
+		return time.Time{}, false
+	}
+	return l.times[l.head], true
 }

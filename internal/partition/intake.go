@@ -1,4 +1,4 @@
-package safeack
+package partition
 
 import (
 	"hash/maphash"
@@ -12,7 +12,7 @@ import (
 
 // accept registers a record with the tracker before anything else sees it,
 // so no completion can move the prefix past it.
-func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
+func (w *Worker) accept(m *sarama.ConsumerMessage) {
 	w.rateCount++
 	if w.startPending {
 		w.fixStart(m.Offset)
@@ -27,21 +27,21 @@ func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 		// The claim's offsets are increasing and capacity was checked
 		// before reading, so this is a broken invariant: refuse the record
 		// loudly rather than deliver something the commit cannot cover.
-		w.sub.logger.Error("Record refused by the frontier tracker; partition stops", err, w.logFields.Add(watermill.LogFields{"kafka_partition_offset": m.Offset}))
-		w.setStuck(&record{msg: m, owner: w})
+		w.cfg.Logger.Error("Record refused by the frontier tracker; partition stops", err, w.logFields.Add(watermill.LogFields{"kafka_partition_offset": m.Offset}))
+		w.setStuck(&Record{msg: m, owner: w})
 		return
 	}
-	r := &record{msg: m, ticket: tk, owner: w}
-	if len(w.skip.Ranges) > 0 {
-		if w.skip.Contains(m.Offset) {
+	r := &Record{msg: m, ticket: tk, owner: w}
+	if len(w.inheritedTail.Ranges) > 0 {
+		if w.inheritedTail.Contains(m.Offset) {
 			w.mu.Lock()
 			w.counters.skippedTail++
 			w.mu.Unlock()
 			w.complete(r, false)
 			return
 		}
-		if m.Offset >= w.skip.Ranges[len(w.skip.Ranges)-1].To || m.Offset >= w.skip.Bound {
-			w.skip = frontier.Tail{} // past the tail: nothing more to skip
+		if m.Offset >= w.inheritedTail.Ranges[len(w.inheritedTail.Ranges)-1].To || m.Offset >= w.inheritedTail.Bound {
+			w.inheritedTail = frontier.Tail{} // past the tail: nothing more to skip
 		}
 	}
 	if !w.prepare(r) {
@@ -54,7 +54,7 @@ func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 // fixStart starts the bookkeeping at the first record delivered, when
 // Sarama resolved the start itself (Consumer.Offsets.Initial: a commit out
 // of range, or no commit on a partition whose start Setup could not pin,
-// see groupHandler.pinStarts). That record is where fetching
+// see the subscriber's groupHandler.pinStarts). That record is where fetching
 // really started, or the first one that exists after it (compaction,
 // transaction markers). The position is committed before the record is
 // handed out, so a group that delivered anything has an in-range commit at
@@ -66,8 +66,8 @@ func (w *partitionWorker) accept(m *sarama.ConsumerMessage) {
 // start: MarkOffset only moves forward (from no commit, or from a commit
 // below the log start), ResetOffset only back (from a commit above the
 // high-water mark, which Sarama keeps as its current offset).
-func (w *partitionWorker) fixStart(first int64) {
-	tracker, err := frontier.New(first, w.sub.cfg.MaxPendingPerPartition)
+func (w *Worker) fixStart(first int64) {
+	tracker, err := frontier.New(first, w.cfg.MaxPending)
 	if err != nil {
 		// The claim delivered a negative offset: accept refuses it below.
 		return
@@ -86,50 +86,54 @@ func (w *partitionWorker) fixStart(first int64) {
 	w.marker.MarkOffset(w.topic, w.partition, first, "")
 	w.marker.ResetOffset(w.topic, w.partition, first, "")
 	w.marker.Commit()
-	w.sub.logger.Debug("Partition starts at its first record; committed that position", w.logFields)
+	w.cfg.Logger.Debug("Partition starts at its first record; committed that position", w.logFields)
 }
 
-// skipCompleted makes the worker complete, without delivering, the records
-// that the committed metadata says a previous owner already completed. The
-// metadata is trusted only when it decodes as our tail relative to the
-// offset this assignment starts at.
-func (w *partitionWorker) skipCompleted(c committedOffset, start int64) {
-	if w.sub.cfg.DisableCompletedTail || c.offset < 0 || c.metadata == "" {
+// StartFromCommit takes what the group's commit says of the partition, as
+// the session read it. Its offset is what the coordinator holds (Stats'
+// ConfirmedOffset). Its metadata, when it decodes as a completed tail
+// relative to the offset this assignment starts at, lists records a
+// previous owner completed: they are completed here without being
+// delivered. Metadata that does not is counted, logged and otherwise
+// ignored. Call it before Run.
+func (w *Worker) StartFromCommit(offset int64, metadata string) {
+	w.SetConfirmed(offset)
+	if !w.cfg.CompletedTail || metadata == "" || (w.start.Resolved && offset < 0) {
 		return
 	}
-	if c.offset != start {
-		w.ignoreMetadata(c, "the committed offset is not where fetching starts")
+	if !w.start.Resolved || offset != w.start.Offset {
+		w.ignoreMetadata(offset, "the committed offset is not where fetching starts")
 		return
 	}
-	tail, err := frontier.DecodeTail(c.metadata, start)
+	tail, err := frontier.DecodeTail(metadata, offset)
 	if err != nil {
-		w.ignoreMetadata(c, err.Error())
+		w.ignoreMetadata(offset, err.Error())
 		return
 	}
-	w.skip = tail
-	w.sub.logger.Info("Completed tail found in commit metadata; these records will not be handled again",
+	w.inheritedTail = tail
+	w.cfg.Logger.Info("Completed tail found in commit metadata; these records will not be handled again",
 		w.logFields.Add(watermill.LogFields{"completed_offsets": tail.Len(), "ranges": len(tail.Ranges)}))
 }
 
 // ignoreMetadata counts and logs commit metadata that is not trusted.
-func (w *partitionWorker) ignoreMetadata(c committedOffset, why string) {
+func (w *Worker) ignoreMetadata(committed int64, why string) {
 	w.mu.Lock()
 	w.counters.ignoredMetadata++
 	w.mu.Unlock()
-	w.sub.logger.Info("Ignoring commit metadata; records after the committed offset are redelivered",
-		w.logFields.Add(watermill.LogFields{"reason": why, "committed": c.offset}))
+	w.cfg.Logger.Info("Ignoring commit metadata; records after the committed offset are redelivered",
+		w.logFields.Add(watermill.LogFields{"reason": why, "committed": committed}))
 }
 
 // prepare unmarshals the record into its first delivery. It reports false
 // when the unmarshaler rejects it.
-func (w *partitionWorker) prepare(r *record) bool {
-	wm, err := w.sub.cfg.Unmarshaler.Unmarshal(r.msg)
+func (w *Worker) prepare(r *Record) bool {
+	wm, err := w.cfg.Unmarshaler.Unmarshal(r.msg)
 	if err != nil {
 		r.unmarshalErr = err
 		w.mu.Lock()
 		w.counters.unmarshalFailures++
 		w.mu.Unlock()
-		w.sub.logger.Error("Cannot unmarshal record; the partition waits on it", err,
+		w.cfg.Logger.Error("Cannot unmarshal record; the partition waits on it", err,
 			w.logFields.Add(watermill.LogFields{"kafka_partition_offset": r.msg.Offset}))
 		return false
 	}
@@ -139,7 +143,7 @@ func (w *partitionWorker) prepare(r *record) bool {
 
 // admit passes a prepared record through the ordering gate into the ready
 // queue.
-func (w *partitionWorker) admit(r *record) {
+func (w *Worker) admit(r *Record) {
 	key, ordered := w.orderingKey(r.msg)
 	r.key, r.gated = key, ordered
 	w.mu.Lock()
@@ -150,8 +154,8 @@ func (w *partitionWorker) admit(r *record) {
 }
 
 // noKeyLane is the gate key of records that must run one at a time in
-// their partition: every record under OrderByPartition, and key-less ones
-// under OrderByKey, which keep watermill-kafka's one-at-a-time order (its
+// their partition: every record under ByPartition, and key-less ones
+// under ByKey, which keep watermill-kafka's one-at-a-time order (its
 // DefaultMarshaler sets no key). No real key hashes to it (see
 // orderingKey), so a keyed record never waits for key-less ones or the
 // reverse.
@@ -159,21 +163,21 @@ const noKeyLane uint64 = 0
 
 // orderingKey returns the gate key of m, and false when m may run beside
 // any other record.
-func (w *partitionWorker) orderingKey(m *sarama.ConsumerMessage) (uint64, bool) {
-	switch w.sub.cfg.Ordering {
-	case OrderByPartition:
+func (w *Worker) orderingKey(m *sarama.ConsumerMessage) (uint64, bool) {
+	switch w.cfg.Ordering {
+	case ByPartition:
 		return noKeyLane, true
 	case Unordered:
 		return 0, false
 	}
 	k := m.Key
-	if f := w.sub.cfg.OrderingKey; f != nil {
+	if f := w.cfg.OrderingKey; f != nil {
 		k = f(m)
 	}
 	if len(k) == 0 {
 		return noKeyLane, true
 	}
-	h := maphash.Bytes(w.seed, k)
+	h := maphash.Bytes(w.cfg.Seed, k)
 	if h == noKeyLane {
 		// Share a lane with another key instead (a collision the gate
 		// already allows: it only serializes more).
@@ -184,14 +188,14 @@ func (w *partitionWorker) orderingKey(m *sarama.ConsumerMessage) (uint64, bool) 
 
 // retryStuck retries a record the unmarshaler rejected, or hands it to
 // OnUnmarshalError. Only success lets the partition go on.
-func (w *partitionWorker) retryStuck() {
+func (w *Worker) retryStuck() {
 	r := w.stuck
 	if !r.ticket.Valid() {
 		return // refused by the tracker: nothing can fix it in this assignment
 	}
-	if h := w.sub.cfg.OnUnmarshalError; h != nil {
+	if h := w.cfg.OnUnmarshalError; h != nil {
 		if err := h(w.ctx, r.msg, r.unmarshalErr); err != nil {
-			w.sub.logger.Error("OnUnmarshalError failed; will retry", err,
+			w.cfg.Logger.Error("OnUnmarshalError failed; will retry", err,
 				w.logFields.Add(watermill.LogFields{"kafka_partition_offset": r.msg.Offset}))
 			return
 		}
@@ -205,9 +209,9 @@ func (w *partitionWorker) retryStuck() {
 	}
 }
 
-func (w *partitionWorker) setStuck(r *record) {
+func (w *Worker) setStuck(r *Record) {
 	w.stuck = r
 	w.mu.Lock()
-	w.stuckFlag = r != nil
+	w.stuckShown = r != nil
 	w.mu.Unlock()
 }

@@ -1,4 +1,4 @@
-package safeack
+package partition
 
 import (
 	"math"
@@ -16,11 +16,11 @@ import (
 // once; a tail it encodes only when PauseAtTailUsage needs to know its size
 // (see tailCheckDueLocked). It reports whether it marked, and whether every
 // record taken so far is complete.
-func (w *partitionWorker) markIfAdvanced(force bool) (marked, allDone bool) {
-	if !w.dirty.Load() {
+func (w *Worker) markIfAdvanced(force bool) (marked, allDone bool) {
+	if !w.prefixMayMove.Load() {
 		return false, false
 	}
-	tailOn := w.marker != nil && !w.sub.cfg.DisableCompletedTail
+	tailOn := w.marker != nil && w.cfg.CompletedTail
 	w.markMu.Lock()
 	defer w.markMu.Unlock()
 	w.mu.Lock()
@@ -28,7 +28,7 @@ func (w *partitionWorker) markIfAdvanced(force bool) (marked, allDone bool) {
 		w.mu.Unlock()
 		return false, false // the commit loop encodes the tail
 	}
-	if !w.dirty.Swap(false) {
+	if !w.prefixMayMove.Swap(false) {
 		w.mu.Unlock()
 		return false, false // marked by another caller meanwhile
 	}
@@ -74,10 +74,10 @@ func (w *partitionWorker) markIfAdvanced(force bool) (marked, allDone bool) {
 // encodeTail encodes the completed ranges in rangeBuf relative to safe,
 // within the metadata budget, and updates the pause state. An empty tail
 // costs nothing and is not counted as an encode. Callers hold markMu.
-func (w *partitionWorker) encodeTail(safe int64) string {
+func (w *Worker) encodeTail(safe int64) string {
 	var buf []byte
 	cut, encoded := false, len(w.rangeBuf) > 0
-	budget := w.sub.cfg.TailMetadataBudget
+	budget := w.cfg.TailBudget
 	if encoded {
 		var bound int64
 		var err error
@@ -85,14 +85,14 @@ func (w *partitionWorker) encodeTail(safe int64) string {
 		if err != nil {
 			// The tracker's ranges are valid by construction; if not, commit
 			// plain offsets rather than anything doubtful.
-			w.sub.logger.Error("Cannot encode the completed tail; committing the offset alone", err, w.logFields)
+			w.cfg.Logger.Error("Cannot encode the completed tail; committing the offset alone", err, w.logFields)
 			buf = buf[:0]
 		}
 		w.tailBuf = buf
 		cut = err == nil && bound != math.MaxInt64
 	}
 	pause := false
-	if f := w.sub.cfg.PauseAtTailUsage; f > 0 && encoded {
+	if f := w.cfg.PauseAtTailUsage; f > 0 && encoded {
 		pause = cut || float64(len(buf)) >= f*float64(budget)
 	}
 	w.mu.Lock()
@@ -103,7 +103,7 @@ func (w *partitionWorker) encodeTail(safe int64) string {
 	resumed := w.setPausedLocked(pause)
 	w.mu.Unlock()
 	if resumed {
-		w.poke() // run may take records again
+		w.wakeRun() // run may take records again
 	}
 	return string(buf)
 }
@@ -118,13 +118,13 @@ func (w *partitionWorker) encodeTail(safe int64) string {
 // encoding: a tail that keeps growing is encoded O(log) times, each costing
 // O(retained), so the cost per completion stays constant. With
 // PauseAtTailUsage zero it costs one comparison. Callers hold markMu and mu.
-func (w *partitionWorker) tailCheckDueLocked() bool {
-	f := w.sub.cfg.PauseAtTailUsage
+func (w *Worker) tailCheckDueLocked() bool {
+	f := w.cfg.PauseAtTailUsage
 	if f == 0 {
 		return false
 	}
 	bound := w.tracker.TailLenBound()
-	if float64(bound) < f*float64(w.sub.cfg.TailMetadataBudget) {
+	if float64(bound) < f*float64(w.cfg.TailBudget) {
 		w.setPausedLocked(false) // run, the caller, takes records next
 		return false
 	}
@@ -134,7 +134,7 @@ func (w *partitionWorker) tailCheckDueLocked() bool {
 // setPausedLocked sets the pause state (PauseAtTailUsage) and accounts the
 // time paused. It reports whether the partition resumed. Callers hold markMu
 // and mu.
-func (w *partitionWorker) setPausedLocked(pause bool) (resumed bool) {
+func (w *Worker) setPausedLocked(pause bool) (resumed bool) {
 	if pause == w.paused {
 		return false
 	}
@@ -148,7 +148,22 @@ func (w *partitionWorker) setPausedLocked(pause bool) (resumed bool) {
 	return !pause
 }
 
-func (w *partitionWorker) setConfirmed(offset int64) {
+// MarkTail marks the completed prefix with the completed tail behind it,
+// when either changed since the last mark: the session's commit loop calls
+// it just before each commit.
+func (w *Worker) MarkTail() { w.markIfAdvanced(true) }
+
+// Marked returns the last offset handed to the Marker: the start, or -1
+// until the first record fixes a start Sarama resolved itself.
+func (w *Worker) Marked() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.marked
+}
+
+// SetConfirmed records the offset the group coordinator holds as
+// committed, for Stats.
+func (w *Worker) SetConfirmed(offset int64) {
 	w.mu.Lock()
 	w.confirmed = offset
 	w.mu.Unlock()

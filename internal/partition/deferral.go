@@ -1,0 +1,107 @@
+package partition
+
+import (
+	"sync/atomic"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Deferral is a delivery whose completion was detached from its ack (see
+// Record.Defer). Its resolution takes effect once the delivery is acked:
+// resolved earlier, it waits for the router's answer; if the delivery is
+// nacked instead, the Nack redelivers the record and the Deferral changes
+// nothing. After the assignment is abandoned it changes nothing either.
+type Deferral struct {
+	r        *Record
+	msg      *message.Message // the delivery whose completion is deferred
+	resolved atomic.Bool
+	handle   any
+}
+
+// Defer detaches the completion of delivery msg from its ack. Called again
+// for the same delivery, it returns the same Deferral. newHandle, when not
+// nil, makes the Deferral's Handle (the caller's type for it), once per
+// Deferral. It returns false when msg was acked or nacked already: its fate
+// is decided.
+func (r *Record) Defer(msg *message.Message, newHandle func(*Deferral) any) (*Deferral, bool) {
+	if answered(msg) {
+		return nil, false
+	}
+	d := &Deferral{r: r, msg: msg}
+	if newHandle != nil {
+		d.handle = newHandle(d)
+	}
+	for {
+		prev := r.deferred.Load()
+		if prev != nil && prev.msg == msg {
+			return prev, true // this delivery was deferred already
+		}
+		if r.deferred.CompareAndSwap(prev, d) {
+			break
+		}
+	}
+	r.owner.mu.Lock()
+	r.owner.counters.deferred++
+	r.owner.mu.Unlock()
+	return d, true
+}
+
+// Deferred reports whether delivery msg's completion was deferred.
+func (r *Record) Deferred(msg *message.Message) bool {
+	d := r.deferred.Load()
+	return d != nil && d.msg == msg
+}
+
+// Handle returns the value Defer's newHandle made for the Deferral.
+func (d *Deferral) Handle() any { return d.handle }
+
+// Record returns the deferred record.
+func (d *Deferral) Record() *Record { return d.r }
+
+// Resolve completes the record (err nil) or redelivers it after
+// NackResendSleep; the first call wins, later ones change nothing. It never
+// blocks.
+func (d *Deferral) Resolve(err error) {
+	if !d.resolved.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case <-d.msg.Acked():
+		d.apply(err)
+	case <-d.msg.Nacked():
+		// The Nack redelivers the record: nothing to add.
+	default:
+		// Resolved before the handler returned: take effect when the
+		// router answers. This goroutine ends with that answer or with
+		// the assignment.
+		go func() {
+			select {
+			case <-d.msg.Acked():
+				d.apply(err)
+			case <-d.msg.Nacked():
+			case <-d.r.owner.abandoned:
+			}
+		}()
+	}
+}
+
+// apply turns the resolution of an acked delivery into a completion or a
+// redelivery. The record is still counted in flight (see handleAnswer). A
+// redelivery waits NackResendSleep (or for the assignment's end) on a
+// goroutine of its own, so that Resolve never blocks the caller, typically
+// a batching writer.
+func (d *Deferral) apply(err error) {
+	w := d.r.owner
+	if w.hooks != nil {
+		if err == nil {
+			w.hooks.Acked(d.r.msg, d.msg)
+		} else {
+			w.hooks.Nacked(d.msg)
+		}
+	}
+	if err == nil {
+		w.complete(d.r, true)
+		return
+	}
+	go w.nacked(d.r)
+}
