@@ -1,0 +1,317 @@
+package safeack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/safeack/safeack/internal/partition"
+)
+
+func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client) error {
+	group, err := sarama.NewConsumerGroupFromClient(sub.cfg.ConsumerGroup, client)
+	if err != nil {
+		return fmt.Errorf("cannot create consumer group: %w", err)
+	}
+	errsDone := make(chan struct{})
+	go func() {
+		defer close(errsDone)
+		for err := range group.Errors() {
+			sub.logger.Error("Sarama consumer group error", err, sub.logFields)
+		}
+	}()
+	defer func() {
+		if err := group.Close(); err != nil {
+			sub.logger.Info("Consumer group closed with error", sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+		}
+		<-errsDone
+	}()
+
+	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client, group: group, txn: sub.txn}
+	if sub.cfg.Tracer != nil {
+		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
+	}
+	var rejoin rejoinRetry
+	for ctx.Err() == nil {
+		// Consume returns at every rebalance; calling it again rejoins.
+		err := group.Consume(ctx, []string{sub.topic}, handler)
+		if err == nil {
+			rejoin.reset()
+			continue
+		}
+		if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, sarama.ErrClosedConsumerGroup) {
+			return nil
+		}
+		// The join failed: most often the group coordinator died or moved
+		// (Sarama returns a JoinGroup's connection error at once, and gives
+		// up on NOT_COORDINATOR and the like after Rebalance.Retry.Max).
+		// Rejoin with this consumer group, after finding the coordinator
+		// again, rather than with a new client: the group keeps its member
+		// id, which the coordinator (a new one loads it with the group)
+		// still counts as a member for a session timeout. A new member id
+		// would make the whole group wait for the old one to expire.
+		wait, ok := rejoin.next(time.Now(), sub.rejoinWindow(), coordinatorMoving(err))
+		if !ok {
+			return err
+		}
+		sub.logger.Info("Cannot rejoin the consumer group; retrying with the same member", sub.logFields.Add(watermill.LogFields{
+			"err": err.Error(), "retry_in": wait.String(), "failures": rejoin.failures,
+		}))
+		sub.subscriber.ready.set(sub, phaseConnecting, err)
+		if !sleepCtx(ctx, wait) {
+			return nil
+		}
+		if err := client.RefreshCoordinator(sub.cfg.ConsumerGroup); err != nil {
+			sub.logger.Debug("Cannot find the group coordinator", sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+		}
+	}
+	return nil
+}
+
+// groupHandler is the sarama.ConsumerGroupHandler of one subscription.
+type groupHandler struct {
+	sub    *subscription
+	ctx    context.Context
+	client sarama.Client
+	group  sarama.ConsumerGroup
+	txn    *txnCommitter // nil: offsets are committed through the session
+
+	// Per session, set in Setup and read by the claims it starts.
+	committed map[int32]committedOffset
+	// pinned closes once the commit of the session's pinned starts
+	// returned (see pinStarts).
+	pinned  <-chan struct{}
+	mu      sync.Mutex
+	workers map[int32]*partition.Worker
+	stop    chan struct{}
+	done    chan struct{}
+	soon    chan struct{} // capacity 1: a partition asks for a commit now
+}
+
+// Setup reads the committed offsets and metadata of the claimed partitions
+// (one OffsetFetch per session), pins the start of those without a commit
+// (see pinStarts) and starts the session's commit loop.
+func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	claimed := sess.Claims()[h.sub.topic]
+	h.sub.logger.Debug("Consumer group session started", h.sub.logFields.Add(watermill.LogFields{
+		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(claimed),
+	}))
+	// The start offsets are listed beside the OffsetFetch rather than after
+	// it, so that pinning costs no round trip of its own: a partition that
+	// turns out to have a commit wastes a block of a request made anyway.
+	var starts map[int32]int64
+	var startErrs map[int32]error
+	var listing sync.WaitGroup
+	listing.Go(func() {
+		starts, startErrs = listOffsets(h.client, h.sub.topic, claimed, h.sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
+	})
+	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
+	listing.Wait()
+	if err != nil && h.txn != nil {
+		// Handling a committed tail's records again would write their
+		// outputs twice: try the session again. Sarama runs Cleanup.
+		h.mu.Lock()
+		h.pinned = closedChan
+		h.mu.Unlock()
+		h.stop, h.done = make(chan struct{}), make(chan struct{})
+		close(h.done)
+		return fmt.Errorf("safeack: reading committed offsets for a transactional session: %w", err)
+	}
+	var pinned <-chan struct{} = closedChan
+	if err != nil {
+		// Without the tail every record after the committed offset is
+		// redelivered: more repeats, nothing lost. Partitions without a
+		// commit start at their first record (fixStart).
+		h.sub.logger.Error("Cannot read committed offsets; completed tails are not skipped this session", err, h.sub.logFields)
+		committed = nil
+	} else {
+		pinned = h.pinStarts(sess, claimed, committed, starts, startErrs)
+	}
+	if h.sub.cfg.DisableCompletedTail {
+		committed = nil
+	}
+	h.mu.Lock()
+	h.committed = committed
+	h.pinned = pinned
+	h.workers = make(map[int32]*partition.Worker, len(claimed))
+	h.mu.Unlock()
+	h.stop, h.done = make(chan struct{}), make(chan struct{})
+	h.soon = make(chan struct{}, 1)
+	if h.txn != nil {
+		h.txn.beginSession(sess, committed, h.endAssignments)
+		go h.txnCommitLoop(h.stop, h.done)
+	} else {
+		go h.commitLoop(sess, h.stop, h.done, h.soon)
+	}
+	h.sub.subscriber.ready.set(h.sub, phaseConsuming, nil)
+	return nil
+}
+
+// closedChan is a channel that is always closed.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// pinStarts commits a start position for the claimed partitions on which
+// the group has no commit, before Sarama starts them: Offsets.Initial
+// resolved now (starts, listed by Setup). Sarama then fetches from exactly
+// there (the claim's InitialOffset is that offset), and the group's
+// position is at the broker before any record is handed out, so a member
+// that dies or loses the partition before handing a record out does not
+// leave the next one to resolve Offsets.Initial afresh (at OffsetNewest,
+// skipping what came in between). Partitions whose start cannot be pinned
+// here (a cooperative claim added without Setup, a commit out of range, an
+// error) start at their first record instead (fixStart).
+//
+// The marks are made here, so that Sarama's claims fetch from them; the
+// commit is sent in the background, beside the claims' first fetches, and
+// the returned channel closes once it returned. ConsumeClaim hands nothing
+// out before that.
+func (h *groupHandler) pinStarts(sess sarama.ConsumerGroupSession, claimed []int32, committed map[int32]committedOffset,
+	starts map[int32]int64, startErrs map[int32]error) <-chan struct{} {
+	pinned := 0
+	for _, p := range claimed {
+		if c, ok := committed[p]; !ok || c.offset >= 0 {
+			continue
+		}
+		start, ok := starts[p]
+		if !ok {
+			fields := watermill.LogFields{"kafka_partition": p}
+			if err := startErrs[p]; err != nil {
+				fields["err"] = err.Error()
+			}
+			h.sub.logger.Debug("Cannot resolve the start offset; the partition starts at its first record",
+				h.sub.logFields.Add(fields))
+			continue
+		}
+		sess.MarkOffset(h.sub.topic, p, start, "")
+		committed[p] = committedOffset{offset: start}
+		pinned++
+	}
+	if pinned == 0 {
+		return closedChan
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sess.Commit()
+		h.sub.logger.Debug("Committed the start of partitions without a commit",
+			h.sub.logFields.Add(watermill.LogFields{"partitions": pinned}))
+	}()
+	return done
+}
+
+// committedOffset returns what Setup read for partition. A cooperative
+// rebalance can add a claim to a running session without a new Setup; such
+// a partition is read on its own.
+func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) {
+	if h.sub.cfg.DisableCompletedTail {
+		return committedOffset{}, false
+	}
+	h.mu.Lock()
+	c, ok := h.committed[partition]
+	h.mu.Unlock()
+	if ok {
+		return c, true
+	}
+	fetched, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
+	if err != nil {
+		h.sub.logger.Error("Cannot read committed metadata; the completed tail is not skipped", err,
+			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition}))
+		return committedOffset{}, false
+	}
+	c, ok = fetched[partition]
+	return c, ok
+}
+
+// Cleanup stops the commit loop and commits what the claims marked.
+func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
+	h.sub.subscriber.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
+	close(h.stop)
+	<-h.done
+	h.mu.Lock()
+	pinned := h.pinned
+	h.mu.Unlock()
+	<-pinned
+	if h.txn != nil {
+		h.txn.finishSession()
+		return nil
+	}
+	sess.Commit()
+	return nil
+}
+
+// ConsumeClaim runs one partition until it is revoked.
+func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	// Nothing is taken from the claim, handed out or shown in Stats before
+	// the session's pinned starts are committed; Sarama made the claim
+	// (resolving its start, starting its fetch) meanwhile.
+	h.mu.Lock()
+	pinned := h.pinned
+	h.mu.Unlock()
+	<-pinned
+	start := h.startOf(claim)
+	// Where completed offsets go: the session's marks, or the transaction.
+	a := partition.Assignment{
+		Topic:         claim.Topic(),
+		Partition:     claim.Partition(),
+		Start:         start,
+		Marker:        sess,
+		Pauser:        h.group,
+		HighWaterMark: claim.HighWaterMarkOffset,
+		RequestCommit: h.commitSoon,
+	}
+	var tm *txnMarker
+	if h.txn != nil {
+		tm = h.txn.newMarker()
+		a.Marker, a.Deliveries = tm, tm
+	}
+	w, err := h.sub.newWorker(sess.Context(), a)
+	if err != nil {
+		return err
+	}
+	if tm != nil {
+		tm.bind(w)
+	}
+	if c, ok := h.committedOffset(claim.Partition()); ok {
+		w.StartFromCommit(c.offset, c.metadata)
+	}
+	h.mu.Lock()
+	h.workers[claim.Partition()] = w
+	h.mu.Unlock()
+	h.sub.subscriber.registry.attach(w)
+	defer func() {
+		h.sub.subscriber.registry.detach(w)
+		h.mu.Lock()
+		delete(h.workers, claim.Partition())
+		h.mu.Unlock()
+	}()
+	w.Run(claim.Messages(), h.sub.subscriber.closing)
+	return nil
+}
+
+// startOf tells where a claim starts. InitialOffset is the committed
+// offset when Sarama fetches from it; it is the Consumer.Offsets.Initial
+// sentinel when the group has no commit, or when its commit was out of range
+// and Sarama fell back (Consumer.Group.ResetInvalidOffsets). Sarama does not
+// expose the offset it then resolved, so the first record fixes the start
+// (see fixStart) and, until one arrives, Stats shows the broker's current
+// answer for the sentinel.
+func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) partition.Start {
+	if off := claim.InitialOffset(); off >= 0 {
+		return partition.Start{Offset: off, Resolved: true}
+	}
+	estimate, err := h.client.GetOffset(claim.Topic(), claim.Partition(), claim.InitialOffset())
+	if err != nil {
+		h.sub.logger.Debug("Cannot read the partition's start offset; Stats shows 0 until the first record",
+			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": claim.Partition(), "err": err.Error()}))
+		estimate = 0
+	}
+	return partition.Start{Offset: estimate}
+}

@@ -1,0 +1,140 @@
+package safeack
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/safeack/safeack/internal/partition"
+)
+
+// subscription is one Subscribe call: one output channel, one in-flight
+// budget, one consumer (group) connection at a time.
+type subscription struct {
+	subscriber *Subscriber
+	cfg        *SubscriberConfig
+	logger     watermill.LoggerAdapter
+	topic      string
+	output     chan *message.Message
+	// pool is the output and the MaxInFlight tokens the subscription's
+	// partition workers share; workerCfg is their configuration.
+	pool      *partition.Pool
+	workerCfg partition.Config
+	logFields watermill.LogFields
+	// txn is where completed offsets go in transactional mode (with the
+	// outputs of acked deliveries); nil: the group session's marks.
+	txn *txnCommitter
+}
+
+// newWorker returns the worker of one assigned partition. Its context,
+// and its messages' contexts, derive from parent.
+func (sub *subscription) newWorker(parent context.Context, a partition.Assignment) (*partition.Worker, error) {
+	return partition.New(parent, &sub.workerCfg, sub.pool, a)
+}
+
+func (sub *subscription) retrySleep() time.Duration {
+	if d := sub.cfg.ReconnectRetrySleep; d > 0 {
+		return d
+	}
+	return 0
+}
+
+// run consumes until ctx ends or the Subscriber closes, reconnecting after
+// errors as watermill-kafka does. client is the first connection, made by
+// Subscribe.
+func (sub *subscription) run(ctx context.Context, client sarama.Client) {
+	for {
+		if client == nil {
+			c, err := sub.connect(ctx)
+			if err != nil {
+				if sub.stopping(ctx) {
+					return
+				}
+				sub.logger.Error("Cannot connect to Kafka; retrying", err, sub.logFields)
+				sub.subscriber.ready.set(sub, phaseConnecting, err)
+				if !sub.pause(ctx) {
+					return
+				}
+				continue
+			}
+			client = c
+		}
+		if sub.cfg.ConsumerGroup == "" {
+			sub.subscriber.ready.set(sub, phaseConsuming, nil)
+		} else {
+			sub.subscriber.ready.set(sub, phaseJoining, nil)
+		}
+		err := sub.consumeOnce(ctx, client)
+		client = nil
+		if sub.stopping(ctx) {
+			return
+		}
+		if err != nil {
+			sub.logger.Error("Consumer stopped; reconnecting", err, sub.logFields)
+		} else {
+			sub.logger.Info("Consumer stopped; reconnecting", sub.logFields)
+		}
+		sub.subscriber.ready.set(sub, phaseConnecting, err)
+		if !sub.pause(ctx) {
+			return
+		}
+	}
+}
+
+// pause waits ReconnectRetrySleep before a reconnect. It reports false
+// when ctx ended or the Subscriber closed meanwhile.
+func (sub *subscription) pause(ctx context.Context) bool {
+	d := sub.retrySleep()
+	if d <= 0 {
+		return !sub.stopping(ctx)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-sub.subscriber.closing:
+		return false
+	}
+}
+
+func (sub *subscription) stopping(ctx context.Context) bool {
+	select {
+	case <-sub.subscriber.closing:
+		return true
+	case <-ctx.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// consumeOnce runs one client connection until it fails or is stopped,
+// and closes the client.
+func (sub *subscription) consumeOnce(parent context.Context, client sarama.Client) error {
+	defer func() {
+		if err := client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
+			sub.logger.Error("Cannot close Sarama client", err, sub.logFields)
+		}
+	}()
+
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	go func() {
+		select {
+		case <-sub.subscriber.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	if sub.cfg.ConsumerGroup == "" {
+		return sub.consumePartitions(ctx, client)
+	}
+	return sub.consumeGroup(ctx, client)
+}
