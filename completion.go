@@ -34,8 +34,7 @@ var ErrAlreadyAnswered = errors.New("safeack: message already acked or nacked")
 // meanwhile; after that they change nothing, and the partition's next
 // owner handles their records again.
 type Completion struct {
-	d   *partition.Deferral // nil for a message of another subscriber
-	msg *message.Message    // the delivery whose completion is deferred
+	d *partition.Deferral // of the deferred delivery; nil for a message of another subscriber
 	// resolved and result serve a message of another subscriber:
 	// DeferredCompletion waits on result before returning.
 	resolved atomic.Bool
@@ -60,7 +59,7 @@ func Defer(msg *message.Message) (*Completion, error) {
 	if !ok {
 		return nil, ErrNotSafeackMessage
 	}
-	d, ok := r.Defer(msg, func(d *partition.Deferral) any { return &Completion{d: d, msg: msg} })
+	d, ok := r.Defer(msg, func(d *partition.Deferral) any { return &Completion{d: d} })
 	if !ok {
 		return nil, ErrAlreadyAnswered
 	}

@@ -99,6 +99,6 @@ func CompletionFromCtx(ctx context.Context) (*Completion, error) {
 		return nil, ErrAlreadyAnswered
 	default:
 	}
-	slot.taken.CompareAndSwap(nil, &Completion{msg: slot.msg, result: make(chan error, 1)})
+	slot.taken.CompareAndSwap(nil, &Completion{result: make(chan error, 1)})
 	return slot.taken.Load(), nil
 }

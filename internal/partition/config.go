@@ -1,0 +1,122 @@
+package partition
+
+import (
+	"context"
+	"hash/maphash"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Config is what the workers of one subscription share. It is read, never
+// written, once workers use it.
+type Config struct {
+	Ordering Ordering
+	// OrderingKey, with ByKey, replaces the record key as the ordering key.
+	OrderingKey func(*sarama.ConsumerMessage) []byte
+	// Seed hashes ordering keys.
+	Seed maphash.Seed
+
+	Unmarshaler Unmarshaler
+	// OnUnmarshalError decides the fate of a record the Unmarshaler
+	// rejects; nil keeps the partition waiting on it. It is retried after
+	// UnmarshalRetry.
+	OnUnmarshalError func(ctx context.Context, msg *sarama.ConsumerMessage, err error) error
+	UnmarshalRetry   time.Duration
+
+	// MaxPending bounds the records retained per partition.
+	MaxPending      int
+	NackResendSleep time.Duration
+	DrainTimeout    time.Duration
+
+	// CompletedTail writes the completed records behind the prefix into the
+	// commit metadata, within TailBudget bytes, and skips those a previous
+	// owner's metadata lists. PauseAtTailUsage stops taking records while
+	// the tail fills that fraction of the budget; zero never.
+	CompletedTail    bool
+	TailBudget       int
+	PauseAtTailUsage float64
+
+	Logger    watermill.LoggerAdapter
+	LogFields watermill.LogFields
+}
+
+// Ordering selects which records of a partition may run at the same time.
+type Ordering int
+
+const (
+	// ByKey serializes records of one key (key-less ones in one lane).
+	ByKey Ordering = iota
+	// ByPartition runs the partition's records one at a time.
+	ByPartition
+	// Unordered runs any records at the same time.
+	Unordered
+)
+
+// Unmarshaler turns Kafka records into Watermill messages, as
+// watermill-kafka's Unmarshaler does.
+type Unmarshaler interface {
+	Unmarshal(*sarama.ConsumerMessage) (*message.Message, error)
+}
+
+// Start is where a partition's bookkeeping begins.
+type Start struct {
+	// Offset is where fetching starts when Resolved; otherwise the
+	// broker's answer for Consumer.Offsets.Initial, an estimate that only
+	// Stats shows until the first record arrives.
+	Offset int64
+	// Resolved says Offset is where Sarama fetches from: a committed,
+	// in-range offset, or one resolved before ConsumePartition. When Sarama
+	// resolved Consumer.Offsets.Initial itself (no commit, or a committed
+	// offset out of range), the first record delivered fixes the start.
+	Resolved bool
+}
+
+// Assignment is one partition given to a worker.
+type Assignment struct {
+	Topic     string
+	Partition int32
+	Start     Start
+	// Marker takes the completed positions; nil without a consumer group:
+	// nothing is marked, and a drain does not wait for answers.
+	Marker Marker
+	// Pauser pauses fetching while records wait; nil never pauses.
+	Pauser Pauser
+	// HighWaterMark reports the claim's high-water mark, for Stats.
+	HighWaterMark func() int64
+	// RequestCommit asks for a commit soon: called when every record taken
+	// is complete and none waits.
+	RequestCommit func()
+	// Deliveries, when set, is told of every delivery.
+	Deliveries DeliveryHooks
+}
+
+// Marker is where a worker's completed positions go: the part of a Sarama
+// consumer-group session a partition needs, or the transactional mode's
+// marker.
+type Marker interface {
+	MarkOffset(topic string, partition int32, offset int64, metadata string)
+	ResetOffset(topic string, partition int32, offset int64, metadata string)
+	Commit()
+}
+
+// Pauser pauses and resumes fetching of partitions: a Sarama consumer or
+// consumer group.
+type Pauser interface {
+	Pause(map[string][]int32)
+	Resume(map[string][]int32)
+}
+
+// DeliveryHooks is told when each delivery starts and how it was answered:
+// the transactional mode buffers a delivery's outputs in its context and
+// commits them only after the ack.
+type DeliveryHooks interface {
+	// Started returns the context of delivery msg, derived from ctx.
+	Started(ctx context.Context, msg *message.Message) context.Context
+	// Acked is called for an acked delivery before its record completes.
+	Acked(rec *sarama.ConsumerMessage, msg *message.Message)
+	// Nacked is called for a nacked delivery.
+	Nacked(msg *message.Message)
+}
