@@ -105,7 +105,7 @@ func (w *Worker) startDelivery(r *Record) {
 // next goroutine to run on this P; starting a goroutine takes that place
 // and puts the consumer at the back of the run queue, behind whatever else
 // is runnable. At start-up that is Sarama parsing the first fetch into
-// every partition's channel, and the consumer saw its first message 3-58 ms
+// every partition's channel, and the consumer saw its first message 3-75 ms
 // after it was sent (issue 17, bench -wiretap with a probe at the send);
 // watermill-kafka's sender blocks after its send and so does not push the
 // consumer back. Later hand-outs do not yield: a yield moves run to the
