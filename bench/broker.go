@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +74,10 @@ func consumerConfig() *sarama.Config {
 	c.ChannelBufferSize = 1024
 	if opt.saramaMaxWait > 0 {
 		c.Consumer.MaxWaitTime = opt.saramaMaxWait
+	}
+	if opt.wiretap {
+		c.Net.Proxy.Enable = true
+		c.Net.Proxy.Dialer = &tapDialer{d: net.Dialer{Timeout: c.Net.DialTimeout, KeepAlive: c.Net.KeepAlive}}
 	}
 	// Everything else stays at Sarama's defaults: auto-commit every 1 s,
 	// 10 s session timeout (kfake's minimum is 6 s), range assignor, fetch

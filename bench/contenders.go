@@ -161,6 +161,7 @@ func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, 
 			Unmarshaler:           wmkafka.DefaultMarshaler{},
 			OverwriteSaramaConfig: consumerConfig(),
 			ConsumerGroup:         group,
+			Tracer:                benchTracer(),
 		}, wmLogger(c.label))
 		if err != nil {
 			return nil, err
@@ -197,6 +198,7 @@ func safeackConfig(env *brokerEnv, c *caseSpec, group string) (safeack.Subscribe
 		ConsumerGroup:         group,
 		MaxInFlight:           c.conc,
 		Ordering:              c.ordering,
+		Tracer:                benchTracer(),
 	}
 	if err := applySettings(&cfg, opt.safeackSet); err != nil {
 		return cfg, err

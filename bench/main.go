@@ -57,6 +57,7 @@ type options struct {
 	steadyDuration time.Duration
 	steadyMaxRate  int
 	verbose        bool
+	wiretap        bool
 }
 
 var opt options
@@ -85,6 +86,7 @@ func main() {
 		keepTopics  = flag.Bool("keep-topics", false, "do not delete the benchmark topics at the end (real clusters)")
 		pcKeys      = flag.String("pc-keys", "1,2,5,10,20,1000", "key counts for pc-published in by-key mode")
 		verbose     = flag.Bool("v", false, "log progress details to stderr")
+		wiretapF    = flag.Bool("wiretap", false, "log every Kafka request and response of each Sarama-based contender up to its first delivery, with times since the run's start (start-up phases)")
 		pc          = flag.String("pc", "auto", "Confluent Parallel Consumer contenders (pc/*): auto (build with Maven on first use, skip with a note where java or mvn is missing) or off")
 		pcWarmup    = flag.Int("pc-warmup", 20000, "Parallel Consumer: records of an unmeasured warm-up pass (own group, no work) in the same JVM before the measured pass, so it runs on JIT-compiled code; 0: a cold JVM")
 		maxWait     = flag.Duration("sarama-max-wait", 0, "Consumer.MaxWaitTime of every Sarama-based contender (0: Sarama's default, 500 ms). A fetch that waits for data holds up requests queued behind it on the same broker connection, commits included (safeack reaches the group coordinator over a connection of its own)")
@@ -119,6 +121,7 @@ func main() {
 	}
 
 	opt = options{
+		wiretap:        *wiretapF,
 		inprocBroker:   *inproc,
 		reps:           *reps,
 		quick:          *quick,

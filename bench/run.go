@@ -214,6 +214,7 @@ func runCaseWith(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, 
 	stopProf := startProfile(w.name, c.label, rep)
 
 	tr.start()
+	tapStart(tr.base)
 	con, err := startContender(ctx, env, c, t, group, tr)
 	if err != nil {
 		stopProf()
@@ -252,6 +253,7 @@ func runCaseWith(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, 
 	if r.err == nil {
 		r.wall = time.Duration(tr.last.Load())
 		r.startup = time.Duration(tr.first.Load() - 1)
+		tapReport(c.label, r.startup)
 		r.active = r.wall - r.startup
 		r.cpu = cpu1 - cpu0
 		r.allocs = float64(ms1.Mallocs-ms0.Mallocs) / float64(r.n)

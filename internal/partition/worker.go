@@ -108,6 +108,9 @@ type Worker struct {
 	fetched     fifo[*sarama.ConsumerMessage] // taken from the claim, not yet accepted
 	next        *Record                       // popped from ready with a token, being sent
 	stuck       *Record                       // a record the unmarshaler rejected; the partition waits on it
+	// handedOutOnce: run has handed out a record in this assignment
+	// (see handedOver).
+	handedOutOnce bool
 	// inheritedTail is the completed tail read back from the last commit:
 	// records a previous owner completed, not delivered again.
 	inheritedTail frontier.Tail
