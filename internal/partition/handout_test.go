@@ -2,6 +2,7 @@ package partition
 
 import (
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -42,7 +43,9 @@ func consumerRanBeforeHogs(t *testing.T) bool {
 		first <- hogsDone.Load() == 0
 		m.Ack()
 	}()
-	time.Sleep(20 * time.Millisecond) // run and the consumer park
+	waitUntil(t, "run and the consumer are parked", func() bool {
+		return parked("(*Worker).Run(", "[select") && parked("consumerRanBeforeHogs.func", "[chan receive")
+	})
 	for range 4 {
 		go func() {
 			for start := time.Now(); time.Since(start) < 3*time.Millisecond; {
@@ -58,4 +61,17 @@ func consumerRanBeforeHogs(t *testing.T) bool {
 		t.Fatal("no message handed out")
 		return false
 	}
+}
+
+// parked reports whether a goroutine whose stack mentions fn is blocked in
+// the given state (as runtime.Stack prints it, e.g. "[select").
+func parked(fn, state string) bool {
+	buf := make([]byte, 1<<20)
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(g, fn) && strings.Contains(header, state) {
+			return true
+		}
+	}
+	return false
 }
