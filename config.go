@@ -375,7 +375,7 @@ func (c *SubscriberConfig) workerConfig(logger watermill.LoggerAdapter, fields w
 		Seed:             maphash.MakeSeed(),
 		Unmarshaler:      c.Unmarshaler,
 		OnUnmarshalError: c.OnUnmarshalError,
-		UnmarshalRetry:   max(c.ReconnectRetrySleep, 0),
+		UnmarshalRetry:   c.retrySleep(),
 		MaxPending:       c.MaxPendingPerPartition,
 		NackResendSleep:  c.NackResendSleep,
 		DrainTimeout:     c.DrainTimeout,
@@ -385,4 +385,10 @@ func (c *SubscriberConfig) workerConfig(logger watermill.LoggerAdapter, fields w
 		Logger:           logger,
 		LogFields:        fields,
 	}
+}
+
+// retrySleep is the wait before reconnecting and before retrying a record
+// the Unmarshaler rejected: ReconnectRetrySleep, or none for NoSleep.
+func (c *SubscriberConfig) retrySleep() time.Duration {
+	return max(c.ReconnectRetrySleep, 0)
 }

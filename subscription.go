@@ -35,13 +35,6 @@ func (sub *subscription) newWorker(parent context.Context, a partition.Assignmen
 	return partition.New(parent, &sub.workerCfg, sub.pool, a)
 }
 
-func (sub *subscription) retrySleep() time.Duration {
-	if d := sub.cfg.ReconnectRetrySleep; d > 0 {
-		return d
-	}
-	return 0
-}
-
 // run consumes until ctx ends or the Subscriber closes, reconnecting after
 // errors as watermill-kafka does. client is the first connection, made by
 // Subscribe.
@@ -87,7 +80,7 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 // pause waits ReconnectRetrySleep before a reconnect. It reports false
 // when ctx ended or the Subscriber closed meanwhile.
 func (sub *subscription) pause(ctx context.Context) bool {
-	d := sub.retrySleep()
+	d := sub.cfg.retrySleep()
 	if d <= 0 {
 		return !sub.stopping(ctx)
 	}
