@@ -84,7 +84,9 @@ type groupHandler struct {
 	committed map[int32]committedOffset
 	// pinned closes once the commit of the session's pinned starts
 	// returned (see pinStarts).
-	pinned  <-chan struct{}
+	pinned <-chan struct{}
+	// first holds the session's early fetches (see fetchFirstRecords).
+	first   map[int32]*firstFetch
 	mu      sync.Mutex
 	workers map[int32]*partition.Worker
 	stop    chan struct{}
@@ -131,12 +133,14 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	} else {
 		pinned = h.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
+	first := fetchFirstRecords(h.client, h.sub.topic, fetchStarts(claimed, committed))
 	if h.sub.cfg.DisableCompletedTail {
 		committed = nil
 	}
 	h.mu.Lock()
 	h.committed = committed
 	h.pinned = pinned
+	h.first = first
 	h.workers = make(map[int32]*partition.Worker, len(claimed))
 	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
@@ -207,6 +211,18 @@ func (h *groupHandler) pinStarts(sess sarama.ConsumerGroupSession, claimed []int
 	return done
 }
 
+// fetchStarts returns where Sarama's claims will fetch from, for the
+// partitions whose group commit (read or pinned by Setup) says so.
+func fetchStarts(claimed []int32, committed map[int32]committedOffset) map[int32]int64 {
+	from := make(map[int32]int64, len(claimed))
+	for _, p := range claimed {
+		if c, ok := committed[p]; ok && c.offset >= 0 {
+			from[p] = c.offset
+		}
+	}
+	return from
+}
+
 // committedOffset returns what Setup read for partition. A cooperative
 // rebalance can add a claim to a running session without a new Setup; such
 // a partition is read on its own.
@@ -267,6 +283,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		HighWaterMark: claim.HighWaterMarkOffset,
 		RequestCommit: h.commitSoon,
 	}
+	h.mu.Lock()
+	if ff := h.first[claim.Partition()]; ff != nil && start.Resolved && ff.from == start.Offset {
+		a.FirstRecords = ff.records
+	}
+	h.mu.Unlock()
 	var tm *txnMarker
 	if h.txn != nil {
 		tm = h.txn.newMarker()

@@ -91,6 +91,14 @@ type Assignment struct {
 	RequestCommit func()
 	// Deliveries, when set, is told of every delivery.
 	Deliveries DeliveryHooks
+	// FirstRecords, when not nil, may bring the partition's first records,
+	// fetched from Start.Offset by the subscriber while Sarama holds its
+	// own first fetch back (it batches new partitions for 100 ms). Run
+	// takes them if they come before the claim's first record, and then
+	// drops the claim's records below the last of them: the same records
+	// fetched again. Once the claim delivered a record, they are ignored.
+	// At most one value is sent; the channel needs a buffer of one.
+	FirstRecords <-chan []*sarama.ConsumerMessage
 }
 
 // Marker is where a worker's completed positions go: the part of a Sarama

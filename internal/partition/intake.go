@@ -215,3 +215,28 @@ func (w *Worker) setStuck(r *Record) {
 	w.stuckShown = r != nil
 	w.mu.Unlock()
 }
+
+// takeFirstRecords queues records the subscriber fetched before the
+// claim's first fetch (Assignment.FirstRecords). The claim fetches them
+// again; fromClaim drops those.
+func (w *Worker) takeFirstRecords(recs []*sarama.ConsumerMessage) {
+	w.firstRecords = nil
+	if len(recs) == 0 {
+		return
+	}
+	for _, m := range recs {
+		w.fetched.push(m)
+	}
+	w.claimFrom = recs[len(recs)-1].Offset + 1
+	w.cfg.Logger.Trace("Took the partition's first records from a fetch of its own", w.logFields.Add(watermill.LogFields{
+		"records": len(recs), "first_offset": recs[0].Offset, "next_offset": w.claimFrom,
+	}))
+}
+
+// fromClaim reports whether m, read from the claim, is new: not one of the
+// first records taken before it. The claim's first record also closes the
+// door on first records that have not arrived yet.
+func (w *Worker) fromClaim(m *sarama.ConsumerMessage) bool {
+	w.firstRecords = nil
+	return m.Offset >= w.claimFrom
+}

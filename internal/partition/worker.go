@@ -106,8 +106,13 @@ type Worker struct {
 	rateFrom    time.Time                     // start of the current rate window
 	rateCount   int                           // records taken since rateFrom
 	fetched     fifo[*sarama.ConsumerMessage] // taken from the claim, not yet accepted
-	next        *Record                       // popped from ready with a token, being sent
-	stuck       *Record                       // a record the unmarshaler rejected; the partition waits on it
+	// firstRecords is Assignment.FirstRecords until they or the claim's
+	// first record arrive; claimFrom is the lowest claim offset still
+	// taken (the claim repeats the first records).
+	firstRecords <-chan []*sarama.ConsumerMessage
+	claimFrom    int64
+	next         *Record // popped from ready with a token, being sent
+	stuck        *Record // a record the unmarshaler rejected; the partition waits on it
 	// handedOutOnce: run has handed out a record in this assignment
 	// (see handedOver).
 	handedOutOnce bool
@@ -177,6 +182,7 @@ func New(parent context.Context, cfg *Config, pool *Pool, a Assignment) (*Worker
 		confirmed:     -1,
 		startPending:  !a.Start.Resolved,
 		start:         a.Start,
+		firstRecords:  a.FirstRecords,
 	}
 	return w, nil
 }
@@ -247,7 +253,9 @@ func (w *Worker) Run(claim <-chan *sarama.ConsumerMessage, stop <-chan struct{})
 					w.drain("claim closed")
 					return
 				}
-				w.accept(m)
+				if w.fromClaim(m) {
+					w.accept(m)
+				}
 				continue
 			default:
 			}
@@ -275,11 +283,15 @@ func (w *Worker) Run(claim <-chan *sarama.ConsumerMessage, stop <-chan struct{})
 				w.drain("claim closed")
 				return
 			}
-			if accepting && w.fetched.len() == 0 {
+			switch {
+			case !w.fromClaim(m):
+			case accepting && w.fetched.len() == 0:
 				w.accept(m)
-			} else {
+			default:
 				w.fetched.push(m)
 			}
+		case recs := <-w.firstRecords:
+			w.takeFirstRecords(recs)
 		case acquire <- struct{}{}:
 			w.next = w.takeReady()
 			if w.next == nil {

@@ -121,6 +121,8 @@ type rigOptions struct {
 	noMarker    bool
 	// beforeRun runs between New and Run (e.g. StartFromCommit).
 	beforeRun func(*Worker)
+	// firstRecords becomes Assignment.FirstRecords.
+	firstRecords chan []*sarama.ConsumerMessage
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -148,6 +150,9 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		next:   o.start.Offset,
 	}
 	a := Assignment{Topic: "t", Partition: 3, Start: o.start, Marker: r.marker, Pauser: r.pauser}
+	if o.firstRecords != nil {
+		a.FirstRecords = o.firstRecords
+	}
 	if o.noMarker {
 		a.Marker = nil
 	}
@@ -176,6 +181,15 @@ func (r *rig) send(keys ...string) {
 		r.claim <- m
 		r.next++
 	}
+}
+
+// records returns key-less records at offsets [from, to).
+func records(from, to int64) []*sarama.ConsumerMessage {
+	var out []*sarama.ConsumerMessage
+	for o := from; o < to; o++ {
+		out = append(out, &sarama.ConsumerMessage{Topic: "t", Partition: 3, Offset: o, Value: []byte(fmt.Sprint(o))})
+	}
+	return out
 }
 
 // sendN sends n key-less records.
@@ -605,4 +619,48 @@ func TestWorkersShareTokens(t *testing.T) {
 	case <-time.After(waitLimit):
 		t.Fatal("a freed token did not hand out the next record")
 	}
+}
+
+// TestWorkerTakesFirstRecordsBeforeTheClaim: records fetched early are
+// handed out before the claim delivers anything, and the claim's copies of
+// them are dropped: every offset is handed out once, in order.
+func TestWorkerTakesFirstRecordsBeforeTheClaim(t *testing.T) {
+	first := make(chan []*sarama.ConsumerMessage, 1)
+	r := newRig(t, rigOptions{maxInFlight: 1, start: Start{Offset: 10, Resolved: true}, firstRecords: first,
+		config: func(c *Config) { c.Ordering = ByPartition }})
+	first <- records(10, 15)
+	for want := int64(10); want < 15; want++ {
+		m := r.receive()
+		require.Equal(t, want, offsetOf(m))
+		m.Ack()
+	}
+	r.sendN(8) // the claim fetches from the start again: 10..17
+	for want := int64(15); want < 18; want++ {
+		m := r.receive()
+		require.Equal(t, want, offsetOf(m), "the claim's copies of the first records are dropped")
+		m.Ack()
+	}
+	r.quiet(20 * time.Millisecond)
+	waitUntil(t, "the prefix is marked at 18", func() bool { return r.marker.last().offset == 18 })
+}
+
+// TestWorkerIgnoresFirstRecordsAfterTheClaim: once the claim delivered a
+// record, first records arriving late change nothing.
+func TestWorkerIgnoresFirstRecordsAfterTheClaim(t *testing.T) {
+	first := make(chan []*sarama.ConsumerMessage, 1)
+	r := newRig(t, rigOptions{maxInFlight: 1, start: Start{Offset: 0, Resolved: true}, firstRecords: first,
+		config: func(c *Config) { c.Ordering = ByPartition }})
+	r.sendN(3)
+	m := r.receive()
+	require.Equal(t, int64(0), offsetOf(m))
+	first <- records(0, 3)
+	m.Ack()
+	for want := int64(1); want < 3; want++ {
+		m := r.receive()
+		require.Equal(t, want, offsetOf(m))
+		m.Ack()
+	}
+	r.quiet(20 * time.Millisecond)
+	r.sendN(1)
+	require.Equal(t, int64(3), offsetOf(r.receive()))
 }
