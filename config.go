@@ -90,7 +90,9 @@ type SubscriberConfig struct {
 
 	// Tracer wraps the Sarama consumer and consumer-group handler, as in
 	// watermill-kafka (for example kafka.NewOTELSaramaTracer()). Nil: no
-	// tracing.
+	// tracing. With a Tracer every record comes through the wrapped claim,
+	// so a session's first records wait for Sarama's first fetch (see
+	// "Where a partition starts" in the README).
 	Tracer kafka.SaramaTracer
 
 	// MaxInFlight bounds the messages handed out by one Subscribe call and

@@ -133,7 +133,10 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	} else {
 		pinned = h.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
-	first := fetchFirstRecords(h.client, h.sub.topic, fetchStarts(claimed, committed))
+	var first map[int32]*firstFetch
+	if h.sub.cfg.Tracer == nil { // a Tracer sees each record on its way through the claim
+		first = fetchFirstRecords(h.client, h.sub.topic, fetchStarts(claimed, committed))
+	}
 	if h.sub.cfg.DisableCompletedTail {
 		committed = nil
 	}

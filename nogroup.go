@@ -64,13 +64,19 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 		if sub.cfg.Tracer != nil {
 			pc = sub.cfg.Tracer.WrapPartitionConsumer(pc)
 		}
-		w, err := sub.newWorker(pctx, partition.Assignment{
+		a := partition.Assignment{
 			Topic:         sub.topic,
 			Partition:     p,
 			Start:         partition.Start{Offset: start, Resolved: true},
 			Pauser:        consumer,
 			HighWaterMark: pc.HighWaterMarkOffset,
-		})
+		}
+		if sub.cfg.Tracer == nil { // a Tracer sees each record on its way through pc
+			if ff := fetchFirstRecords(client, sub.topic, map[int32]int64{p: start})[p]; ff != nil {
+				a.FirstRecords = ff.records
+			}
+		}
+		w, err := sub.newWorker(pctx, a)
 		if err != nil {
 			pc.Close()
 			cancel()

@@ -222,9 +222,9 @@ func (c *tapConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// tapTracer marks the consumer-group handler's calls (both subscribers take
-// a watermill-kafka SaramaTracer) and when each claim's channel first holds
-// a record.
+// tapTracer marks watermill-kafka's consumer-group handler calls and when
+// each claim's channel first holds a record. safeack is not given it: a
+// Tracer turns safeack's early first fetch off.
 type tapTracer struct{}
 
 func (tapTracer) WrapConsumer(c sarama.Consumer) sarama.Consumer { return c }
