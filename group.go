@@ -178,11 +178,11 @@ var closedChan = func() chan struct{} {
 //
 // The marks are made here, so that Sarama's claims fetch from them; the
 // commit is sent in the background, beside the claims' first fetches, and
-// the returned channel closes once it returned. ConsumeClaim hands nothing
-// out before that.
+// the returned channel closes once the coordinator holds it (see
+// commitPinned). ConsumeClaim hands nothing out before that.
 func (h *groupHandler) pinStarts(sess sarama.ConsumerGroupSession, claimed []int32, committed map[int32]committedOffset,
 	starts map[int32]int64, startErrs map[int32]error) <-chan struct{} {
-	pinned := 0
+	pinned := make(map[int32]int64)
 	for _, p := range claimed {
 		if c, ok := committed[p]; !ok || c.offset >= 0 {
 			continue
@@ -199,17 +199,15 @@ func (h *groupHandler) pinStarts(sess sarama.ConsumerGroupSession, claimed []int
 		}
 		sess.MarkOffset(h.sub.topic, p, start, "")
 		committed[p] = committedOffset{offset: start}
-		pinned++
+		pinned[p] = start
 	}
-	if pinned == 0 {
+	if len(pinned) == 0 {
 		return closedChan
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		sess.Commit()
-		h.sub.logger.Debug("Committed the start of partitions without a commit",
-			h.sub.logFields.Add(watermill.LogFields{"partitions": pinned}))
+		h.commitPinned(sess, pinned)
 	}()
 	return done
 }
@@ -224,6 +222,45 @@ func fetchStarts(claimed []int32, committed map[int32]committedOffset) map[int32
 		}
 	}
 	return from
+}
+
+// commitPinned commits the pinned starts and reads them back, committing
+// again until the coordinator holds them or the session ends. Sarama does
+// not tell a refused commit from a taken one (a coordinator loading the
+// group, or moving, refuses it), and a record handed out while the group
+// has no commit is skipped by the next owner at OffsetNewest if this
+// member dies before it is committed.
+func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map[int32]int64) {
+	parts := make([]int32, 0, len(starts))
+	for p := range starts {
+		parts = append(parts, p)
+	}
+	wait := rejoinMinBackoff
+	for {
+		sess.Commit()
+		held, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
+		missing := 0
+		for p, start := range starts {
+			if c, ok := held[p]; err != nil || !ok || c.offset < start {
+				missing++
+			}
+		}
+		if missing == 0 {
+			h.sub.logger.Debug("Committed the start of partitions without a commit",
+				h.sub.logFields.Add(watermill.LogFields{"partitions": len(starts)}))
+			return
+		}
+		fields := watermill.LogFields{"partitions": missing, "retry_in": wait.String()}
+		if err != nil {
+			fields["err"] = err.Error()
+		}
+		h.sub.logger.Info("The start of partitions without a commit is not committed yet; nothing is handed out until it is",
+			h.sub.logFields.Add(fields))
+		if !sleepCtx(sess.Context(), wait) {
+			return
+		}
+		wait = min(2*wait, rejoinMaxBackoff)
+	}
 }
 
 // committedOffset returns what Setup read for partition. A cooperative

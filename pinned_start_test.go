@@ -1,0 +1,58 @@
+package safeack_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// TestPinnedStartCommittedBeforeHandOut: a new group at OffsetNewest (the
+// defaults) hands out no record before the start it pinned is committed,
+// also when the coordinator refuses that commit for a while. Handing out
+// before would leave a group that delivered a record without any commit:
+// a member that then dies leaves the next one to resolve OffsetNewest
+// afresh, past the record it never finished.
+func TestPinnedStartCommittedBeforeHandOut(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	c.ProduceN(t, topic, 1, 5, nil) // history the group starts after
+	refuse := c.Kfake().Fault(kfake.Fault{
+		Keys:  []kmsg.Key{kmsg.OffsetCommit},
+		Group: group,
+		Err:   kerr.CoordinatorLoadInProgress,
+		Count: -1,
+	})
+	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: group}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs := mustSubscribe(t, sub, topic)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, refuse.Wait(ctx, 1), "no commit of the pinned start was attempted")
+	c.ProduceN(t, topic, 1, 1, nil)
+
+	const refusedFor = 1500 * time.Millisecond
+	time.AfterFunc(refusedFor, refuse.Remove)
+	select {
+	case m := <-msgs:
+		k, _ := msgPO(m)
+		co := c.CommittedOffsets(t, group, topic)[0]
+		require.Equal(t, int64(5), k.o)
+		require.Equal(t, int64(5), co.Offset,
+			"record %v handed out while the group's committed position is %d (refused commits: %d)", k, co.Offset, refuse.Hits())
+		m.Ack()
+	case <-time.After(20 * time.Second):
+		t.Fatal("the record was never handed out")
+	}
+}
