@@ -23,6 +23,10 @@ const DefaultTxnCommitInterval = 100 * time.Millisecond
 // publishes itself sets it with out.SetContext(msg.Context()).
 var ErrNoDelivery = errors.New("safeack: output message does not carry the context of a delivery of the transactional subscriber (use TxnPublisher.Middleware, or out.SetContext(msg.Context()))")
 
+// recordBatchVersion is the record format of the producer's Kafka versions
+// (0.11 and later; transactional mode needs 2.5.0).
+const recordBatchVersion = 2
+
 // TxnConfig configures exactly-once routing: see NewTxnPublisher.
 type TxnConfig struct {
 	// TransactionalID names this instance of the router to Kafka's
@@ -190,14 +194,26 @@ func usesCooperative(sc *sarama.Config) bool {
 
 // Publish buffers msgs as outputs of the delivery each one's context comes
 // from (see ErrNoDelivery): they enter a transaction once that delivery is
-// acked, and are dropped if it is nacked. It marshals them now, so a
-// marshaling error reaches the handler. It fails with ErrAlreadyAnswered
+// acked, and are dropped if it is nacked. It fails with ErrAlreadyAnswered
 // once the delivery was acked or nacked.
+//
+// It marshals the messages now, and refuses, before buffering any of them,
+// an output the transaction could never write: one larger than the
+// producer's Producer.MaxMessageBytes (an error wrapping
+// sarama.ErrMessageSizeTooLarge), or one to a topic the cluster neither
+// has nor creates (sarama.ErrUnknownTopicOrPartition). Such an output would
+// fail every transaction it entered, and its record, handled again after
+// each abort, would write it again. The error reaches a handler that
+// publishes itself, and so Retry and PoisonQueue around it; outputs a
+// handler returns are published by the router after its middleware, which
+// nacks the message when Publish fails.
 func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		return errors.New("safeack: empty topic")
 	}
-	for _, m := range msgs {
+	deliveries := make([]*txnDelivery, len(msgs))
+	records := make([]*sarama.ProducerMessage, len(msgs))
+	for i, m := range msgs {
 		d, ok := deliveryFromCtx(m.Context())
 		if !ok {
 			return ErrNoDelivery
@@ -209,7 +225,16 @@ func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 		if err != nil {
 			return fmt.Errorf("safeack: marshaling output %s: %w", m.UUID, err)
 		}
-		if err := d.add(pm); err != nil {
+		if size, limit := pm.ByteSize(recordBatchVersion), p.pcfg.Producer.MaxMessageBytes; size > limit {
+			return fmt.Errorf("safeack: output %s to %q is %d bytes, above Producer.MaxMessageBytes (%d): %w", m.UUID, topic, size, limit, sarama.ErrMessageSizeTooLarge)
+		}
+		if err := d.committer.checkTopic(topic); err != nil {
+			return err
+		}
+		deliveries[i], records[i] = d, pm
+	}
+	for i, d := range deliveries {
+		if err := d.add(records[i]); err != nil {
 			return err
 		}
 	}

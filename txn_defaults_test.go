@@ -1,0 +1,159 @@
+package safeack_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// defaultTxn is a transactional router as a new user writes it: a
+// subscriber with only Brokers and ConsumerGroup, a TxnPublisher with only
+// a TransactionalID, inputs from watermill-kafka's key-less
+// DefaultMarshaler.
+type defaultTxn struct {
+	c      *kafkatest.Cluster
+	in     string
+	group  string
+	sub    *safeack.Subscriber
+	pub    *safeack.TxnPublisher
+	router *message.Router
+	inPub  message.Publisher
+}
+
+func newDefaultTxn(t *testing.T, c *kafkatest.Cluster, partitions int, txnID string) *defaultTxn {
+	t.Helper()
+	d := &defaultTxn{c: c, in: c.NewTopic(t, partitions), group: c.NewGroup(t)}
+	logger := testLogger()
+	var err error
+	d.sub, err = safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: d.group}, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.sub.Close() })
+	d.pub, err = safeack.NewTxnPublisher(d.sub, safeack.TxnConfig{TransactionalID: txnID}, logger)
+	require.NoError(t, err)
+	d.router, err = message.NewRouter(message.RouterConfig{}, logger)
+	require.NoError(t, err)
+	d.inPub, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}}, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.inPub.Close() })
+	return d
+}
+
+// run starts the router and waits until the subscriber owns its partitions.
+func (d *defaultTxn) run(t *testing.T) (stop func()) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- d.router.Run(context.Background()) }()
+	select {
+	case <-d.router.Running():
+	case err := <-done:
+		t.Fatalf("router stopped at start: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, d.sub.WaitReady(ctx))
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		require.NoError(t, d.router.Close())
+		require.NoError(t, <-done)
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// publish writes n inputs with payload; it returns their UUIDs.
+func (d *defaultTxn) publish(t *testing.T, payload string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		m := message.NewMessage(watermill.NewUUID(), []byte(payload))
+		ids[i] = m.UUID
+		require.NoError(t, d.inPub.Publish(d.in, m))
+	}
+	return ids
+}
+
+// outputFor is the output of msg, carrying the input's UUID.
+func outputFor(msg *message.Message, payload string) *message.Message {
+	out := message.NewMessage(watermill.NewUUID(), []byte(payload))
+	out.Metadata.Set(hdrInputID, msg.UUID)
+	return out
+}
+
+// An output the transaction could never write — above the producer's
+// MaxMessageBytes, or to a topic the cluster does not have — is refused by
+// Publish, so that the handler's error reaches Watermill's PoisonQueue,
+// the input is dead-lettered, and the other inputs' outputs are committed.
+// Before, Publish buffered it and every transaction it entered aborted:
+// the record was handled again, wrote it again, and the subscription
+// never committed anything again.
+func TestTxnUnwritableOutputRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		bad   func(out string) (topic string, payload []byte)
+		cause error
+	}{
+		{"above MaxMessageBytes", func(out string) (string, []byte) {
+			return out, make([]byte, sarama.NewConfig().Producer.MaxMessageBytes+1)
+		}, sarama.ErrMessageSizeTooLarge},
+		{"unknown topic", func(string) (string, []byte) {
+			return "no-such-topic", []byte("x")
+		}, sarama.ErrUnknownTopicOrPartition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := kafkatest.Start(t)
+			d := newDefaultTxn(t, c, 1, "txn-unwritable")
+			out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
+			poison, err := middleware.PoisonQueue(d.pub, dlq)
+			require.NoError(t, err)
+			d.router.AddMiddleware(poison, d.pub.Middleware)
+			refused := make(chan error, 1)
+			d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+				if string(msg.Payload) == "bad" {
+					topic, payload := tc.bad(out)
+					o := message.NewMessage(watermill.NewUUID(), payload)
+					o.SetContext(msg.Context())
+					err := d.pub.Publish(topic, o)
+					select {
+					case refused <- err:
+					default: // handled again
+					}
+					return nil, err
+				}
+				return []*message.Message{outputFor(msg, "ok")}, nil
+			})
+			d.run(t)
+			rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
+			dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+			before := d.publish(t, "ok", 3)
+			d.publish(t, "bad", 1)
+			after := d.publish(t, "ok", 3)
+
+			ids := append(before, after...)
+			rd.waitAll(t, ids, 20*time.Second)
+			kafkatest.WaitFor(t, 20*time.Second, "the bad input dead-lettered", func() bool {
+				dl.mu.Lock()
+				defer dl.mu.Unlock()
+				return dl.records == 1
+			})
+			rd.complete(t, c, out, 1)
+			rd.checkExactlyOnce(t, ids)
+			require.ErrorIs(t, <-refused, tc.cause)
+			require.Zero(t, d.pub.Stats().Aborted)
+		})
+	}
+}
