@@ -243,15 +243,33 @@ func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 
 // Middleware gives the messages a handler returns the context of the
 // message it handled, so that the router's Publish (this TxnPublisher)
-// files them under that delivery. Add it to every handler whose outputs go
-// through this publisher (router.AddMiddleware, or the handler's own). A
-// returned message that already carries a delivery keeps it.
+// files them under that delivery, and drops the outputs the handler
+// published itself when it fails (returns an error or panics): a failed
+// attempt's outputs never enter a transaction, even when middleware
+// outside it retries the message or dead-letters it and acks.
+//
+// Add it to every handler whose outputs go through this publisher, inside
+// middleware.Retry and PoisonQueue: added last with router.AddMiddleware,
+// or as the handler's own middleware (the router runs those inside its
+// own). A returned message that already carries a delivery keeps it.
 func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		d, ok := deliveryFromCtx(msg.Context())
+		if !ok || d.committer.pub != p {
+			d = nil
+		}
+		kept := d.count()
+		succeeded := false
+		defer func() {
+			if !succeeded {
+				d.truncate(kept)
+			}
+		}()
 		out, err := h(msg)
 		if err != nil {
 			return out, err
 		}
+		succeeded = true
 		for _, m := range out {
 			if _, ok := deliveryFromCtx(m.Context()); !ok {
 				m.SetContext(msg.Context())
@@ -351,6 +369,30 @@ func (d *txnDelivery) add(pm *sarama.ProducerMessage) error {
 	}
 	d.outputs = append(d.outputs, pm)
 	return nil
+}
+
+// count returns how many outputs d holds; zero for a nil d.
+func (d *txnDelivery) count() int {
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.outputs)
+}
+
+// truncate drops the outputs added after the first n, unless d was
+// answered meanwhile. A nil d has none.
+func (d *txnDelivery) truncate(n int) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.answered && len(d.outputs) > n {
+		clear(d.outputs[n:])
+		d.outputs = d.outputs[:n]
+	}
 }
 
 // take closes the delivery to more outputs and returns those it holds.

@@ -2,6 +2,8 @@ package safeack_test
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -155,5 +157,60 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 			require.ErrorIs(t, <-refused, tc.cause)
 			require.Zero(t, d.pub.Stats().Aborted)
 		})
+	}
+}
+
+// Outputs a handler published itself and then failed — by an error or a
+// panic — never become visible, also when Watermill's Retry tries the
+// message again or its PoisonQueue dead-letters it and acks: Middleware,
+// inside them, drops a failed attempt's outputs. Before, they were
+// committed with the successful attempt's outputs or with the dead letter.
+func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 1, "txn-failed-attempt")
+	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
+	poison, err := middleware.PoisonQueue(d.pub, dlq)
+	require.NoError(t, err)
+	retry := middleware.Retry{MaxRetries: 1, InitialInterval: time.Millisecond}
+	d.router.AddMiddleware(poison, retry.Middleware, middleware.Recoverer, d.pub.Middleware)
+	var att attempts
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		n := att.next(msg)
+		o := outputFor(msg, "self")
+		o.Metadata.Set(hdrAttempt, strconv.Itoa(n))
+		o.SetContext(msg.Context())
+		if err := d.pub.Publish(out, o); err != nil {
+			return nil, err
+		}
+		switch string(msg.Payload) {
+		case "panics":
+			panic("after publishing")
+		case "fails once":
+			if n == 1 {
+				return nil, errors.New("after publishing")
+			}
+		}
+		return nil, nil
+	})
+	d.run(t)
+	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
+	dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+	ok := d.publish(t, "ok", 3)
+	flaky := d.publish(t, "fails once", 3)
+	poisoned := d.publish(t, "panics", 2)
+	ids := append(ok, flaky...)
+
+	rd.waitAll(t, ids, 20*time.Second)
+	kafkatest.WaitFor(t, 20*time.Second, "the panicking inputs dead-lettered", func() bool {
+		dl.mu.Lock()
+		defer dl.mu.Unlock()
+		return dl.records == len(poisoned)
+	})
+	rd.complete(t, c, out, 1)
+	rd.checkExactlyOnce(t, ids) // and nothing of the poisoned ones
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	for _, id := range flaky {
+		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
 	}
 }
