@@ -214,3 +214,81 @@ func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
 		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
 	}
 }
+
+// The shapes of handler a new user writes, on defaults (OffsetNewest with
+// history before the group, key-less inputs, OrderByKey): several outputs,
+// none, outputs to two topics (returned and self-published), and an
+// output published without the input's context (ErrNoDelivery, nothing
+// written). A read_committed reader sees each expected output exactly
+// once, none of the history's, and the group commits to the end.
+func TestTxnDefaultsHandlerShapes(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 2, "txn-shapes")
+	out, other := c.NewTopic(t, 2), c.NewTopic(t, 1)
+	history := d.publish(t, "ok", 5)
+	d.router.AddMiddleware(d.pub.Middleware)
+	output := func(msg *message.Message, k int) *message.Message {
+		o := outputFor(msg, "out")
+		o.Metadata.Set(hdrInputID, msg.UUID+"#"+strconv.Itoa(k))
+		return o
+	}
+	noDelivery := make(chan error, 10)
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		switch string(msg.Payload) {
+		case "several":
+			return []*message.Message{output(msg, 0), output(msg, 1), output(msg, 2)}, nil
+		case "none":
+			return nil, nil
+		case "two topics":
+			o := output(msg, 1)
+			o.SetContext(msg.Context())
+			if err := d.pub.Publish(other, o); err != nil {
+				return nil, err
+			}
+		case "no context":
+			noDelivery <- d.pub.Publish(out, output(msg, 1))
+		}
+		return []*message.Message{output(msg, 0)}, nil
+	})
+	d.run(t)
+	rd := readOutputs(t, c, out, 2, sarama.ReadCommitted)
+	rdOther := readOutputs(t, c, other, 1, sarama.ReadCommitted)
+	var want, wantOther []string
+	for _, payload := range []string{"ok", "several", "none", "two topics", "no context"} {
+		for _, id := range d.publish(t, payload, 4) {
+			switch payload {
+			case "several":
+				want = append(want, id+"#0", id+"#1", id+"#2")
+			case "none":
+			case "two topics":
+				want = append(want, id+"#0")
+				wantOther = append(wantOther, id+"#1")
+			default:
+				want = append(want, id+"#0")
+			}
+		}
+	}
+	rd.waitAll(t, want, 20*time.Second)
+	rdOther.waitAll(t, wantOther, 20*time.Second)
+	hwm := c.HighWaterMarks(t, d.in)
+	kafkatest.WaitFor(t, 20*time.Second, "the group's commits to reach the end", func() bool {
+		got := c.CommittedOffsets(t, d.group, d.in)
+		for p, h := range hwm {
+			if got[p].Offset != h {
+				return false
+			}
+		}
+		return true
+	})
+	rd.complete(t, c, out, 2)
+	rdOther.complete(t, c, other, 1)
+	rd.checkExactlyOnce(t, want) // nothing of the history, nor of "none"
+	rdOther.checkExactlyOnce(t, wantOther)
+	for range 4 {
+		require.ErrorIs(t, <-noDelivery, safeack.ErrNoDelivery)
+	}
+	for _, id := range history {
+		require.Zero(t, rd.seen([]string{id + "#0"}), "history before the group was handled")
+	}
+	require.Zero(t, d.pub.Stats().Aborted)
+}
