@@ -32,12 +32,16 @@ type defaultTxn struct {
 	inPub  message.Publisher
 }
 
-func newDefaultTxn(t *testing.T, c *kafkatest.Cluster, partitions int, txnID string) *defaultTxn {
+func newDefaultTxn(t *testing.T, c *kafkatest.Cluster, partitions int, txnID string, mods ...func(*safeack.SubscriberConfig)) *defaultTxn {
 	t.Helper()
 	d := &defaultTxn{c: c, in: c.NewTopic(t, partitions), group: c.NewGroup(t)}
 	logger := testLogger()
+	cfg := safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: d.group}
+	for _, mod := range mods {
+		mod(&cfg)
+	}
 	var err error
-	d.sub, err = safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: d.group}, logger)
+	d.sub, err = safeack.NewSubscriber(cfg, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.sub.Close() })
 	d.pub, err = safeack.NewTxnPublisher(d.sub, safeack.TxnConfig{TransactionalID: txnID}, logger)
@@ -291,4 +295,43 @@ func TestTxnDefaultsHandlerShapes(t *testing.T) {
 		require.Zero(t, rd.seen([]string{id + "#0"}), "history before the group was handled")
 	}
 	require.Zero(t, d.pub.Stats().Aborted)
+}
+
+// Watermill's plain PoisonQueue dead-letters a record whose handler gave
+// up because Close cancelled its context; with the TxnPublisher as its
+// publisher, that dead letter is never written: the drain gave up on the
+// record before its ack, so nothing of it enters a transaction, and the
+// group's offset stays on it for the next owner.
+func TestTxnPlainPoisonQueueAtClose(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 1, "txn-poison-close", func(cfg *safeack.SubscriberConfig) {
+		cfg.DrainTimeout = 300 * time.Millisecond
+	})
+	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
+	poison, err := middleware.PoisonQueue(d.pub, dlq)
+	require.NoError(t, err)
+	d.router.AddMiddleware(poison, d.pub.Middleware)
+	held := make(chan struct{}, 1)
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		if string(msg.Payload) == "hold" {
+			held <- struct{}{}
+			<-msg.Context().Done()
+			return nil, msg.Context().Err()
+		}
+		return []*message.Message{outputFor(msg, "ok")}, nil
+	})
+	stop := d.run(t)
+	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
+	dl := readOutputs(t, c, dlq, 1, sarama.ReadUncommitted)
+	ok := d.publish(t, "ok", 3)
+	d.publish(t, "hold", 1)
+	rd.waitAll(t, ok, 20*time.Second)
+	<-held
+	stop()
+
+	dl.complete(t, c, dlq, 1)
+	dl.mu.Lock()
+	require.Empty(t, dl.byID, "a record cut short by Close was dead-lettered")
+	dl.mu.Unlock()
+	require.Equal(t, int64(len(ok)), c.CommittedOffsets(t, d.group, d.in)[0].Offset, "the group's offset passed the held record")
 }
