@@ -30,6 +30,10 @@ var ErrNoDelivery = errors.New("safeack: output message does not carry the conte
 // (0.11 and later; transactional mode needs 2.5.0).
 const recordBatchVersion = 2
 
+// recordBatchHeader is the size of a record batch's header (base offset,
+// length, and the rest), which a broker's max.message.bytes counts.
+const recordBatchHeader = 61
+
 // TxnConfig configures exactly-once routing: see NewTxnPublisher.
 type TxnConfig struct {
 	// TransactionalID names this instance of the router to Kafka's
@@ -204,8 +208,8 @@ func usesCooperative(sc *sarama.Config) bool {
 // once the delivery was acked or nacked.
 //
 // It marshals the messages now, and refuses, before buffering any of them,
-// an output the transaction could never write: one larger than the
-// producer's Producer.MaxMessageBytes (an error wrapping
+// an output the transaction could never write: one whose record batch would
+// be larger than the producer's Producer.MaxMessageBytes (an error wrapping
 // sarama.ErrMessageSizeTooLarge), or one to a topic the cluster neither
 // has nor creates (sarama.ErrUnknownTopicOrPartition). Such an output would
 // fail every transaction it entered, and its record, handled again after
@@ -231,8 +235,10 @@ func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 		if err != nil {
 			return fmt.Errorf("safeack: marshaling output %s: %w", m.UUID, err)
 		}
-		if size, limit := pm.ByteSize(recordBatchVersion), p.pcfg.Producer.MaxMessageBytes; size > limit {
-			return fmt.Errorf("safeack: output %s to %q is %d bytes, above Producer.MaxMessageBytes (%d): %w", m.UUID, topic, size, limit, sarama.ErrMessageSizeTooLarge)
+		// A record alone in its batch must fit the broker's limit too,
+		// which counts the batch header: Sarama's own check does not.
+		if size, limit := recordBatchHeader+pm.ByteSize(recordBatchVersion), p.pcfg.Producer.MaxMessageBytes; size > limit {
+			return fmt.Errorf("safeack: output %s to %q takes up to %d bytes in a record batch, above Producer.MaxMessageBytes (%d): %w", m.UUID, topic, size, limit, sarama.ErrMessageSizeTooLarge)
 		}
 		if err := d.committer.checkTopic(topic); err != nil {
 			return err

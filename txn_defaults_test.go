@@ -115,6 +115,12 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 		{"above MaxMessageBytes", func(out string) (string, []byte) {
 			return out, make([]byte, sarama.NewConfig().Producer.MaxMessageBytes+1)
 		}, sarama.ErrMessageSizeTooLarge},
+		// Within Sarama's own check (record overhead at most 36 bytes), but
+		// not in a record batch (61 bytes of header) the broker's default
+		// message.max.bytes (1 MiB + 12) accepts.
+		{"within Sarama's check, not in the broker's batch", func(out string) (string, []byte) {
+			return out, make([]byte, sarama.NewConfig().Producer.MaxMessageBytes-116)
+		}, sarama.ErrMessageSizeTooLarge},
 		{"unknown topic", func(string) (string, []byte) {
 			return "no-such-topic", []byte("x")
 		}, sarama.ErrUnknownTopicOrPartition},
