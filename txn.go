@@ -17,11 +17,22 @@ import (
 // TxnConfig.CommitInterval is zero.
 const DefaultTxnCommitInterval = 100 * time.Millisecond
 
+// minTxnCommitInterval is the shortest TxnConfig.CommitInterval accepted.
+const minTxnCommitInterval = time.Millisecond
+
 // ErrNoDelivery is returned by TxnPublisher.Publish for an output message
 // whose context does not lead to the delivery it is the output of. Outputs
 // returned by a handler get it from TxnPublisher.Middleware; a handler that
 // publishes itself sets it with out.SetContext(msg.Context()).
 var ErrNoDelivery = errors.New("safeack: output message does not carry the context of a delivery of the transactional subscriber (use TxnPublisher.Middleware, or out.SetContext(msg.Context()))")
+
+// recordBatchVersion is the record format of the producer's Kafka versions
+// (0.11 and later; transactional mode needs 2.5.0).
+const recordBatchVersion = 2
+
+// recordBatchHeader is the size of a record batch's header (base offset,
+// length, and the rest), which a broker's max.message.bytes counts.
+const recordBatchHeader = 61
 
 // TxnConfig configures exactly-once routing: see NewTxnPublisher.
 type TxnConfig struct {
@@ -39,7 +50,8 @@ type TxnConfig struct {
 	// of the records acked since the last one, with the consumer offsets
 	// that cover them. Default DefaultTxnCommitInterval (100 ms). A shorter
 	// interval makes outputs visible sooner to read_committed readers, a
-	// longer one costs fewer commits.
+	// longer one costs fewer commits. At least 1 ms: a transaction takes
+	// several round trips to the broker, and a shorter tick only spins.
 	CommitInterval time.Duration
 
 	// Marshaler turns output messages into Kafka records. Default
@@ -123,6 +135,8 @@ func NewTxnPublisher(sub *Subscriber, config TxnConfig, logger watermill.LoggerA
 		return nil, fieldError("TransactionalID", "required: a name unique among running instances and stable across restarts")
 	case config.CommitInterval < 0:
 		return nil, fieldError("CommitInterval", "negative: %s", config.CommitInterval)
+	case config.CommitInterval > 0 && config.CommitInterval < minTxnCommitInterval:
+		return nil, fieldError("CommitInterval", "%s is below %s: a transaction takes several round trips to the broker, and the commit loop would only spin", config.CommitInterval, minTxnCommitInterval)
 	case sub.cfg.ConsumerGroup == "":
 		return nil, fieldError("SubscriberConfig.ConsumerGroup", "required in transactional mode: the offsets committed with the outputs are the group's")
 	case !sc.Version.IsAtLeast(sarama.V2_5_0_0):
@@ -190,14 +204,26 @@ func usesCooperative(sc *sarama.Config) bool {
 
 // Publish buffers msgs as outputs of the delivery each one's context comes
 // from (see ErrNoDelivery): they enter a transaction once that delivery is
-// acked, and are dropped if it is nacked. It marshals them now, so a
-// marshaling error reaches the handler. It fails with ErrAlreadyAnswered
+// acked, and are dropped if it is nacked. It fails with ErrAlreadyAnswered
 // once the delivery was acked or nacked.
+//
+// It marshals the messages now, and refuses, before buffering any of them,
+// an output the transaction could never write: one whose record batch would
+// be larger than the producer's Producer.MaxMessageBytes (an error wrapping
+// sarama.ErrMessageSizeTooLarge), or one to a topic the cluster neither
+// has nor creates (sarama.ErrUnknownTopicOrPartition). Such an output would
+// fail every transaction it entered, and its record, handled again after
+// each abort, would write it again. The error reaches a handler that
+// publishes itself, and so Retry and PoisonQueue around it; outputs a
+// handler returns are published by the router after its middleware, which
+// nacks the message when Publish fails.
 func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		return errors.New("safeack: empty topic")
 	}
-	for _, m := range msgs {
+	deliveries := make([]*txnDelivery, len(msgs))
+	records := make([]*sarama.ProducerMessage, len(msgs))
+	for i, m := range msgs {
 		d, ok := deliveryFromCtx(m.Context())
 		if !ok {
 			return ErrNoDelivery
@@ -209,7 +235,18 @@ func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 		if err != nil {
 			return fmt.Errorf("safeack: marshaling output %s: %w", m.UUID, err)
 		}
-		if err := d.add(pm); err != nil {
+		// A record alone in its batch must fit the broker's limit too,
+		// which counts the batch header: Sarama's own check does not.
+		if size, limit := recordBatchHeader+pm.ByteSize(recordBatchVersion), p.pcfg.Producer.MaxMessageBytes; size > limit {
+			return fmt.Errorf("safeack: output %s to %q takes up to %d bytes in a record batch, above Producer.MaxMessageBytes (%d): %w", m.UUID, topic, size, limit, sarama.ErrMessageSizeTooLarge)
+		}
+		if err := d.committer.checkTopic(topic); err != nil {
+			return err
+		}
+		deliveries[i], records[i] = d, pm
+	}
+	for i, d := range deliveries {
+		if err := d.add(records[i]); err != nil {
 			return err
 		}
 	}
@@ -218,15 +255,33 @@ func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 
 // Middleware gives the messages a handler returns the context of the
 // message it handled, so that the router's Publish (this TxnPublisher)
-// files them under that delivery. Add it to every handler whose outputs go
-// through this publisher (router.AddMiddleware, or the handler's own). A
-// returned message that already carries a delivery keeps it.
+// files them under that delivery, and drops the outputs the handler
+// published itself when it fails (returns an error or panics): a failed
+// attempt's outputs never enter a transaction, even when middleware
+// outside it retries the message or dead-letters it and acks.
+//
+// Add it to every handler whose outputs go through this publisher, inside
+// middleware.Retry and PoisonQueue: added last with router.AddMiddleware,
+// or as the handler's own middleware (the router runs those inside its
+// own). A returned message that already carries a delivery keeps it.
 func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		d, ok := deliveryFromCtx(msg.Context())
+		if !ok || d.committer.pub != p {
+			d = nil
+		}
+		kept := d.count()
+		succeeded := false
+		defer func() {
+			if !succeeded {
+				d.truncate(kept)
+			}
+		}()
 		out, err := h(msg)
 		if err != nil {
 			return out, err
 		}
+		succeeded = true
 		for _, m := range out {
 			if _, ok := deliveryFromCtx(m.Context()); !ok {
 				m.SetContext(msg.Context())
@@ -326,6 +381,30 @@ func (d *txnDelivery) add(pm *sarama.ProducerMessage) error {
 	}
 	d.outputs = append(d.outputs, pm)
 	return nil
+}
+
+// count returns how many outputs d holds; zero for a nil d.
+func (d *txnDelivery) count() int {
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.outputs)
+}
+
+// truncate drops the outputs added after the first n, unless d was
+// answered meanwhile. A nil d has none.
+func (d *txnDelivery) truncate(n int) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.answered && len(d.outputs) > n {
+		clear(d.outputs[n:])
+		d.outputs = d.outputs[:n]
+	}
 }
 
 // take closes the delivery to more outputs and returns those it holds.

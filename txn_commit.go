@@ -48,6 +48,9 @@ type txnCommitter struct {
 	id       string // the producer's transactional id
 	interval time.Duration
 
+	// client is the producer's connection, and answers Publish's
+	// question whether an output's topic exists.
+	client   sarama.Client
 	commitMu sync.Mutex // one transaction at a time; guards producer
 	producer sarama.SyncProducer
 
@@ -131,12 +134,31 @@ func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error
 		id:       pub.cfg.TransactionalID + "-" + sub.topic,
 		interval: pub.cfg.CommitInterval,
 	}
+	cfg := *pub.pcfg
+	cfg.Producer.Transaction.ID = c.id
+	client, err := sarama.NewClient(pub.cfg.Brokers, &cfg)
+	if err != nil {
+		return nil, fmt.Errorf("safeack: connecting the transactional producer %q: %w", c.id, err)
+	}
+	c.client = client
 	// The producer is made now so that a cluster without transactions
 	// (or an id another instance holds) is an error of Subscribe.
 	if err := c.ensureProducer(); err != nil {
+		_ = client.Close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// checkTopic fails for an output topic the cluster does not have (nor
+// creates on a metadata request). Without it, such an output would fail
+// every transaction it is in: the record is handled again after each
+// abort, writes the same output, and the subscription never commits again.
+func (c *txnCommitter) checkTopic(topic string) error {
+	if _, err := c.client.Partitions(topic); err != nil {
+		return fmt.Errorf("safeack: output topic %q: %w", topic, err)
+	}
+	return nil
 }
 
 // ensureProducer makes the transactional producer if there is none.
@@ -146,9 +168,7 @@ func (c *txnCommitter) ensureProducer() error {
 	if c.producer != nil {
 		return nil
 	}
-	cfg := *c.pub.pcfg
-	cfg.Producer.Transaction.ID = c.id
-	p, err := sarama.NewSyncProducer(c.pub.cfg.Brokers, &cfg)
+	p, err := sarama.NewSyncProducerFromClient(c.client)
 	if err != nil {
 		return fmt.Errorf("safeack: creating transactional producer %q: %w", c.id, err)
 	}
@@ -165,6 +185,9 @@ func (c *txnCommitter) close() {
 			c.sub.logger.Debug("Closing the transactional producer", c.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 		}
 		c.producer = nil
+	}
+	if err := c.client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
+		c.sub.logger.Debug("Closing the transactional producer's client", c.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 	}
 	c.pub.releaseTopic(c.sub.topic)
 }

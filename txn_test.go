@@ -449,6 +449,7 @@ func TestTxnConfigErrors(t *testing.T) {
 	}{
 		{"no id", mk(nil), safeack.TxnConfig{}, "TransactionalID"},
 		{"negative interval", mk(nil), safeack.TxnConfig{TransactionalID: "x", CommitInterval: -1}, "CommitInterval"},
+		{"interval below 1 ms", mk(nil), safeack.TxnConfig{TransactionalID: "x", CommitInterval: time.Microsecond}, "CommitInterval"},
 		{"no group", mk(func(cfg *safeack.SubscriberConfig) { cfg.ConsumerGroup = "" }), safeack.TxnConfig{TransactionalID: "x"}, "ConsumerGroup"},
 		{"old version", mk(func(cfg *safeack.SubscriberConfig) { cfg.OverwriteSaramaConfig.Version = sarama.V2_4_0_0 }), safeack.TxnConfig{TransactionalID: "x"}, "Version"},
 		{"cooperative", mk(func(cfg *safeack.SubscriberConfig) {

@@ -1,0 +1,343 @@
+package safeack_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// defaultTxn is a transactional router as a new user writes it: a
+// subscriber with only Brokers and ConsumerGroup, a TxnPublisher with only
+// a TransactionalID, inputs from watermill-kafka's key-less
+// DefaultMarshaler.
+type defaultTxn struct {
+	c      *kafkatest.Cluster
+	in     string
+	group  string
+	sub    *safeack.Subscriber
+	pub    *safeack.TxnPublisher
+	router *message.Router
+	inPub  message.Publisher
+}
+
+func newDefaultTxn(t *testing.T, c *kafkatest.Cluster, partitions int, txnID string, mods ...func(*safeack.SubscriberConfig)) *defaultTxn {
+	t.Helper()
+	d := &defaultTxn{c: c, in: c.NewTopic(t, partitions), group: c.NewGroup(t)}
+	logger := testLogger()
+	cfg := safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: d.group}
+	for _, mod := range mods {
+		mod(&cfg)
+	}
+	var err error
+	d.sub, err = safeack.NewSubscriber(cfg, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.sub.Close() })
+	d.pub, err = safeack.NewTxnPublisher(d.sub, safeack.TxnConfig{TransactionalID: txnID}, logger)
+	require.NoError(t, err)
+	d.router, err = message.NewRouter(message.RouterConfig{}, logger)
+	require.NoError(t, err)
+	d.inPub, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}}, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.inPub.Close() })
+	return d
+}
+
+// run starts the router and waits until the subscriber owns its partitions.
+func (d *defaultTxn) run(t *testing.T) (stop func()) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- d.router.Run(context.Background()) }()
+	select {
+	case <-d.router.Running():
+	case err := <-done:
+		t.Fatalf("router stopped at start: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, d.sub.WaitReady(ctx))
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		require.NoError(t, d.router.Close())
+		require.NoError(t, <-done)
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// publish writes n inputs with payload; it returns their UUIDs.
+func (d *defaultTxn) publish(t *testing.T, payload string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		m := message.NewMessage(watermill.NewUUID(), []byte(payload))
+		ids[i] = m.UUID
+		require.NoError(t, d.inPub.Publish(d.in, m))
+	}
+	return ids
+}
+
+// outputFor is the output of msg, carrying the input's UUID.
+func outputFor(msg *message.Message, payload string) *message.Message {
+	out := message.NewMessage(watermill.NewUUID(), []byte(payload))
+	out.Metadata.Set(hdrInputID, msg.UUID)
+	return out
+}
+
+// An output the transaction could never write — above the producer's
+// MaxMessageBytes, or to a topic the cluster does not have — is refused by
+// Publish, so that the handler's error reaches Watermill's PoisonQueue,
+// the input is dead-lettered, and the other inputs' outputs are committed.
+// Before, Publish buffered it and every transaction it entered aborted:
+// the record was handled again, wrote it again, and the subscription
+// never committed anything again.
+func TestTxnUnwritableOutputRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		bad   func(out string) (topic string, payload []byte)
+		cause error
+	}{
+		{"above MaxMessageBytes", func(out string) (string, []byte) {
+			return out, make([]byte, sarama.NewConfig().Producer.MaxMessageBytes+1)
+		}, sarama.ErrMessageSizeTooLarge},
+		// Within Sarama's own check (record overhead at most 36 bytes), but
+		// not in a record batch (61 bytes of header) the broker's default
+		// message.max.bytes (1 MiB + 12) accepts.
+		{"within Sarama's check, not in the broker's batch", func(out string) (string, []byte) {
+			return out, make([]byte, sarama.NewConfig().Producer.MaxMessageBytes-116)
+		}, sarama.ErrMessageSizeTooLarge},
+		{"unknown topic", func(string) (string, []byte) {
+			return "no-such-topic", []byte("x")
+		}, sarama.ErrUnknownTopicOrPartition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := kafkatest.Start(t)
+			d := newDefaultTxn(t, c, 1, "txn-unwritable")
+			out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
+			poison, err := middleware.PoisonQueue(d.pub, dlq)
+			require.NoError(t, err)
+			d.router.AddMiddleware(poison, d.pub.Middleware)
+			refused := make(chan error, 1)
+			d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+				if string(msg.Payload) == "bad" {
+					topic, payload := tc.bad(out)
+					o := message.NewMessage(watermill.NewUUID(), payload)
+					o.SetContext(msg.Context())
+					err := d.pub.Publish(topic, o)
+					select {
+					case refused <- err:
+					default: // handled again
+					}
+					return nil, err
+				}
+				return []*message.Message{outputFor(msg, "ok")}, nil
+			})
+			d.run(t)
+			rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
+			dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+			before := d.publish(t, "ok", 3)
+			d.publish(t, "bad", 1)
+			after := d.publish(t, "ok", 3)
+
+			ids := append(before, after...)
+			rd.waitAll(t, ids, 20*time.Second)
+			kafkatest.WaitFor(t, 20*time.Second, "the bad input dead-lettered", func() bool {
+				dl.mu.Lock()
+				defer dl.mu.Unlock()
+				return dl.records == 1
+			})
+			rd.complete(t, c, out, 1)
+			rd.checkExactlyOnce(t, ids)
+			require.ErrorIs(t, <-refused, tc.cause)
+			require.Zero(t, d.pub.Stats().Aborted)
+		})
+	}
+}
+
+// Outputs a handler published itself and then failed — by an error or a
+// panic — never become visible, also when Watermill's Retry tries the
+// message again or its PoisonQueue dead-letters it and acks: Middleware,
+// inside them, drops a failed attempt's outputs. Before, they were
+// committed with the successful attempt's outputs or with the dead letter.
+func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 1, "txn-failed-attempt")
+	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
+	poison, err := middleware.PoisonQueue(d.pub, dlq)
+	require.NoError(t, err)
+	retry := middleware.Retry{MaxRetries: 1, InitialInterval: time.Millisecond}
+	d.router.AddMiddleware(poison, retry.Middleware, middleware.Recoverer, d.pub.Middleware)
+	var att attempts
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		n := att.next(msg)
+		o := outputFor(msg, "self")
+		o.Metadata.Set(hdrAttempt, strconv.Itoa(n))
+		o.SetContext(msg.Context())
+		if err := d.pub.Publish(out, o); err != nil {
+			return nil, err
+		}
+		switch string(msg.Payload) {
+		case "panics":
+			panic("after publishing")
+		case "fails once":
+			if n == 1 {
+				return nil, errors.New("after publishing")
+			}
+		}
+		return nil, nil
+	})
+	d.run(t)
+	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
+	dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+	ok := d.publish(t, "ok", 3)
+	flaky := d.publish(t, "fails once", 3)
+	poisoned := d.publish(t, "panics", 2)
+	ids := append(ok, flaky...)
+
+	rd.waitAll(t, ids, 20*time.Second)
+	kafkatest.WaitFor(t, 20*time.Second, "the panicking inputs dead-lettered", func() bool {
+		dl.mu.Lock()
+		defer dl.mu.Unlock()
+		return dl.records == len(poisoned)
+	})
+	rd.complete(t, c, out, 1)
+	rd.checkExactlyOnce(t, ids) // and nothing of the poisoned ones
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	for _, id := range flaky {
+		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
+	}
+}
+
+// The shapes of handler a new user writes, on defaults (OffsetNewest with
+// history before the group, key-less inputs, OrderByKey): several outputs,
+// none, outputs to two topics (returned and self-published), and an
+// output published without the input's context (ErrNoDelivery, nothing
+// written). A read_committed reader sees each expected output exactly
+// once, none of the history's, and the group commits to the end.
+func TestTxnDefaultsHandlerShapes(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 2, "txn-shapes")
+	out, other := c.NewTopic(t, 2), c.NewTopic(t, 1)
+	history := d.publish(t, "ok", 5)
+	d.router.AddMiddleware(d.pub.Middleware)
+	output := func(msg *message.Message, k int) *message.Message {
+		o := outputFor(msg, "out")
+		o.Metadata.Set(hdrInputID, msg.UUID+"#"+strconv.Itoa(k))
+		return o
+	}
+	noDelivery := make(chan error, 10)
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		switch string(msg.Payload) {
+		case "several":
+			return []*message.Message{output(msg, 0), output(msg, 1), output(msg, 2)}, nil
+		case "none":
+			return nil, nil
+		case "two topics":
+			o := output(msg, 1)
+			o.SetContext(msg.Context())
+			if err := d.pub.Publish(other, o); err != nil {
+				return nil, err
+			}
+		case "no context":
+			noDelivery <- d.pub.Publish(out, output(msg, 1))
+		}
+		return []*message.Message{output(msg, 0)}, nil
+	})
+	d.run(t)
+	rd := readOutputs(t, c, out, 2, sarama.ReadCommitted)
+	rdOther := readOutputs(t, c, other, 1, sarama.ReadCommitted)
+	var want, wantOther []string
+	for _, payload := range []string{"ok", "several", "none", "two topics", "no context"} {
+		for _, id := range d.publish(t, payload, 4) {
+			switch payload {
+			case "several":
+				want = append(want, id+"#0", id+"#1", id+"#2")
+			case "none":
+			case "two topics":
+				want = append(want, id+"#0")
+				wantOther = append(wantOther, id+"#1")
+			default:
+				want = append(want, id+"#0")
+			}
+		}
+	}
+	rd.waitAll(t, want, 20*time.Second)
+	rdOther.waitAll(t, wantOther, 20*time.Second)
+	hwm := c.HighWaterMarks(t, d.in)
+	kafkatest.WaitFor(t, 20*time.Second, "the group's commits to reach the end", func() bool {
+		got := c.CommittedOffsets(t, d.group, d.in)
+		for p, h := range hwm {
+			if got[p].Offset != h {
+				return false
+			}
+		}
+		return true
+	})
+	rd.complete(t, c, out, 2)
+	rdOther.complete(t, c, other, 1)
+	rd.checkExactlyOnce(t, want) // nothing of the history, nor of "none"
+	rdOther.checkExactlyOnce(t, wantOther)
+	for range 4 {
+		require.ErrorIs(t, <-noDelivery, safeack.ErrNoDelivery)
+	}
+	for _, id := range history {
+		require.Zero(t, rd.seen([]string{id + "#0"}), "history before the group was handled")
+	}
+	require.Zero(t, d.pub.Stats().Aborted)
+}
+
+// Watermill's plain PoisonQueue dead-letters a record whose handler gave
+// up because Close cancelled its context; with the TxnPublisher as its
+// publisher, that dead letter is never written: the drain gave up on the
+// record before its ack, so nothing of it enters a transaction, and the
+// group's offset stays on it for the next owner.
+func TestTxnPlainPoisonQueueAtClose(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 1, "txn-poison-close", func(cfg *safeack.SubscriberConfig) {
+		cfg.DrainTimeout = 300 * time.Millisecond
+	})
+	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
+	poison, err := middleware.PoisonQueue(d.pub, dlq)
+	require.NoError(t, err)
+	d.router.AddMiddleware(poison, d.pub.Middleware)
+	held := make(chan struct{}, 1)
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		if string(msg.Payload) == "hold" {
+			held <- struct{}{}
+			<-msg.Context().Done()
+			return nil, msg.Context().Err()
+		}
+		return []*message.Message{outputFor(msg, "ok")}, nil
+	})
+	stop := d.run(t)
+	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
+	dl := readOutputs(t, c, dlq, 1, sarama.ReadUncommitted)
+	ok := d.publish(t, "ok", 3)
+	d.publish(t, "hold", 1)
+	rd.waitAll(t, ok, 20*time.Second)
+	<-held
+	stop()
+
+	dl.complete(t, c, dlq, 1)
+	dl.mu.Lock()
+	require.Empty(t, dl.byID, "a record cut short by Close was dead-lettered")
+	dl.mu.Unlock()
+	require.Equal(t, int64(len(ok)), c.CommittedOffsets(t, d.group, d.in)[0].Offset, "the group's offset passed the held record")
+}
