@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"runtime/pprof"
 	"runtime/trace"
 	"strconv"
@@ -28,6 +29,8 @@ type result struct {
 	commit   time.Duration // consumer start → committed offsets at the end; <0: not reached
 	cpu      time.Duration // process user+sys CPU, consumer start → last ack
 	heapPeak uint64
+	livePeak uint64 // peak live heap a GC marked (the log shows it less heapBase): what heapPeak is without the garbage awaiting the next GC
+	gcs      uint32
 	rssPeak  uint64
 	retained int // peak sum of Retained; -1 when not applicable
 	dups     int64
@@ -141,9 +144,9 @@ func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, er
 				}
 				continue
 			}
-			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  end lag %s  ack→commit p50/p99 %s/%s ms (by offset %s/%s)  cpu %.2fs  heap %s  allocs/rec %.1f  dups %d  occupancy %.2f  mean handler %s",
+			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  end lag %s  ack→commit p50/p99 %s/%s ms (by offset %s/%s)  cpu %.2fs  heap %s  live %s  gcs %d  allocs/rec %.1f  dups %d  occupancy %.2f  mean handler %s",
 				c.label, rep, r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), fmtCommit(r.endLag), fmtMs(ms(r.cover.p50)), fmtMs(ms(r.cover.p99)), fmtMs(ms(r.coverOffset.p50)), fmtMs(ms(r.coverOffset.p99)),
-				r.cpu.Seconds(), fmtMB(r.heapPeak-min(r.heapBase, r.heapPeak)), r.allocs, r.dups,
+				r.cpu.Seconds(), fmtMB(r.heapPeak-min(r.heapBase, r.heapPeak)), fmtMB(r.livePeak-min(r.heapBase, r.livePeak)), r.gcs, r.allocs, r.dups,
 				r.occupancy(), time.Duration(int64(r.busy)/int64(max(r.n, 1))).Round(time.Microsecond))
 		}
 	}
@@ -257,6 +260,7 @@ func runCaseWith(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, 
 		r.active = r.wall - r.startup
 		r.cpu = cpu1 - cpu0
 		r.allocs = float64(ms1.Mallocs-ms0.Mallocs) / float64(r.n)
+		r.gcs = ms1.NumGC - ms0.NumGC
 		r.busy, r.conc = time.Duration(tr.busy.Load()), c.conc
 		if hooks.produced != nil {
 			r.err = hooks.produced()
@@ -275,7 +279,7 @@ func runCaseWith(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, 
 	if err := con.stop(); err != nil {
 		vlogf("%s: close: %v", c.label, err)
 	}
-	r.heapPeak, r.retained = smp.stop()
+	r.heapPeak, r.livePeak, r.retained = smp.stop()
 	if con.retained == nil {
 		r.retained = -1
 	}
@@ -318,6 +322,7 @@ type sampler struct {
 	stopC    chan struct{}
 	wg       sync.WaitGroup
 	heap     uint64
+	live     uint64 // peak of the live heap the last GC marked
 	retained int
 }
 
@@ -329,9 +334,12 @@ func startSampler(retained func() int) *sampler {
 		t := time.NewTicker(50 * time.Millisecond)
 		defer t.Stop()
 		var ms runtime.MemStats
+		live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 		for {
 			runtime.ReadMemStats(&ms)
 			s.heap = max(s.heap, ms.HeapInuse)
+			metrics.Read(live)
+			s.live = max(s.live, live[0].Value.Uint64())
 			if retained != nil {
 				s.retained = max(s.retained, retained())
 			}
@@ -345,10 +353,10 @@ func startSampler(retained func() int) *sampler {
 	return s
 }
 
-func (s *sampler) stop() (heap uint64, retained int) {
+func (s *sampler) stop() (heap, live uint64, retained int) {
 	close(s.stopC)
 	s.wg.Wait()
-	return s.heap, s.retained
+	return s.heap, s.live, s.retained
 }
 
 func cpuTime() time.Duration {
