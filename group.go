@@ -332,6 +332,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	if h.txn != nil {
 		tm = h.txn.newMarker()
 		a.Marker, a.Deliveries = tm, tm
+	} else {
+		a.StartCommitted = func(offset int64) bool {
+			held, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, claim.Topic(), []int32{claim.Partition()})
+			return err == nil && held[claim.Partition()].offset == offset
+		}
 	}
 	w, err := h.sub.newWorker(sess.Context(), a)
 	if err != nil {

@@ -56,3 +56,51 @@ func TestPinnedStartCommittedBeforeHandOut(t *testing.T) {
 		t.Fatal("the record was never handed out")
 	}
 }
+
+// TestFallbackStartCommittedBeforeHandOut: when Sarama resolves the start
+// itself (here the group's commit is above the end of the log, at the
+// default OffsetNewest), the first record is handed out only once the
+// coordinator holds its offset, also when it refuses that commit for a
+// while. Handed out before, with the broker still holding the out-of-range
+// commit, a member that dies leaves the next one to fall back to the end
+// of the log again, past the record.
+func TestFallbackStartCommittedBeforeHandOut(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	c.ProduceN(t, topic, 1, 5, nil)
+	c.CommitOffset(t, group, topic, 0, 30) // above the end: Sarama falls back to OffsetNewest
+	refuse := c.Kfake().Fault(kfake.Fault{
+		Keys:  []kmsg.Key{kmsg.OffsetCommit},
+		Group: group,
+		Err:   kerr.CoordinatorLoadInProgress,
+		Count: -1,
+	})
+	defer refuse.Remove()
+	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: group}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs := mustSubscribe(t, sub, topic)
+	kafkatest.WaitFor(t, 30*time.Second, "the partition claimed (Sarama's start resolved)", func() bool {
+		_, ok := ownedPartitions(sub, topic)[0]
+		return ok
+	})
+	c.ProduceN(t, topic, 1, 1, nil) // offset 5, the first record fetched
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, refuse.Wait(ctx, 1), "no commit of the start was attempted")
+	time.AfterFunc(1500*time.Millisecond, refuse.Remove)
+	select {
+	case m := <-msgs:
+		k, _ := msgPO(m)
+		co := c.CommittedOffsets(t, group, topic)[0]
+		require.Equal(t, int64(5), k.o)
+		require.Equal(t, int64(5), co.Offset,
+			"record %v handed out while the group's committed position is %d (refused commits: %d)", k, co.Offset, refuse.Hits())
+		m.Ack()
+	case <-time.After(20 * time.Second):
+		t.Fatal("the record was never handed out")
+	}
+}

@@ -89,6 +89,11 @@ type Assignment struct {
 	// RequestCommit asks for a commit soon: called when every record taken
 	// is complete and none waits.
 	RequestCommit func()
+	// StartCommitted reads back whether the group's coordinator holds
+	// offset for the partition. When set, a start fixed at the first record
+	// (see Start) is committed again until it does, before anything is
+	// handed out: Sarama does not report a refused commit. Nil: not checked.
+	StartCommitted func(offset int64) bool
 	// Deliveries, when set, is told of every delivery.
 	Deliveries DeliveryHooks
 	// FirstRecords, when not nil, may bring the partition's first records,

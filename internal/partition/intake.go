@@ -86,7 +86,45 @@ func (w *Worker) fixStart(first int64) {
 	w.marker.MarkOffset(w.topic, w.partition, first, "")
 	w.marker.ResetOffset(w.topic, w.partition, first, "")
 	w.marker.Commit()
+	if w.startHeld != nil && !w.confirmStart(first) {
+		// The assignment ended before the coordinator took the start:
+		// hand nothing out, the drain follows.
+		w.mu.Lock()
+		w.handOutStopped = true
+		w.mu.Unlock()
+		return
+	}
 	w.cfg.Logger.Debug("Partition starts at its first record; committed that position", w.logFields)
+}
+
+// Bounds of confirmStart's backoff between commits.
+const (
+	confirmMinBackoff = 100 * time.Millisecond
+	confirmMaxBackoff = time.Second
+)
+
+// confirmStart commits the start again until the coordinator holds it (a
+// coordinator loading or moving the group refuses commits, and Sarama does
+// not say so). It reports false if the assignment ended first. A record
+// handed out before would be skipped by the next owner, should this member
+// die: the group's commit is still out of range, or missing, and Sarama
+// resolves Offsets.Initial afresh.
+func (w *Worker) confirmStart(first int64) bool {
+	wait := confirmMinBackoff
+	for !w.startHeld(first) {
+		w.cfg.Logger.Info("The partition's start is not committed yet; nothing is handed out until it is",
+			w.logFields.Add(watermill.LogFields{"start": first, "retry_in": wait.String()}))
+		t := time.NewTimer(wait)
+		select {
+		case <-w.ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		w.marker.Commit()
+		wait = min(2*wait, confirmMaxBackoff)
+	}
+	return true
 }
 
 // StartFromCommit takes what the group's commit says of the partition, as

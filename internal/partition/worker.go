@@ -98,6 +98,7 @@ type Worker struct {
 	// fixStart). Written by run under mu.
 	startPending bool
 	start        Start
+	startHeld    func(offset int64) bool // Assignment.StartCommitted
 
 	// Owned by run.
 	pauser      Pauser // nil: fetching is never paused
@@ -170,6 +171,7 @@ func New(parent context.Context, cfg *Config, pool *Pool, a Assignment) (*Worker
 		pauser:        a.Pauser,
 		hwm:           a.HighWaterMark,
 		requestCommit: a.RequestCommit,
+		startHeld:     a.StartCommitted,
 		logFields:     cfg.LogFields.Add(watermill.LogFields{"kafka_partition": a.Partition, "kafka_initial_offset": a.Start.Offset}),
 		ctx:           ctx,
 		cancel:        cancel,

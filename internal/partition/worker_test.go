@@ -123,6 +123,8 @@ type rigOptions struct {
 	beforeRun func(*Worker)
 	// firstRecords becomes Assignment.FirstRecords.
 	firstRecords chan []*sarama.ConsumerMessage
+	// startCommitted becomes Assignment.StartCommitted.
+	startCommitted func(int64) bool
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -153,6 +155,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	if o.firstRecords != nil {
 		a.FirstRecords = o.firstRecords
 	}
+	a.StartCommitted = o.startCommitted
 	if o.noMarker {
 		a.Marker = nil
 	}
@@ -578,6 +581,43 @@ func TestWorkerFixesUnresolvedStart(t *testing.T) {
 	require.Equal(t, int64(42), r.w.Marked())
 	m.Ack()
 	waitUntil(t, "marked past the first record", func() bool { return r.marker.last().offset == 43 })
+}
+
+// TestWorkerHandsOutOnlyACommittedStart: a start fixed at the first record
+// is committed again until the coordinator holds it, and nothing is handed
+// out before.
+func TestWorkerHandsOutOnlyACommittedStart(t *testing.T) {
+	var held sync.Mutex
+	holds := false
+	var asked []int64
+	r := newRig(t, rigOptions{maxInFlight: 1, start: Start{Offset: 40, Resolved: false},
+		startCommitted: func(off int64) bool {
+			held.Lock()
+			defer held.Unlock()
+			asked = append(asked, off)
+			return holds
+		}})
+	r.next = 42
+	r.sendN(1)
+	waitUntil(t, "the start read back twice", func() bool {
+		held.Lock()
+		defer held.Unlock()
+		return len(asked) >= 2
+	})
+	r.quiet(20 * time.Millisecond)
+	held.Lock()
+	holds = true
+	held.Unlock()
+	m := r.receive()
+	require.Equal(t, int64(42), offsetOf(m))
+	r.marker.mu.Lock()
+	commits := r.marker.commits
+	r.marker.mu.Unlock()
+	require.GreaterOrEqual(t, commits, 2, "the start is committed again after each refusal")
+	held.Lock()
+	require.Equal(t, int64(42), asked[0])
+	held.Unlock()
+	m.Ack()
 }
 
 // TestWorkersShareTokens: two workers of one pool never have more
