@@ -41,6 +41,10 @@ type Subscriber struct {
 	closing   chan struct{}
 	closeOnce sync.Once
 	closed    atomic.Bool
+	// lifecycle orders Subscribe's start of a subscription against Close:
+	// a subscription either starts before Close sets closed (and Close
+	// waits for it in subs) or not at all.
+	lifecycle sync.Mutex
 	subs      sync.WaitGroup
 
 	// txn makes the subscriptions commit through Kafka transactions (see
@@ -132,9 +136,14 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err == nil {
 		err = sub.checkTailBudget(client)
 	}
+	s.lifecycle.Lock()
 	if err == nil && s.closed.Load() {
 		err = ErrSubscriberClosed
 	}
+	if err == nil {
+		s.subs.Add(1) // before Close can Wait
+	}
+	s.lifecycle.Unlock()
 	if err != nil {
 		if client != nil {
 			_ = client.Close()
@@ -153,7 +162,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	} else {
 		s.ready.set(sub, phaseJoining, nil)
 	}
-	s.subs.Add(1)
 	go func() {
 		defer s.subs.Done()
 		sub.run(ctx, client)
@@ -178,7 +186,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // client's Net.ReadTimeout when it lands mid-rebalance.
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
+		s.lifecycle.Lock()
 		s.closed.Store(true)
+		s.lifecycle.Unlock()
 		close(s.closing)
 	})
 	s.subs.Wait()
