@@ -325,6 +325,12 @@ func (c SubscriberConfig) Validate() error {
 	if c.CommitInterval < 0 {
 		return fieldError("CommitInterval", "negative duration %v", c.CommitInterval)
 	}
+	if c.CommitInterval > 0 && c.CommitInterval < minCommitInterval {
+		return fieldError("CommitInterval", "%v is below %v: a commit takes a round trip to the broker, and the commit loop would only spin", c.CommitInterval, minCommitInterval)
+	}
+	if ac := c.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit; ac.Enable && ac.Interval > 0 && ac.Interval < minCommitInterval {
+		return fieldError("OverwriteSaramaConfig", "Consumer.Offsets.AutoCommit.Interval %v is below %v (with auto-commit on it is safeack's commit interval): a commit takes a round trip to the broker, and the commit loop would only spin", ac.Interval, minCommitInterval)
+	}
 	if c.TailMetadataBudget < 0 {
 		return fieldError("TailMetadataBudget", "negative size %d", c.TailMetadataBudget)
 	}
@@ -349,6 +355,10 @@ func (c SubscriberConfig) Validate() error {
 	}
 	return nil
 }
+
+// minCommitInterval is the shortest commit interval accepted, here and in
+// TxnConfig.
+const minCommitInterval = time.Millisecond
 
 // commitInterval is how often the completed prefixes are committed: Sarama's
 // auto-commit interval when auto-commit is on, CommitInterval otherwise.

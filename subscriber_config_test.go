@@ -44,6 +44,13 @@ func TestNewSubscriberInvalidConfig(t *testing.T) {
 		{"negative MaxPendingPerPartition", func(c *safeack.SubscriberConfig) { c.MaxPendingPerPartition = -5 }, "MaxPendingPerPartition"},
 		{"negative DrainTimeout", func(c *safeack.SubscriberConfig) { c.DrainTimeout = -time.Second }, "DrainTimeout"},
 		{"negative CommitInterval", func(c *safeack.SubscriberConfig) { c.CommitInterval = -time.Millisecond }, "CommitInterval"},
+		{"CommitInterval of a nanosecond", func(c *safeack.SubscriberConfig) {
+			c.OverwriteSaramaConfig = saramaWith(func(s *sarama.Config) { s.Consumer.Offsets.AutoCommit.Enable = false })
+			c.CommitInterval = time.Nanosecond
+		}, "CommitInterval"},
+		{"Sarama AutoCommit.Interval of a microsecond", func(c *safeack.SubscriberConfig) {
+			c.OverwriteSaramaConfig = saramaWith(func(s *sarama.Config) { s.Consumer.Offsets.AutoCommit.Interval = time.Microsecond })
+		}, "AutoCommit.Interval"},
 		{"negative NackResendSleep", func(c *safeack.SubscriberConfig) { c.NackResendSleep = -time.Second }, "NackResendSleep"},
 		{"negative ReconnectRetrySleep", func(c *safeack.SubscriberConfig) { c.ReconnectRetrySleep = -2 * time.Second }, "ReconnectRetrySleep"},
 		{"negative WaitForTopicCreationTimeout", func(c *safeack.SubscriberConfig) { c.WaitForTopicCreationTimeout = -time.Second }, "WaitForTopicCreationTimeout"},

@@ -17,9 +17,6 @@ import (
 // TxnConfig.CommitInterval is zero.
 const DefaultTxnCommitInterval = 100 * time.Millisecond
 
-// minTxnCommitInterval is the shortest TxnConfig.CommitInterval accepted.
-const minTxnCommitInterval = time.Millisecond
-
 // ErrNoDelivery is returned by TxnPublisher.Publish for an output message
 // whose context does not lead to the delivery it is the output of. Outputs
 // returned by a handler get it from TxnPublisher.Middleware; a handler that
@@ -135,8 +132,8 @@ func NewTxnPublisher(sub *Subscriber, config TxnConfig, logger watermill.LoggerA
 		return nil, fieldError("TransactionalID", "required: a name unique among running instances and stable across restarts")
 	case config.CommitInterval < 0:
 		return nil, fieldError("CommitInterval", "negative: %s", config.CommitInterval)
-	case config.CommitInterval > 0 && config.CommitInterval < minTxnCommitInterval:
-		return nil, fieldError("CommitInterval", "%s is below %s: a transaction takes several round trips to the broker, and the commit loop would only spin", config.CommitInterval, minTxnCommitInterval)
+	case config.CommitInterval > 0 && config.CommitInterval < minCommitInterval:
+		return nil, fieldError("CommitInterval", "%s is below %s: a transaction takes several round trips to the broker, and the commit loop would only spin", config.CommitInterval, minCommitInterval)
 	case sub.cfg.ConsumerGroup == "":
 		return nil, fieldError("SubscriberConfig.ConsumerGroup", "required in transactional mode: the offsets committed with the outputs are the group's")
 	case !sc.Version.IsAtLeast(sarama.V2_5_0_0):
