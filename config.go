@@ -130,7 +130,7 @@ type SubscriberConfig struct {
 	// within one interval plus a round trip, and a partition whose every
 	// received record is complete is committed at once (early commits are
 	// at least a tenth of the interval, and at most 100 ms, apart).
-	// Default 1 s.
+	// Default 1 s; at least 1 ms.
 	CommitInterval time.Duration
 
 	// Ordering chooses which records may be handled at the same time.
