@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -42,14 +43,21 @@ func TestPinnedStartCommittedBeforeHandOut(t *testing.T) {
 	require.NoError(t, refuse.Wait(ctx, 1), "no commit of the pinned start was attempted")
 	c.ProduceN(t, topic, 1, 1, nil)
 
-	const refusedFor = 1500 * time.Millisecond
-	time.AfterFunc(refusedFor, refuse.Remove)
+	time.AfterFunc(1500*time.Millisecond, refuse.Remove)
+	requireFirstHandedOutCommitted(t, c, msgs, group, topic, 5, refuse)
+}
+
+// requireFirstHandedOutCommitted takes the first message of msgs and checks
+// that it is the record at offset want of partition 0, and that the group's
+// committed position was want by the time it was handed out.
+func requireFirstHandedOutCommitted(t *testing.T, c *kafkatest.Cluster, msgs <-chan *message.Message, group, topic string, want int64, refuse *kfake.FaultHandle) {
+	t.Helper()
 	select {
 	case m := <-msgs:
 		k, _ := msgPO(m)
 		co := c.CommittedOffsets(t, group, topic)[0]
-		require.Equal(t, int64(5), k.o)
-		require.Equal(t, int64(5), co.Offset,
+		require.Equal(t, want, k.o)
+		require.Equal(t, want, co.Offset,
 			"record %v handed out while the group's committed position is %d (refused commits: %d)", k, co.Offset, refuse.Hits())
 		m.Ack()
 	case <-time.After(20 * time.Second):
@@ -92,15 +100,5 @@ func TestFallbackStartCommittedBeforeHandOut(t *testing.T) {
 	defer cancel()
 	require.NoError(t, refuse.Wait(ctx, 1), "no commit of the start was attempted")
 	time.AfterFunc(1500*time.Millisecond, refuse.Remove)
-	select {
-	case m := <-msgs:
-		k, _ := msgPO(m)
-		co := c.CommittedOffsets(t, group, topic)[0]
-		require.Equal(t, int64(5), k.o)
-		require.Equal(t, int64(5), co.Offset,
-			"record %v handed out while the group's committed position is %d (refused commits: %d)", k, co.Offset, refuse.Hits())
-		m.Ack()
-	case <-time.After(20 * time.Second):
-		t.Fatal("the record was never handed out")
-	}
+	requireFirstHandedOutCommitted(t, c, msgs, group, topic, 5, refuse)
 }

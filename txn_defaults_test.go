@@ -157,11 +157,7 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 
 			ids := append(before, after...)
 			rd.waitAll(t, ids, 20*time.Second)
-			kafkatest.WaitFor(t, 20*time.Second, "the bad input dead-lettered", func() bool {
-				dl.mu.Lock()
-				defer dl.mu.Unlock()
-				return dl.records == 1
-			})
+			dl.waitRecords(t, 1, "the bad input dead-lettered")
 			rd.complete(t, c, out, 1)
 			rd.checkExactlyOnce(t, ids)
 			require.ErrorIs(t, <-refused, tc.cause)
@@ -211,11 +207,7 @@ func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
 	ids := append(ok, flaky...)
 
 	rd.waitAll(t, ids, 20*time.Second)
-	kafkatest.WaitFor(t, 20*time.Second, "the panicking inputs dead-lettered", func() bool {
-		dl.mu.Lock()
-		defer dl.mu.Unlock()
-		return dl.records == len(poisoned)
-	})
+	dl.waitRecords(t, len(poisoned), "the panicking inputs dead-lettered")
 	rd.complete(t, c, out, 1)
 	rd.checkExactlyOnce(t, ids) // and nothing of the poisoned ones
 	rd.mu.Lock()

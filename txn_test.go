@@ -196,6 +196,16 @@ func (rd *outputReader) add(m *sarama.ConsumerMessage) {
 	rd.byID[id] = append(rd.byID[id], m)
 }
 
+// waitRecords waits until n records were read.
+func (rd *outputReader) waitRecords(t *testing.T, n int, what string) {
+	t.Helper()
+	kafkatest.WaitFor(t, 20*time.Second, what, func() bool {
+		rd.mu.Lock()
+		defer rd.mu.Unlock()
+		return rd.records == n
+	})
+}
+
 // complete waits until a plain "sentry" record written to every partition
 // now has been read: every record before it has been read too.
 func (rd *outputReader) complete(t *testing.T, c *kafkatest.Cluster, topic string, partitions int) {
