@@ -36,15 +36,22 @@ func fetchFirstRecords(client sarama.Client, topic string, from map[int32]int64)
 	if len(from) == 0 || conf.Consumer.IsolationLevel != sarama.ReadUncommitted || !conf.Version.IsAtLeast(sarama.V0_11_0_0) {
 		return nil
 	}
+	// The goroutines below keep their own pointers: the caller owns the
+	// returned map.
+	type partFetch struct {
+		partition int32
+		*firstFetch
+	}
 	fetches := make(map[int32]*firstFetch, len(from))
-	byLeader := make(map[*sarama.Broker][]int32)
+	byLeader := make(map[*sarama.Broker][]partFetch)
 	for p, off := range from {
 		leader, err := client.Leader(topic, p)
 		if err != nil {
 			continue // the claim finds the leader itself
 		}
-		fetches[p] = &firstFetch{from: off, records: make(chan []*sarama.ConsumerMessage, 1)}
-		byLeader[leader] = append(byLeader[leader], p)
+		ff := &firstFetch{from: off, records: make(chan []*sarama.ConsumerMessage, 1)}
+		fetches[p] = ff
+		byLeader[leader] = append(byLeader[leader], partFetch{p, ff})
 	}
 	maxBytes := min(conf.Consumer.Fetch.Default, firstFetchMaxBytes)
 	for leader, parts := range byLeader {
@@ -58,21 +65,21 @@ func fetchFirstRecords(client sarama.Client, topic string, from map[int32]int64)
 				SessionID:    0,
 				SessionEpoch: -1, // no fetch session (KIP-227), as Sarama's consumer
 			}
-			for _, p := range parts {
-				req.AddBlock(topic, p, fetches[p].from, maxBytes, -1)
+			for _, pf := range parts {
+				req.AddBlock(topic, pf.partition, pf.from, maxBytes, -1)
 			}
 			resp, err := leader.Fetch(req)
-			for _, p := range parts {
+			for _, pf := range parts {
 				var recs []*sarama.ConsumerMessage
 				if err == nil {
-					recs, _ = firstRecords(resp.GetBlock(topic, p), topic, p, fetches[p].from)
+					recs, _ = firstRecords(resp.GetBlock(topic, pf.partition), topic, pf.partition, pf.from)
 				}
 				for _, m := range recs {
 					for _, ic := range conf.Consumer.Interceptors {
 						ic.OnConsume(m)
 					}
 				}
-				fetches[p].records <- recs
+				pf.records <- recs
 			}
 		}()
 	}

@@ -327,6 +327,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	if ff := h.first[claim.Partition()]; ff != nil && start.Resolved && ff.from == start.Offset {
 		a.FirstRecords = ff.records
 	}
+	delete(h.first, claim.Partition()) // for the session's first claim of the partition only
 	h.mu.Unlock()
 	var tm *txnMarker
 	if h.txn != nil {
