@@ -6,10 +6,17 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// firstFetchMaxBytes caps what one partition's first fetch asks for: the
-// claim fetches the same records again, so a large Consumer.Fetch.Default
-// would be read twice.
-const firstFetchMaxBytes = 256 << 10
+// What an early fetch asks a leader for: firstFetchBudget shared by its
+// partitions, each between firstFetchMinBytes and firstFetchMaxBytes (and
+// at most Consumer.Fetch.Default). Enough to keep handlers busy through
+// Sarama's 100 ms wait at a few hundred thousand small records a second;
+// small enough to decode in a few milliseconds. Sarama fetches the same
+// records again, so more would be read twice.
+const (
+	firstFetchBudget   = 2 << 20
+	firstFetchMinBytes = 64 << 10
+	firstFetchMaxBytes = 1 << 20
+)
 
 // firstFetch is one partition's early fetch (see fetchFirstRecords).
 type firstFetch struct {
@@ -53,8 +60,8 @@ func fetchFirstRecords(client sarama.Client, topic string, from map[int32]int64)
 		fetches[p] = ff
 		byLeader[leader] = append(byLeader[leader], partFetch{p, ff})
 	}
-	maxBytes := min(conf.Consumer.Fetch.Default, firstFetchMaxBytes)
 	for leader, parts := range byLeader {
+		maxBytes := min(conf.Consumer.Fetch.Default, firstFetchMaxBytes, max(firstFetchBudget/int32(len(parts)), firstFetchMinBytes))
 		go func() {
 			req := &sarama.FetchRequest{
 				Version:      fetchVersion(conf.Version),
