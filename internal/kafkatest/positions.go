@@ -2,6 +2,7 @@ package kafkatest
 
 import (
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -134,4 +135,35 @@ func (c *Cluster) ProduceAborted(tb testing.TB, topic string, partition int32, n
 		return next >= before+int64(n)+1
 	})
 	return next
+}
+
+// AutoCreatesTopics reports whether the cluster creates a topic that a
+// metadata request names (auto.create.topics.enable, as scripts/kafka.sh
+// sets it). The embedded broker does not.
+func (c *Cluster) AutoCreatesTopics(tb testing.TB) bool {
+	tb.Helper()
+	if c.kf != nil {
+		return false
+	}
+	client, admin := c.clients(tb)
+	brokers := client.Brokers()
+	if len(brokers) == 0 {
+		tb.Fatalf("kafkatest: no brokers known")
+	}
+	res, err := admin.DescribeConfigs([]*sarama.ConfigResource{{
+		Type:        sarama.BrokerResource,
+		Name:        strconv.Itoa(int(brokers[0].ID())),
+		ConfigNames: []string{"auto.create.topics.enable"},
+	}}, sarama.DescribeConfigsOptions{})
+	if err != nil {
+		tb.Fatalf("kafkatest: describing auto.create.topics.enable: %v", err)
+	}
+	for _, r := range res {
+		for _, e := range r.Configs {
+			if e.Name == "auto.create.topics.enable" {
+				return e.Value == "true"
+			}
+		}
+	}
+	return true // Kafka's default
 }
