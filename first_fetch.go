@@ -36,11 +36,14 @@ type firstFetch struct {
 //
 // It asks only for what Sarama would deliver the same way: records of the
 // v2 format (Kafka 0.11 and later) at ReadUncommitted. Under ReadCommitted
-// (the transactional mode), on older protocol versions, or on any error, a
-// partition's channel gets nothing and the claim delivers everything.
+// (the transactional mode), on older protocol versions, with
+// Consumer.Interceptors (they would see the first records twice: here and
+// on the claim's copies), or on any error, a partition's channel gets
+// nothing and the claim delivers everything.
 func fetchFirstRecords(client sarama.Client, topic string, from map[int32]int64) map[int32]*firstFetch {
 	conf := client.Config()
-	if len(from) == 0 || conf.Consumer.IsolationLevel != sarama.ReadUncommitted || !conf.Version.IsAtLeast(sarama.V0_11_0_0) {
+	if len(from) == 0 || conf.Consumer.IsolationLevel != sarama.ReadUncommitted ||
+		!conf.Version.IsAtLeast(sarama.V0_11_0_0) || len(conf.Consumer.Interceptors) > 0 {
 		return nil
 	}
 	// The goroutines below keep their own pointers: the caller owns the
@@ -80,11 +83,6 @@ func fetchFirstRecords(client sarama.Client, topic string, from map[int32]int64)
 				var recs []*sarama.ConsumerMessage
 				if err == nil {
 					recs, _ = firstRecords(resp.GetBlock(topic, pf.partition), topic, pf.partition, pf.from)
-				}
-				for _, m := range recs {
-					for _, ic := range conf.Consumer.Interceptors {
-						ic.OnConsume(m)
-					}
 				}
 				pf.records <- recs
 			}

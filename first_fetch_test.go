@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -79,4 +80,37 @@ func TestFirstRecordsBeforeSaramasFirstFetch(t *testing.T) {
 	})
 	require.Equal(t, want, acks.snapshot(), "no record delivered twice")
 	require.Empty(t, acks.badMessages())
+}
+
+// stampInterceptor is a Sarama consumer interceptor that adds a header to
+// every record it sees.
+type stampInterceptor struct{}
+
+func (stampInterceptor) OnConsume(m *sarama.ConsumerMessage) {
+	m.Headers = append(m.Headers, &sarama.RecordHeader{Key: []byte("intercepted"), Value: []byte("yes")})
+}
+
+// TestFirstRecordsKeepSaramaInterceptors: with Consumer.Interceptors every
+// delivered record went through them, the first ones too (the early fetch
+// is off: the interceptors see records on the claim).
+func TestFirstRecordsKeepSaramaInterceptors(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
+	const n = 20
+	c.ProduceN(t, topic, 2, n, nil)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+		cfg.OverwriteSaramaConfig.Consumer.Interceptors = []sarama.ConsumerInterceptor{stampInterceptor{}}
+	})
+	var seen, stamped atomic.Int32
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		if m.Metadata.Get("intercepted") == "yes" {
+			stamped.Add(1)
+		}
+		seen.Add(1)
+		m.Ack()
+	})
+	kafkatest.WaitFor(t, 20*time.Second, "every record delivered", func() bool { return seen.Load() >= n })
+	require.Equal(t, seen.Load(), stamped.Load(), "records delivered without passing Sarama's interceptors")
 }
