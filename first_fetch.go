@@ -18,15 +18,16 @@ const (
 	firstFetchMaxBytes = 1 << 20
 )
 
-// firstFetch is one partition's early fetch (see fetchFirstRecords).
+// firstFetch is one partition's early fetch (see subscription.fetchFirstRecords).
 type firstFetch struct {
 	from    int64 // the offset fetched from
 	records chan []*sarama.ConsumerMessage
 }
 
 // fetchFirstRecords fetches the first records of the given partitions of
-// topic, each from the offset in from, with one Fetch per partition leader
-// sent at once, and returns a channel per partition that receives them.
+// the subscription's topic, each from the offset in from, with one Fetch
+// per partition leader sent at once, and returns a channel per partition
+// that receives them.
 //
 // Sarama holds a consumer's first fetch from a broker back for 100 ms
 // (partitionConsumersBatchTimeout, batching partitions that start
@@ -36,16 +37,17 @@ type firstFetch struct {
 //
 // It asks only for what Sarama would deliver the same way: records of the
 // v2 format (Kafka 0.11 and later) at ReadUncommitted. Under ReadCommitted
-// (the transactional mode), on older protocol versions, with
-// Consumer.Interceptors (they would see the first records twice: here and
-// on the claim's copies), or on any error, a partition's channel gets
-// nothing and the claim delivers everything.
-func fetchFirstRecords(client sarama.Client, topic string, from map[int32]int64) map[int32]*firstFetch {
+// (the transactional mode), on older protocol versions, with a Tracer or
+// Consumer.Interceptors (they must see every record once, on its way
+// through the claim), or on any error, a partition gets no channel or
+// nothing on it, and the claim delivers everything.
+func (sub *subscription) fetchFirstRecords(client sarama.Client, from map[int32]int64) map[int32]*firstFetch {
 	conf := client.Config()
 	if len(from) == 0 || conf.Consumer.IsolationLevel != sarama.ReadUncommitted ||
-		!conf.Version.IsAtLeast(sarama.V0_11_0_0) || len(conf.Consumer.Interceptors) > 0 {
+		!conf.Version.IsAtLeast(sarama.V0_11_0_0) || sub.cfg.Tracer != nil || len(conf.Consumer.Interceptors) > 0 {
 		return nil
 	}
+	topic := sub.topic
 	// The goroutines below keep their own pointers: the caller owns the
 	// returned map.
 	type partFetch struct {

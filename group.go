@@ -85,7 +85,7 @@ type groupHandler struct {
 	// pinned closes once the commit of the session's pinned starts
 	// returned (see pinStarts).
 	pinned <-chan struct{}
-	// first holds the session's early fetches (see fetchFirstRecords).
+	// first holds the session's early fetches (see subscription.fetchFirstRecords).
 	first   map[int32]*firstFetch
 	mu      sync.Mutex
 	workers map[int32]*partition.Worker
@@ -133,10 +133,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	} else {
 		pinned = h.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
-	var first map[int32]*firstFetch
-	if h.sub.cfg.Tracer == nil { // a Tracer sees each record on its way through the claim
-		first = fetchFirstRecords(h.client, h.sub.topic, fetchStarts(claimed, committed))
-	}
+	first := h.sub.fetchFirstRecords(h.client, fetchStarts(claimed, committed))
 	if h.sub.cfg.DisableCompletedTail {
 		committed = nil
 	}

@@ -71,10 +71,8 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 			Pauser:        consumer,
 			HighWaterMark: pc.HighWaterMarkOffset,
 		}
-		if sub.cfg.Tracer == nil { // a Tracer sees each record on its way through pc
-			if ff := fetchFirstRecords(client, sub.topic, map[int32]int64{p: start})[p]; ff != nil {
-				a.FirstRecords = ff.records
-			}
+		if ff := sub.fetchFirstRecords(client, map[int32]int64{p: start})[p]; ff != nil {
+			a.FirstRecords = ff.records
 		}
 		w, err := sub.newWorker(pctx, a)
 		if err != nil {
