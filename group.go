@@ -9,6 +9,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -62,7 +64,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 			"err": err.Error(), "retry_in": wait.String(), "failures": rejoin.failures,
 		}))
 		sub.subscriber.ready.set(sub, phaseConnecting, err)
-		if !sleepCtx(ctx, wait) {
+		if !backoff.Sleep(ctx, wait) {
 			return nil
 		}
 		if err := client.RefreshCoordinator(sub.cfg.ConsumerGroup); err != nil {
@@ -232,7 +234,7 @@ func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map
 	for p := range starts {
 		parts = append(parts, p)
 	}
-	wait := rejoinMinBackoff
+	var pace backoff.Doubling
 	for {
 		sess.Commit()
 		held, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
@@ -247,16 +249,16 @@ func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map
 				h.sub.logFields.Add(watermill.LogFields{"partitions": len(starts)}))
 			return
 		}
+		wait := pace.Next()
 		fields := watermill.LogFields{"partitions": missing, "retry_in": wait.String()}
 		if err != nil {
 			fields["err"] = err.Error()
 		}
 		h.sub.logger.Info("The start of partitions without a commit is not committed yet; nothing is handed out until it is",
 			h.sub.logFields.Add(fields))
-		if !sleepCtx(sess.Context(), wait) {
+		if !backoff.Sleep(sess.Context(), wait) {
 			return
 		}
-		wait = min(2*wait, rejoinMaxBackoff)
 	}
 }
 

@@ -1,11 +1,12 @@
 package safeack
 
 import (
-	"context"
 	"errors"
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/safeack/safeack/internal/backoff"
 )
 
 // rejoinWindow is how long consumeGroup retries a failed join with the
@@ -23,20 +24,15 @@ func (sub *subscription) rejoinWindow() time.Duration {
 	return 2 * sub.cfg.OverwriteSaramaConfig.Consumer.Group.Session.Timeout
 }
 
-// rejoinRetry paces the retries of a failed join: rejoinMinBackoff after
-// the first failure, doubling up to rejoinMaxBackoff, within a window that
+// rejoinRetry paces the retries of a failed join (backoff.Doubling: 100 ms
+// after the first failure, doubling up to 1 s), within a window that
 // starts at the first failure since the last successful Consume, and again
 // at each failure that says the group is being moved.
 type rejoinRetry struct {
 	first    time.Time
-	backoff  time.Duration
+	backoff  backoff.Doubling
 	failures int
 }
-
-const (
-	rejoinMinBackoff = 100 * time.Millisecond
-	rejoinMaxBackoff = time.Second
-)
 
 func (r *rejoinRetry) reset() { *r = rejoinRetry{} }
 
@@ -47,10 +43,9 @@ func (r *rejoinRetry) next(now time.Time, window time.Duration, moving bool) (ti
 	r.failures++
 	if r.first.IsZero() {
 		r.first = now
-		r.backoff = rejoinMinBackoff
-	} else {
-		r.backoff = min(2*r.backoff, rejoinMaxBackoff)
+		r.backoff.Reset()
 	}
+	wait := r.backoff.Next()
 	if moving {
 		r.first = now
 	}
@@ -58,7 +53,7 @@ func (r *rejoinRetry) next(now time.Time, window time.Duration, moving bool) (ti
 	if left <= 0 {
 		return 0, false
 	}
-	return min(r.backoff, left), true
+	return min(wait, left), true
 }
 
 // coordinatorMoving tells whether a failed join was answered by a broker
@@ -70,16 +65,4 @@ func coordinatorMoving(err error) bool {
 		errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable) ||
 		errors.Is(err, sarama.ErrOffsetsLoadInProgress) ||
 		errors.Is(err, sarama.ErrRebalanceInProgress)
-}
-
-// sleepCtx waits d, and reports false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/safeack/safeack/internal/backoff"
 )
 
 func TestRejoinRetry(t *testing.T) {
@@ -22,7 +24,7 @@ func TestRejoinRetry(t *testing.T) {
 		{200 * time.Millisecond, 200 * time.Millisecond, true},
 		{500 * time.Millisecond, 400 * time.Millisecond, true},
 		{time.Second, 800 * time.Millisecond, true},
-		{2 * time.Second, time.Second, true},                    // capped at rejoinMaxBackoff
+		{2 * time.Second, time.Second, true},                    // capped at backoff.Max
 		{2500 * time.Millisecond, 500 * time.Millisecond, true}, // capped at what is left of the window
 		{window, 0, false},
 	} {
@@ -36,7 +38,7 @@ func TestRejoinRetry(t *testing.T) {
 	}
 	// A successful Consume starts a new window.
 	r.reset()
-	if wait, ok := r.next(t0.Add(time.Hour), window, false); wait != rejoinMinBackoff || !ok {
+	if wait, ok := r.next(t0.Add(time.Hour), window, false); wait != backoff.Min || !ok {
 		t.Fatalf("after reset: got (%v, %v)", wait, ok)
 	}
 	// A failure that says the group is moving restarts the window, not

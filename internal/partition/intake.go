@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/backoff"
 )
 
 // accept registers a record with the tracker before anything else sees it,
@@ -97,12 +98,6 @@ func (w *Worker) fixStart(first int64) {
 	w.cfg.Logger.Debug("Partition starts at its first record; committed that position", w.logFields)
 }
 
-// Bounds of confirmStart's backoff between commits.
-const (
-	confirmMinBackoff = 100 * time.Millisecond
-	confirmMaxBackoff = time.Second
-)
-
 // confirmStart commits the start again until the coordinator holds it (a
 // coordinator loading or moving the group refuses commits, and Sarama does
 // not say so). It reports false if the assignment ended first. A record
@@ -110,19 +105,15 @@ const (
 // die: the group's commit is still out of range, or missing, and Sarama
 // resolves Offsets.Initial afresh.
 func (w *Worker) confirmStart(first int64) bool {
-	wait := confirmMinBackoff
+	var pace backoff.Doubling
 	for !w.startHeld(first) {
+		wait := pace.Next()
 		w.cfg.Logger.Info("The partition's start is not committed yet; nothing is handed out until it is",
 			w.logFields.Add(watermill.LogFields{"start": first, "retry_in": wait.String()}))
-		t := time.NewTimer(wait)
-		select {
-		case <-w.ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(w.ctx, wait) {
 			return false
-		case <-t.C:
 		}
 		w.marker.Commit()
-		wait = min(2*wait, confirmMaxBackoff)
 	}
 	return true
 }
