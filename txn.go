@@ -212,8 +212,7 @@ func usesCooperative(sc *sarama.Config) bool {
 // fail every transaction it entered, and its record, handled again after
 // each abort, would write it again. The error reaches a handler that
 // publishes itself, and so Retry and PoisonQueue around it; outputs a
-// handler returns are published by the router after its middleware, which
-// nacks the message when Publish fails.
+// handler returns are checked the same way by Middleware.
 func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		return errors.New("safeack: empty topic")
@@ -228,16 +227,8 @@ func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 		if d.committer.pub != p {
 			return fmt.Errorf("%w: the delivery belongs to another TxnPublisher", ErrNoDelivery)
 		}
-		pm, err := p.cfg.Marshaler.Marshal(topic, m)
+		pm, err := p.writable(d, topic, m)
 		if err != nil {
-			return fmt.Errorf("safeack: marshaling output %s: %w", m.UUID, err)
-		}
-		// A record alone in its batch must fit the broker's limit too,
-		// which counts the batch header: Sarama's own check does not.
-		if size, limit := recordBatchHeader+pm.ByteSize(recordBatchVersion), p.pcfg.Producer.MaxMessageBytes; size > limit {
-			return fmt.Errorf("safeack: output %s to %q takes up to %d bytes in a record batch, above Producer.MaxMessageBytes (%d): %w", m.UUID, topic, size, limit, sarama.ErrMessageSizeTooLarge)
-		}
-		if err := d.committer.checkTopic(topic); err != nil {
 			return err
 		}
 		deliveries[i], records[i] = d, pm
@@ -250,12 +241,38 @@ func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// writable marshals m as an output to topic of delivery d, and refuses it
+// if no transaction could ever write it: a record batch of it alone above
+// the producer's Producer.MaxMessageBytes, or a topic the cluster neither
+// has nor creates.
+func (p *TxnPublisher) writable(d *txnDelivery, topic string, m *message.Message) (*sarama.ProducerMessage, error) {
+	pm, err := p.cfg.Marshaler.Marshal(topic, m)
+	if err != nil {
+		return nil, fmt.Errorf("safeack: marshaling output %s: %w", m.UUID, err)
+	}
+	// A record alone in its batch must fit the broker's limit too, which
+	// counts the batch header: Sarama's own check does not.
+	if size, limit := recordBatchHeader+pm.ByteSize(recordBatchVersion), p.pcfg.Producer.MaxMessageBytes; size > limit {
+		return nil, fmt.Errorf("safeack: output %s to %q takes up to %d bytes in a record batch, above Producer.MaxMessageBytes (%d): %w", m.UUID, topic, size, limit, sarama.ErrMessageSizeTooLarge)
+	}
+	if err := d.committer.checkTopic(topic); err != nil {
+		return nil, err
+	}
+	return pm, nil
+}
+
 // Middleware gives the messages a handler returns the context of the
 // message it handled, so that the router's Publish (this TxnPublisher)
 // files them under that delivery, and drops the outputs the handler
 // published itself when it fails (returns an error or panics): a failed
 // attempt's outputs never enter a transaction, even when middleware
 // outside it retries the message or dead-letters it and acks.
+//
+// It also checks the returned messages as Publish will, for the router's
+// publish topic of the handler (message.PublishTopicFromCtx): an output no
+// transaction could write fails the handler here, where Retry and
+// PoisonQueue see the error, instead of failing the router's Publish after
+// them, which nacks the message and so handles it again forever.
 //
 // Add it to every handler whose outputs go through this publisher, inside
 // middleware.Retry and PoisonQueue: added last with router.AddMiddleware,
@@ -278,12 +295,21 @@ func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			return out, err
 		}
-		succeeded = true
+		topic := message.PublishTopicFromCtx(msg.Context())
 		for _, m := range out {
-			if _, ok := deliveryFromCtx(m.Context()); !ok {
+			od, ok := deliveryFromCtx(m.Context())
+			if !ok {
 				m.SetContext(msg.Context())
+				od = d
+			}
+			if od == nil || od.committer.pub != p || topic == "" {
+				continue // Publish refuses it, or another publisher has it
+			}
+			if _, err := p.writable(od, topic, m); err != nil {
+				return nil, err
 			}
 		}
+		succeeded = true
 		return out, nil
 	}
 }

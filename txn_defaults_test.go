@@ -101,29 +101,38 @@ func outputFor(msg *message.Message, payload string) *message.Message {
 
 // An output the transaction could never write — above the producer's
 // MaxMessageBytes, or to a topic the cluster does not have — is refused by
-// Publish, so that the handler's error reaches Watermill's PoisonQueue,
-// the input is dead-lettered, and the other inputs' outputs are committed.
-// Before, Publish buffered it and every transaction it entered aborted:
-// the record was handled again, wrote it again, and the subscription
-// never committed anything again.
+// Publish, or by Middleware when the handler returns it, so that the
+// handler's error reaches Watermill's PoisonQueue, the input is
+// dead-lettered, and the other inputs' outputs are committed. Before,
+// Publish buffered it and every transaction it entered aborted: the record
+// was handled again, wrote it again, and the subscription never committed
+// anything again; returned, it failed the router's Publish after the
+// middleware, which nacked the input forever.
 func TestTxnUnwritableOutputRefused(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		bad   func(out string) (topic string, payload []byte)
-		cause error
+		name     string
+		bad      func(out string) (topic string, payload []byte)
+		cause    error
+		returned bool // the handler returns the output instead of publishing it
 	}{
-		{"above MaxMessageBytes", func(out string) (string, []byte) {
+		{name: "above MaxMessageBytes", bad: func(out string) (string, []byte) {
 			return out, make([]byte, sarama.NewConfig().Producer.MaxMessageBytes+1)
-		}, sarama.ErrMessageSizeTooLarge},
+		}, cause: sarama.ErrMessageSizeTooLarge},
 		// Within Sarama's own check (record overhead at most 36 bytes), but
 		// not in a record batch (61 bytes of header) the broker's default
 		// message.max.bytes (1 MiB + 12) accepts.
-		{"within Sarama's check, not in the broker's batch", func(out string) (string, []byte) {
+		{name: "within Sarama's check, not in the broker's batch", bad: func(out string) (string, []byte) {
 			return out, make([]byte, sarama.NewConfig().Producer.MaxMessageBytes-116)
-		}, sarama.ErrMessageSizeTooLarge},
-		{"unknown topic", func(string) (string, []byte) {
+		}, cause: sarama.ErrMessageSizeTooLarge},
+		{name: "unknown topic", bad: func(string) (string, []byte) {
 			return "no-such-topic", []byte("x")
-		}, sarama.ErrUnknownTopicOrPartition},
+		}, cause: sarama.ErrUnknownTopicOrPartition},
+		{name: "returned above MaxMessageBytes", bad: func(out string) (string, []byte) {
+			return out, make([]byte, sarama.NewConfig().Producer.MaxMessageBytes+1)
+		}, cause: sarama.ErrMessageSizeTooLarge, returned: true},
+		{name: "returned within Sarama's check, not in the broker's batch", bad: func(out string) (string, []byte) {
+			return out, make([]byte, sarama.NewConfig().Producer.MaxMessageBytes-116)
+		}, cause: sarama.ErrMessageSizeTooLarge, returned: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -135,21 +144,31 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 			out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
 			poison, err := middleware.PoisonQueue(d.pub, dlq)
 			require.NoError(t, err)
-			d.router.AddMiddleware(poison, d.pub.Middleware)
 			refused := make(chan error, 1)
-			d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
-				if string(msg.Payload) == "bad" {
-					topic, payload := tc.bad(out)
-					o := message.NewMessage(watermill.NewUUID(), payload)
-					o.SetContext(msg.Context())
-					err := d.pub.Publish(topic, o)
-					select {
-					case refused <- err:
-					default: // handled again
+			recordErr := func(h message.HandlerFunc) message.HandlerFunc {
+				return func(msg *message.Message) ([]*message.Message, error) {
+					out, err := h(msg)
+					if err != nil {
+						select {
+						case refused <- err:
+						default: // handled again
+						}
 					}
-					return nil, err
+					return out, err
 				}
-				return []*message.Message{outputFor(msg, "ok")}, nil
+			}
+			d.router.AddMiddleware(poison, recordErr, d.pub.Middleware)
+			d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+				if string(msg.Payload) != "bad" {
+					return []*message.Message{outputFor(msg, "ok")}, nil
+				}
+				topic, payload := tc.bad(out)
+				o := message.NewMessage(watermill.NewUUID(), payload)
+				if tc.returned {
+					return []*message.Message{o}, nil
+				}
+				o.SetContext(msg.Context())
+				return nil, d.pub.Publish(topic, o)
 			})
 			d.run(t)
 			rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
