@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -268,8 +269,9 @@ func (p *TxnPublisher) writable(d *txnDelivery, topic string, m *message.Message
 // attempt's outputs never enter a transaction, even when middleware
 // outside it retries the message or dead-letters it and acks.
 //
-// It also checks the returned messages as Publish will, for the router's
-// publish topic of the handler (message.PublishTopicFromCtx): an output no
+// It also checks the returned messages as Publish will, for the handler's
+// publish topic (message.PublishTopicFromCtx), when the router publishes
+// them with a TxnPublisher (message.PublisherNameFromCtx): an output no
 // transaction could write fails the handler here, where Retry and
 // PoisonQueue see the error, instead of failing the router's Publish after
 // them, which nacks the message and so handles it again forever.
@@ -296,6 +298,9 @@ func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return out, err
 		}
 		topic := message.PublishTopicFromCtx(msg.Context())
+		if message.PublisherNameFromCtx(msg.Context()) != txnPublisherName {
+			topic = "" // the router publishes them with another publisher
+		}
 		for _, m := range out {
 			od, ok := deliveryFromCtx(m.Context())
 			if !ok {
@@ -313,6 +318,10 @@ func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		return out, nil
 	}
 }
+
+// txnPublisherName is what a Router calls a *TxnPublisher
+// (message.PublisherNameFromCtx): its type name.
+var txnPublisherName = strings.TrimPrefix(fmt.Sprintf("%T", (*TxnPublisher)(nil)), "*")
 
 // Close does nothing: the transactions belong to the Subscriber's
 // subscriptions, which commit what is complete and close their producers

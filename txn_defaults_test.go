@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/safeack/safeack"
@@ -354,4 +355,34 @@ func TestTxnPlainPoisonQueueAtClose(t *testing.T) {
 	require.Empty(t, dl.byID, "a record cut short by Close was dead-lettered")
 	dl.mu.Unlock()
 	require.Equal(t, int64(len(ok)), c.CommittedOffsets(t, d.group, d.in)[0].Offset, "the group's offset passed the held record")
+}
+
+// Middleware, added to the whole router, checks returned outputs only for
+// handlers whose router publisher is a TxnPublisher: another handler's
+// output, published elsewhere, is not held to this producer's size limit or
+// this cluster's topics.
+func TestTxnMiddlewareLeavesOtherPublishersOutputs(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 1, "txn-other-publisher")
+	elsewhere := gochannel.NewGoChannel(gochannel.Config{}, testLogger())
+	t.Cleanup(func() { _ = elsewhere.Close() })
+	received, err := elsewhere.Subscribe(context.Background(), "no-such-kafka-topic")
+	require.NoError(t, err)
+	d.router.AddMiddleware(d.pub.Middleware)
+	big := make([]byte, sarama.NewConfig().Producer.MaxMessageBytes+1)
+	d.router.AddHandler("elsewhere", d.in, d.sub, "no-such-kafka-topic", elsewhere, func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), big)}, nil
+	})
+	d.run(t)
+	d.publish(t, "in", 1)
+	select {
+	case m := <-received:
+		require.Len(t, m.Payload, len(big))
+		m.Ack()
+	case <-time.After(20 * time.Second):
+		t.Fatal("the output for another publisher was not published")
+	}
+	kafkatest.WaitFor(t, 20*time.Second, "the input committed", func() bool {
+		return c.CommittedOffsets(t, d.group, d.in)[0].Offset == 1
+	})
 }
