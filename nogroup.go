@@ -7,15 +7,62 @@ import (
 	"sync"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/safeack/safeack/internal/partition"
 )
 
-// resolveStart resolves Consumer.Offsets.Initial of a partition to an offset
-// and starts consuming there, so that the bookkeeping starts exactly where
-// fetching does. Retention can move the log start between the two calls; the
-// resolution is then retried.
+// resumePositions holds, without a consumer group, the completed prefix
+// of each partition when its last connection ended. There is no commit to
+// resume from; without these, a reconnect would start again at
+// Consumer.Offsets.Initial: at OffsetNewest (Sarama's default) skipping the
+// records unfinished at the end and those written meanwhile, at
+// OffsetOldest handling the whole log again.
+type resumePositions struct {
+	mu  sync.Mutex
+	pos map[int32]int64
+}
+
+func (r *resumePositions) set(partition int32, offset int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pos == nil {
+		r.pos = make(map[int32]int64)
+	}
+	r.pos[partition] = offset
+}
+
+func (r *resumePositions) get(partition int32) (int64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o, ok := r.pos[partition]
+	return o, ok
+}
+
+// resolveStart returns a partition consumer and the offset it starts at:
+// where the partition's completed prefix ended on the previous connection,
+// if any and still in the log, else Consumer.Offsets.Initial, resolved here
+// so that the bookkeeping starts exactly where fetching does. Retention can
+// move the log start between the two calls; the resolution is then retried.
 func (sub *subscription) resolveStart(client sarama.Client, consumer sarama.Consumer, partition int32) (sarama.PartitionConsumer, int64, error) {
 	initial := sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
+	if at, ok := sub.resume.get(partition); ok {
+		pc, err := consumer.ConsumePartition(sub.topic, partition, at)
+		if err == nil {
+			return pc, at, nil
+		}
+		if !errors.Is(err, sarama.ErrOffsetOutOfRange) {
+			return nil, 0, fmt.Errorf("cannot consume partition %d from %d: %w", partition, at, err)
+		}
+		// Deleted (retention) below the log start: what is left from there
+		// on was never handled. Above the end (a log truncated by an
+		// unclean leader election): the end.
+		initial = sarama.OffsetOldest
+		if oldest, err := client.GetOffset(sub.topic, partition, sarama.OffsetOldest); err == nil && at > oldest {
+			initial = sarama.OffsetNewest
+		}
+		sub.logger.Error("The partition's resume position is no longer in the log; starting at the log's start or end", err,
+			sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "resume_offset": at, "start_at": offsetName(initial)}))
+	}
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		var start int64
@@ -35,8 +82,16 @@ func (sub *subscription) resolveStart(client sarama.Client, consumer sarama.Cons
 	return nil, 0, fmt.Errorf("cannot consume partition %d: %w", partition, err)
 }
 
+func offsetName(o int64) string {
+	if o == sarama.OffsetOldest {
+		return "oldest"
+	}
+	return "newest"
+}
+
 // consumePartitions reads every partition of the topic without a group:
-// nothing is committed.
+// nothing is committed, and each partition's completed prefix at the end
+// is where the next connection resumes it.
 func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Client) error {
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
@@ -93,6 +148,7 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 			sub.subscriber.registry.attach(w)
 			defer sub.subscriber.registry.detach(w)
 			w.Run(pc.Messages(), sub.subscriber.closing)
+			sub.resume.set(p, w.Stats().SafeOffset)
 			if err := pc.Close(); err != nil {
 				failed <- err
 			}

@@ -27,6 +27,10 @@ type subscription struct {
 	// txn is where completed offsets go in transactional mode (with the
 	// outputs of acked deliveries); nil: the group session's marks.
 	txn *txnCommitter
+	// resume is, without a consumer group, where each partition's
+	// completed prefix ended when a connection ended: the next connection
+	// starts there (see consumePartitions).
+	resume resumePositions
 }
 
 // newWorker returns the worker of one assigned partition. Its context,

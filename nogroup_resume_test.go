@@ -1,0 +1,129 @@
+package safeack_test
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// Without a consumer group nothing is committed, but a subscription that
+// reconnects (here: Sarama shuts a partition consumer down on an
+// OFFSET_OUT_OF_RANGE fetch answer) resumes each partition where its
+// completed prefix ended, at Sarama's default OffsetNewest: the record
+// still unacked when the connection ended is delivered again, so are the
+// records written while it reconnected, and nothing of the completed
+// prefix is. Before, the reconnect started at OffsetNewest again and lost
+// both. When the resume position was deleted meanwhile (retention), the
+// partition restarts at the log start, not at its end.
+func TestNoGroupReconnectResumesAtTheCompletedPrefix(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		deleteTo  int64 // records below it are deleted before the reconnect; 0: none
+		wantAgain []int64
+		neverLow  int64 // no record below it is delivered after the reconnect
+	}{
+		{name: "resume position in the log", wantAgain: []int64{8, 15, 16, 17, 18, 19}, neverLow: 8},
+		{name: "resume position deleted", deleteTo: 10, wantAgain: []int64{10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, neverLow: 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := kafkatest.Start(t)
+			c.RequireEmbedded(t)
+			topic := c.NewTopic(t, 1)
+			c.ProduceN(t, topic, 1, 5, nil) // history, before the subscription: skipped at OffsetNewest
+
+			var failNext atomic.Bool
+			kf := c.Kfake()
+			kf.ControlKey(kmsg.Fetch.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				kf.KeepControl()
+				freq := req.(*kmsg.FetchRequest)
+				if freq.MaxWaitMillis == 0 || !failNext.CompareAndSwap(true, false) {
+					return nil, nil, false // the early fetch, or nothing to inject
+				}
+				resp := freq.ResponseKind().(*kmsg.FetchResponse)
+				for _, rt := range freq.Topics {
+					st := kmsg.NewFetchResponseTopic()
+					st.Topic, st.TopicID = rt.Topic, rt.TopicID
+					for _, rp := range rt.Partitions {
+						sp := kmsg.NewFetchResponseTopicPartition()
+						sp.Partition = rp.Partition
+						sp.ErrorCode = kerr.OffsetOutOfRange.Code
+						sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
+						st.Partitions = append(st.Partitions, sp)
+					}
+					resp.Topics = append(resp.Topics, st)
+				}
+				return resp, nil, true
+			})
+
+			sub := newTestSubscriber(t, c, "", func(cfg *safeack.SubscriberConfig) {
+				cfg.ConsumerGroup = ""
+				cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
+				cfg.Ordering = safeack.Unordered // key-less records out at once
+				cfg.ReconnectRetrySleep = 500 * time.Millisecond
+			})
+			msgs := mustSubscribe(t, sub, topic)
+			kafkatest.WaitFor(t, 10*time.Second, "the partition to start at the end of its history", func() bool {
+				ps, ok := statsOf(sub, topic, 0)
+				return ok && ps.SafeOffset == 5
+			})
+
+			// 5..14: all acked but 8.
+			c.ProduceN(t, topic, 1, 10, nil)
+			for range 10 {
+				m := receive(t, msgs)
+				if k, _ := msgPO(m); k.o != 8 {
+					m.Ack()
+				}
+			}
+			kafkatest.WaitFor(t, 10*time.Second, "the completed prefix to stop at the unacked record", func() bool {
+				ps, ok := statsOf(sub, topic, 0)
+				return ok && ps.SafeOffset == 8
+			})
+
+			// The connection ends; 15..19 are written before it is back.
+			failNext.Store(true)
+			kafkatest.WaitFor(t, 10*time.Second, "the partition consumer to be shut down", func() bool {
+				_, ok := statsOf(sub, topic, 0)
+				return !failNext.Load() && !ok
+			})
+			c.ProduceN(t, topic, 1, 5, nil)
+			if tc.deleteTo > 0 {
+				c.DeleteRecords(t, topic, 0, tc.deleteTo)
+			}
+
+			want := map[int64]bool{}
+			for _, o := range tc.wantAgain {
+				want[o] = true
+			}
+			for len(want) > 0 {
+				m := receive(t, msgs)
+				k, _ := msgPO(m)
+				require.GreaterOrEqual(t, k.o, tc.neverLow, "record %d delivered again after the reconnect", k.o)
+				delete(want, k.o)
+				m.Ack()
+			}
+		})
+	}
+}
+
+func receive(t *testing.T, msgs <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case m := <-msgs:
+		return m
+	case <-time.After(15 * time.Second):
+		t.Fatal("no message within 15 s")
+		return nil
+	}
+}
