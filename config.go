@@ -117,9 +117,9 @@ type SubscriberConfig struct {
 	// DrainTimeout has its ack committed. When the drain gives up, those
 	// contexts are cancelled and the records are left for the next owner:
 	// at-least-once. Keep it below the group's Rebalance.Timeout. Without
-	// a ConsumerGroup nothing is committed, so nothing waits: contexts are
-	// cancelled at once. Default 5 s, or half of Rebalance.Timeout when
-	// that is shorter (see DefaultDrainTimeout).
+	// a ConsumerGroup nothing is committed, but the acks it waits for move
+	// the position a reconnect resumes at. Default 5 s, or half of
+	// Rebalance.Timeout when that is shorter (see DefaultDrainTimeout).
 	DrainTimeout time.Duration
 
 	// CommitInterval is how often the completed prefix is committed when

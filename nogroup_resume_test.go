@@ -127,3 +127,46 @@ func receive(t *testing.T, msgs <-chan *message.Message) *message.Message {
 		return nil
 	}
 }
+
+// Without a consumer group, Close drains as it does with one: a handler
+// still running finishes with its context alive (it is not failed, and so
+// not dead-lettered by a plain PoisonQueue, because the subscriber is
+// closing), and Close returns once it acked, well before DrainTimeout.
+// Before, contexts were cancelled at once: nothing is committed without a
+// group, so nothing waited.
+func TestNoGroupCloseLetsRunningHandlersFinish(t *testing.T) {
+	t.Parallel()
+	const (
+		drainTimeout = 5 * time.Second
+		work         = 300 * time.Millisecond // left when Close starts
+	)
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	sub := newTestSubscriber(t, c, "", func(cfg *safeack.SubscriberConfig) {
+		cfg.ConsumerGroup = ""
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+		cfg.DrainTimeout = drainTimeout
+	})
+	msgs := mustSubscribe(t, sub, topic)
+	c.ProduceN(t, topic, 1, 1, nil)
+	m := receive(t, msgs)
+
+	closed := make(chan time.Duration, 1)
+	start := time.Now()
+	go func() {
+		require.NoError(t, sub.Close())
+		closed <- time.Since(start)
+	}()
+	time.Sleep(work) // the handler's remaining work, not a wait for a condition
+	require.NoError(t, m.Context().Err(), "the running handler's context was cancelled by Close")
+	m.Ack()
+	select {
+	case took := <-closed:
+		require.GreaterOrEqual(t, took, work, "Close returned before the running handler acked")
+		require.Less(t, took, drainTimeout, "Close waited out DrainTimeout after every handler acked")
+	case <-time.After(drainTimeout + 5*time.Second):
+		t.Fatal("Close did not return")
+	}
+	_, open := <-msgs
+	require.False(t, open, "the output channel is open after Close")
+}

@@ -1,6 +1,7 @@
 package safeack_test
 
 import (
+	"cmp"
 	"os"
 	"strings"
 	"testing"
@@ -29,9 +30,10 @@ func testLogger() watermill.LoggerAdapter {
 // suiteEnv builds publishers and subscribers for Watermill's universal
 // Pub/Sub suite on one broker.
 type suiteEnv struct {
-	cluster   *kafkatest.Cluster
-	ordering  safeack.Ordering
-	marshaler kafka.MarshalerUnmarshaler
+	cluster      *kafkatest.Cluster
+	ordering     safeack.Ordering
+	marshaler    kafka.MarshalerUnmarshaler
+	drainTimeout time.Duration // 0: 2 s
 }
 
 func newSuiteEnv(t *testing.T, ordering safeack.Ordering, marshaler kafka.MarshalerUnmarshaler) *suiteEnv {
@@ -65,7 +67,7 @@ func (e *suiteEnv) subscriber(t *testing.T, group string) message.Subscriber {
 		Ordering:              e.ordering,
 		NackResendSleep:       10 * time.Millisecond,
 		ReconnectRetrySleep:   100 * time.Millisecond,
-		DrainTimeout:          2 * time.Second,
+		DrainTimeout:          cmp.Or(e.drainTimeout, 2*time.Second),
 		InitializeTopicDetails: &sarama.TopicDetail{
 			NumPartitions:     8,
 			ReplicationFactor: 1,
@@ -123,6 +125,10 @@ func TestPubSubByPartition(t *testing.T) {
 
 func TestPubSubNoConsumerGroup(t *testing.T) {
 	env := newSuiteEnv(t, safeack.Unordered, kafka.DefaultMarshaler{})
+	// TestConcurrentSubscribe reads 5,000 messages from 50 subscribers
+	// that each hand out all of them, then closes them one by one: each
+	// Close waits DrainTimeout for acks of handed-out messages nobody reads.
+	env.drainTimeout = 200 * time.Millisecond
 	tests.TestPubSub(t, tests.Features{
 		ConsumerGroups:                   false,
 		Persistent:                       true,

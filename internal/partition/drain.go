@@ -36,13 +36,12 @@ func (w *Worker) drain(reason string) {
 		w.fetchPaused = false
 	}
 
-	// Waiting for acks serves the final commit. Without a consumer group
-	// nothing is committed, so there is nothing to wait for.
-	wait := w.cfg.DrainTimeout
-	if w.marker == nil {
-		wait = 0
-	}
-	deadline := time.NewTimer(wait)
+	// Waiting for acks serves the final commit, or without a consumer
+	// group the position the next connection resumes at; and a handler
+	// that finishes meanwhile does so with its context alive rather than
+	// failing (and, behind a plain dead-letter middleware, being
+	// dead-lettered) because the assignment ended.
+	deadline := time.NewTimer(w.cfg.DrainTimeout)
 	defer deadline.Stop()
 	timedOut := false
 	for !timedOut {
