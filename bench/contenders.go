@@ -166,6 +166,14 @@ func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, 
 		if err != nil {
 			return nil, err
 		}
+		if c.router {
+			stop, err := runRouter(ctx, s, t.name, c.work, tr)
+			if err != nil {
+				_ = s.Close()
+				return nil, err
+			}
+			return &contender{stop: stop}, nil
+		}
 		ch, err := s.Subscribe(ctx, t.name)
 		if err != nil {
 			_ = s.Close()

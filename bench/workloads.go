@@ -234,6 +234,7 @@ func zeroWork() *workload {
 		cols: []string{"wall", "startup", "rate", "xwmk", "xbare", "xceil", "xrouter", "cpu", "cpupm", "allocs", "heap", "rss", "endlag", "cover", "dups"},
 		cases: append(withoutSlowPC(standardCases(t, conc, nil)),
 			&caseSpec{label: "safeack/unordered (router)", kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: conc, router: true},
+			&caseSpec{label: wmkRouterLabel, kind: kindWatermill, topic: t, conc: conc, router: true},
 			&caseSpec{label: ceilingLabel, kind: kindCeiling, topic: t, conc: conc},
 			&caseSpec{label: routerCeilingLabel, kind: kindCeiling, topic: t, conc: conc}),
 		run: runStandard,
@@ -241,7 +242,7 @@ func zeroWork() *workload {
 			"CPU s = user+system CPU of this process (getrusage) from consumer start to the last ack; CPU s/M = per million records.",
 			"allocs/rec = runtime MemStats.Mallocs from consumer start to the last ack, per record (the bench's handler goroutine and tracking included, the same for every Go contender).",
 			"heap MB = peak HeapInuse (50 ms samples) minus HeapInuse after the pre-run GC (the bench's own per-record arrays); RSS MB = peak resident set of the whole process (VmHWM, reset before each run), bench arrays included.",
-			"safeack/unordered (router) consumes through a message.Router, as the ceiling does; the other safeack rows read the Subscribe channel with a goroutine per message.",
+			"safeack/unordered (router) and wm-kafka (router) consume through a message.Router, as the ceilings do; the other rows read the Subscribe channel with a goroutine per message. The router rows' memory is compared with each other.",
 			"Watermill ceiling: one goroutine publishes (batches of up to 64) into a gochannel.GoChannel with at most 256 messages unacked, and a Router runs the same handler: no Kafka. ×ceiling = rec/s over its rec/s.",
 			"Router ceiling: the same Router over a minimal Subscriber (one goroutine builds the records and sends them on the channel, 256 unacked at most): the router's own cost. GoChannel adds two goroutines, two message copies and a context per message, so a Kafka subscriber can beat the GoChannel row; ×router = rec/s over this row's.",
 			"Record i goes to partition i % 8 with key i % 1000.",
@@ -249,6 +250,10 @@ func zeroWork() *workload {
 		},
 	}
 }
+
+// wmkRouterLabel is watermill-kafka read through a message.Router, the
+// row safeack's router row is held to.
+const wmkRouterLabel = "wm-kafka (router)"
 
 // pcPartitionNote explains why pc/partition is left out of zero-work and
 // steady unless asked for.
