@@ -105,33 +105,52 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 	if err != nil {
 		return fmt.Errorf("cannot list partitions of %q: %w", sub.topic, err)
 	}
-	var wg sync.WaitGroup
-	failed := make(chan error, len(partitions))
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Start every partition first, so that their early fetch is one Fetch
+	// per leader, as in a group session's Setup.
+	type started struct {
+		partition int32
+		pc        sarama.PartitionConsumer
+		start     int64
+	}
+	starts := make([]started, 0, len(partitions))
+	from := make(map[int32]int64, len(partitions))
 	for _, p := range partitions {
 		pc, start, err := sub.resolveStart(client, consumer, p)
 		if err != nil {
-			cancel()
-			wg.Wait()
+			for _, s := range starts {
+				s.pc.Close()
+			}
 			return err
 		}
 		if sub.cfg.Tracer != nil {
 			pc = sub.cfg.Tracer.WrapPartitionConsumer(pc)
 		}
+		starts = append(starts, started{p, pc, start})
+		from[p] = start
+	}
+	first := sub.fetchFirstRecords(client, from)
+
+	var wg sync.WaitGroup
+	failed := make(chan error, len(partitions))
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i, s := range starts {
+		p, pc := s.partition, s.pc
 		a := partition.Assignment{
 			Topic:         sub.topic,
 			Partition:     p,
-			Start:         partition.Start{Offset: start, Resolved: true},
+			Start:         partition.Start{Offset: s.start, Resolved: true},
 			Pauser:        consumer,
 			HighWaterMark: pc.HighWaterMarkOffset,
 		}
-		if ff := sub.fetchFirstRecords(client, map[int32]int64{p: start})[p]; ff != nil {
+		if ff := first[p]; ff != nil {
 			a.FirstRecords = ff.records
 		}
 		w, err := sub.newWorker(pctx, a)
 		if err != nil {
-			pc.Close()
+			for _, r := range starts[i:] {
+				r.pc.Close()
+			}
 			cancel()
 			wg.Wait()
 			return err
