@@ -297,18 +297,18 @@ func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			return out, err
 		}
+		// The router publishes the returned messages to topic, with a
+		// TxnPublisher only if its name says so.
 		topic := message.PublishTopicFromCtx(msg.Context())
-		if message.PublisherNameFromCtx(msg.Context()) != txnPublisherName {
-			topic = "" // the router publishes them with another publisher
-		}
+		check := topic != "" && message.PublisherNameFromCtx(msg.Context()) == txnPublisherName
 		for _, m := range out {
 			od, ok := deliveryFromCtx(m.Context())
 			if !ok {
 				m.SetContext(msg.Context())
 				od = d
 			}
-			if od == nil || od.committer.pub != p || topic == "" {
-				continue // Publish refuses it, or another publisher has it
+			if !check || od == nil || od.committer.pub != p {
+				continue // another publisher has it, or Publish refuses it
 			}
 			if _, err := p.writable(od, topic, m); err != nil {
 				return nil, err
