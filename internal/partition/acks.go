@@ -58,11 +58,10 @@ func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.Can
 	w.tokensHeld.Add(-1)
 	switch {
 	case !acked:
-		w.pool.release()
 		if w.hooks != nil {
 			w.hooks.Nacked(wm)
 		}
-		w.nacked(r)
+		w.nacked(r, w.pool.release)
 	case r.Deferred(wm):
 		// The handler handed the record to something asynchronous: the
 		// ticket completes when its Deferral is resolved. It stays
@@ -153,19 +152,33 @@ func (w *Worker) completeLocked(r *Record) (wake bool) {
 
 // nacked takes a nacked (or failed deferred) delivery back and, unless its
 // handler was skipped, redelivers the record first in line after
-// NackResendSleep.
-func (w *Worker) nacked(r *Record) {
+// NackResendSleep. releaseToken, if not nil, frees the delivery's
+// in-flight token, once: before a NackResendSleep, so that other records
+// run meanwhile; without one, only once the record is back in line, so
+// that no other record takes the token before it.
+func (w *Worker) nacked(r *Record, releaseToken func()) {
+	released := releaseToken == nil
+	release := func() {
+		if !released {
+			released = true
+			releaseToken()
+		}
+	}
+	defer release()
 	w.mu.Lock()
 	w.inFlight--
 	if !r.skipped.Load() {
 		w.counters.redeliveries++
 	}
 	w.mu.Unlock()
-	w.wakeRun()
 	if r.skipped.Load() {
+		release()
+		w.wakeRun()
 		return // left unfinished for the partition's next owner
 	}
 	if d := w.cfg.NackResendSleep; d > 0 {
+		release()
+		w.wakeRun()
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
@@ -175,6 +188,8 @@ func (w *Worker) nacked(r *Record) {
 		}
 	}
 	if w.ctx.Err() != nil {
+		release()
+		w.wakeRun()
 		return
 	}
 	// Redeliver first in line, with a fresh delivery: a copy of the
@@ -186,5 +201,6 @@ func (w *Worker) nacked(r *Record) {
 		w.ready.pushFront(r)
 	}
 	w.mu.Unlock()
+	release()
 	w.wakeRun()
 }

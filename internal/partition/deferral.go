@@ -103,5 +103,5 @@ func (d *Deferral) apply(err error) {
 		w.complete(d.r, true)
 		return
 	}
-	go w.nacked(d.r)
+	go w.nacked(d.r, nil)
 }
