@@ -99,7 +99,7 @@ func (sub *subscription) checkTailBudget(client sarama.Client) error {
 	return nil
 }
 
-// errNotReported is returned by coordinatorMetadataLimit for a broker that
+// errNotReported is returned by describeIntConfig for a broker that
 // answers DescribeConfigs without the setting.
 var errNotReported = errors.New("not reported by the broker")
 
@@ -115,15 +115,21 @@ func coordinatorMetadataLimit(client sarama.Client, group string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("finding the group coordinator: %w", err)
 	}
+	return describeIntConfig(client, sarama.BrokerResource, strconv.Itoa(int(coord.ID())), brokerMetadataMaxBytes)
+}
+
+// describeIntConfig reads the integer config name of a broker or topic
+// (DescribeConfigs); errNotReported when the answer leaves it out.
+func describeIntConfig(client sarama.Client, typ sarama.ConfigResourceType, resource, name string) (int, error) {
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
 		return 0, err
 	}
-	// Not closed: closing this admin would close the subscription's client.
+	// Not closed: closing this admin would close the caller's client.
 	results, err := admin.DescribeConfigs([]*sarama.ConfigResource{{
-		Type:        sarama.BrokerResource,
-		Name:        strconv.Itoa(int(coord.ID())),
-		ConfigNames: []string{brokerMetadataMaxBytes},
+		Type:        typ,
+		Name:        resource,
+		ConfigNames: []string{name},
 	}}, sarama.DescribeConfigsOptions{})
 	if err != nil {
 		return 0, err
@@ -133,10 +139,10 @@ func coordinatorMetadataLimit(client sarama.Client, group string) (int, error) {
 			return 0, &sarama.DescribeConfigError{Err: r.ErrorCode, ErrMsg: r.ErrorMsg}
 		}
 		for _, e := range r.Configs {
-			if e.Name == brokerMetadataMaxBytes {
+			if e.Name == name {
 				n, err := strconv.Atoi(e.Value)
 				if err != nil {
-					return 0, fmt.Errorf("%s=%q: %w", brokerMetadataMaxBytes, e.Value, err)
+					return 0, fmt.Errorf("%s=%q: %w", name, e.Value, err)
 				}
 				return n, nil
 			}

@@ -51,7 +51,8 @@ type txnCommitter struct {
 	// client is the producer's connection, and answers Publish's
 	// question whether an output's topic exists.
 	client   sarama.Client
-	commitMu sync.Mutex // one transaction at a time; guards producer
+	limits   topicLimits // output topics' max.message.bytes
+	commitMu sync.Mutex  // one transaction at a time; guards producer
 	producer sarama.SyncProducer
 
 	mu          sync.Mutex
@@ -375,6 +376,7 @@ func (c *txnCommitter) commit() {
 	c.mu.Unlock()
 
 	if err != nil {
+		c.limits.forgetRefused(err)
 		c.abort(epoch, err)
 		return
 	}
@@ -441,8 +443,10 @@ func (c *txnCommitter) runTxn(outputs []*sarama.ProducerMessage, marks map[int32
 		return fmt.Errorf("beginning a transaction: %w", err)
 	}
 	if len(outputs) > 0 {
-		if err := p.SendMessages(outputs); err != nil {
-			return fmt.Errorf("writing %d outputs: %w", len(outputs), err)
+		for _, round := range c.outputRounds(outputs) {
+			if err := p.SendMessages(round); err != nil {
+				return fmt.Errorf("writing %d outputs: %w", len(round), err)
+			}
 		}
 	}
 	if len(marks) > 0 {

@@ -3,6 +3,7 @@ package safeack
 import (
 	"testing"
 
+	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 
 	"github.com/safeack/safeack/frontier"
@@ -47,4 +48,54 @@ func TestCoverageWithin(t *testing.T) {
 	cut := coverage{offset: 10, tail: frontier.Tail{Base: 10, Bound: 14, Ranges: []frontier.Range{{From: 12, To: 14}}}}
 	require.False(t, prev.within(cut))
 	require.False(t, cut.covers(14))
+}
+
+// A transaction's outputs to a topic whose max.message.bytes is below what
+// Sarama batches go in rounds whose bytes fit it, in their order; the
+// other outputs go in the first round, and without such a topic there is
+// one round.
+func TestOutputRounds(t *testing.T) {
+	pcfg := sarama.NewConfig()
+	c := &txnCommitter{pub: &TxnPublisher{pcfg: pcfg}}
+	out := func(topic string, size int) *sarama.ProducerMessage {
+		return &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(make([]byte, size))}
+	}
+	size := out("", 1000).ByteSize(recordBatchVersion)
+	var outputs []*sarama.ProducerMessage
+	for i := range 10 {
+		outputs = append(outputs, out("small", 1000), out("big", 1000+i))
+	}
+	c.limits.set("big", pcfg.Producer.MaxMessageBytes+recordBatchHeader)
+	require.Equal(t, [][]*sarama.ProducerMessage{outputs}, c.outputRounds(outputs), "no topic below Sarama's batches")
+
+	const limit = 4096
+	c.limits.set("small", limit)
+	perRound := (limit - recordBatchHeader) / size // 3
+	rounds := c.outputRounds(outputs)
+	require.Len(t, rounds, (10+perRound-1)/perRound)
+	var small, big []*sarama.ProducerMessage
+	for i, round := range rounds {
+		bytes := 0
+		for _, m := range round {
+			switch m.Topic {
+			case "small":
+				small = append(small, m)
+				bytes += m.ByteSize(recordBatchVersion)
+			case "big":
+				require.Zero(t, i, "outputs to a topic Sarama's batches fit go in the first round")
+				big = append(big, m)
+			}
+		}
+		require.LessOrEqual(t, bytes+recordBatchHeader, limit)
+	}
+	var wantSmall, wantBig []*sarama.ProducerMessage
+	for _, m := range outputs {
+		if m.Topic == "small" {
+			wantSmall = append(wantSmall, m)
+		} else {
+			wantBig = append(wantBig, m)
+		}
+	}
+	require.Equal(t, wantSmall, small)
+	require.Equal(t, wantBig, big)
 }

@@ -282,6 +282,13 @@ func (c *Cluster) closeClients() {
 // collide, and waits until metadata shows every partition with a leader.
 func (c *Cluster) NewTopic(tb testing.TB, partitions int) string {
 	tb.Helper()
+	return c.NewTopicWithConfig(tb, partitions, nil)
+}
+
+// NewTopicWithConfig is NewTopic with topic configs (e.g.
+// "max.message.bytes"); nil takes the broker's defaults.
+func (c *Cluster) NewTopicWithConfig(tb testing.TB, partitions int, configs map[string]string) string {
+	tb.Helper()
 	if partitions < 1 {
 		tb.Fatalf("kafkatest: NewTopic: %d partitions", partitions)
 	}
@@ -290,6 +297,12 @@ func (c *Cluster) NewTopic(tb testing.TB, partitions int) string {
 	// ReplicationFactor -1 takes the broker default: 1 on kfake, whatever the
 	// real cluster is set up for.
 	detail := &sarama.TopicDetail{NumPartitions: int32(partitions), ReplicationFactor: -1}
+	for k, v := range configs {
+		if detail.ConfigEntries == nil {
+			detail.ConfigEntries = make(map[string]*string, len(configs))
+		}
+		detail.ConfigEntries[k] = &v
+	}
 	if err := admin.CreateTopic(name, detail, false); err != nil {
 		tb.Fatalf("kafkatest: creating topic %s: %v", name, err)
 	}
