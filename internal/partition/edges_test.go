@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,4 +333,71 @@ func TestWorkerPausesAtTailUsage(t *testing.T) {
 	})
 	require.False(t, r.w.Stats().Paused, "paused with every record complete")
 	require.Positive(t, r.w.Stats().Counters.PausedFor)
+}
+
+// TestWorkerEndsWhileConfirmingStart: a claim revoked (closed), or stop
+// closed, while the worker waits for the coordinator to hold its start
+// ends the worker with nothing handed out: a cooperative revocation must
+// not wait for a commit that may never be taken (Sarama ends the whole
+// session after Rebalance.Timeout).
+func TestWorkerEndsWhileConfirmingStart(t *testing.T) {
+	for _, how := range []string{"claim closed", "stopped"} {
+		t.Run(how, func(t *testing.T) {
+			asked := make(chan int64, 100)
+			r := newRig(t, rigOptions{maxInFlight: 1, start: Start{Offset: 40},
+				startCommitted: func(off int64) bool {
+					asked <- off
+					return false
+				}})
+			r.next = 42
+			r.sendN(2)
+			select {
+			case <-asked:
+			case <-time.After(waitLimit):
+				t.Fatal("the start was never read back")
+			}
+			if how == "claim closed" {
+				close(r.claim)
+			} else {
+				close(r.stop)
+			}
+			select {
+			case <-r.done:
+			case <-time.After(waitLimit):
+				t.Fatal("the worker kept confirming its start")
+			}
+			r.quiet(10 * time.Millisecond)
+			r.tokensFree()
+		})
+	}
+}
+
+// TestWorkerReadsClaimWhileConfirmingStart: the claim is read while the
+// start is confirmed; the records read are kept, and handed out in order
+// once the coordinator holds the start.
+func TestWorkerReadsClaimWhileConfirmingStart(t *testing.T) {
+	asked := make(chan struct{}, 100)
+	var held atomic.Bool
+	r := newRig(t, rigOptions{maxInFlight: 1, start: Start{Offset: 40},
+		config: func(c *Config) { c.Ordering = ByPartition },
+		startCommitted: func(int64) bool {
+			asked <- struct{}{}
+			return held.Load()
+		}})
+	r.next = 42
+	r.sendN(1)
+	select {
+	case <-asked:
+	case <-time.After(waitLimit):
+		t.Fatal("the start was never read back")
+	}
+	r.sendN(3)
+	waitUntil(t, "the claim read while the start is confirmed", func() bool { return len(r.claim) == 0 })
+	held.Store(true)
+	for want := int64(42); want < 46; want++ {
+		m := r.receive()
+		require.Equal(t, want, offsetOf(m))
+		m.Ack()
+	}
+	waitUntil(t, "marked past every record", func() bool { return r.marker.last().offset == 46 })
 }
