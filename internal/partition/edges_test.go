@@ -60,18 +60,26 @@ func (r *rig) receiveAll(n int) map[int64]*message.Message {
 	return got
 }
 
-// TestWorkerDrainTakesBackARecordBeingSent: an ack hands the next ready
-// record out with its token; when nobody receives it before the drain, the
-// record is taken back unfinished (never marked), its token is freed, and
-// the message still unanswered is abandoned with its context cancelled.
+// TestWorkerDrainTakesBackARecordBeingSent: an ack that releases the
+// next record of its key hands it out with its token; when nobody receives
+// it before the drain, the record is taken back unfinished (never marked),
+// its token is freed, and the message still unanswered is abandoned with
+// its context cancelled.
 func TestWorkerDrainTakesBackARecordBeingSent(t *testing.T) {
-	r := newRig(t, rigOptions{maxInFlight: 2, config: func(c *Config) { c.CompletedTail = false }})
-	r.sendN(3)
+	r := newRig(t, rigOptions{maxInFlight: 2, config: func(c *Config) {
+		c.CompletedTail = false
+		c.Ordering = ByKey
+	}})
+	r.send("a", "b", "a")
 	got := r.receiveAll(2)
+	waitUntil(t, "record 2 waits for its key", func() bool { return r.w.Stats().WaitingForKey == 1 })
 	got[0].Ack()
-	// Record 2 now waits on the output with the freed token: sent by the
-	// ack's goroutine, or by run.
-	waitUntil(t, "record 2 taken for hand-out", func() bool { return r.w.Stats().InFlight == 2 })
+	// Record 2 left the gate with 0's completion; the ack's goroutine
+	// now waits on the output with it.
+	waitUntil(t, "record 2 taken for hand-out", func() bool {
+		st := r.w.Stats()
+		return st.Counters.Completed == 1 && st.InFlight == 2
+	})
 	r.stopped()
 	require.Equal(t, int64(1), r.marker.last().offset, "the final mark covers acked 0 only")
 	require.Error(t, got[1].Context().Err())
@@ -81,6 +89,18 @@ func TestWorkerDrainTakesBackARecordBeingSent(t *testing.T) {
 		t.Fatalf("offset %d handed out after the drain", offsetOf(m))
 	default:
 	}
+}
+
+// TestWorkerDrainResumesFetching: a partition whose fetching was paused
+// is resumed by its drain: Sarama keeps the pause across reassignment.
+func TestWorkerDrainResumesFetching(t *testing.T) {
+	r := newRig(t, rigOptions{maxInFlight: 1})
+	r.sendN(2*minResumeBelow + 3)
+	waitUntil(t, "fetching paused", func() bool { p, _, _ := r.pauser.state(); return p })
+	r.stopped()
+	paused, _, resumes := r.pauser.state()
+	require.False(t, paused)
+	require.Equal(t, 1, resumes)
 }
 
 // TestWorkerNackDuringDrainIsNotRedelivered: a nack waiting out its
@@ -400,4 +420,21 @@ func TestWorkerReadsClaimWhileConfirmingStart(t *testing.T) {
 		m.Ack()
 	}
 	waitUntil(t, "marked past every record", func() bool { return r.marker.last().offset == 46 })
+}
+
+// TestWorkerRequestsCommitOnceAllDone: a commit is asked for when every
+// record taken is complete and none waits, not while one is unfinished.
+func TestWorkerRequestsCommitOnceAllDone(t *testing.T) {
+	var asked atomic.Int32
+	r := newRig(t, rigOptions{maxInFlight: 3, start: Start{Offset: 0, Resolved: true},
+		requestCommit: func() { asked.Add(1) }})
+	r.sendN(3)
+	got := r.receiveAll(3)
+	got[0].Ack()
+	got[2].Ack()
+	waitUntil(t, "0 marked", func() bool { return r.marker.last().offset == 1 })
+	require.Zero(t, asked.Load(), "a commit asked for with record 1 unfinished")
+	got[1].Ack()
+	waitUntil(t, "a commit asked for", func() bool { return asked.Load() == 1 })
+	require.Equal(t, int64(3), r.marker.last().offset)
 }
