@@ -3,6 +3,7 @@ package partition
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -191,7 +192,7 @@ func TestWorkerOffsetsWithHoles(t *testing.T) {
 		beforeRun: func(w *Worker) { w.StartFromCommit(4, mk.meta) }})
 	next.sendAt(7, 8, 20, 41, 42)
 	handed := next.receiveAll(3)
-	require.Equal(t, []int64{7, 20, 42}, slices.Sorted(mapsKeys(handed)))
+	require.Equal(t, []int64{7, 20, 42}, slices.Sorted(maps.Keys(handed)))
 	next.quiet(30 * time.Millisecond)
 	for _, m := range handed {
 		m.Ack()
@@ -201,16 +202,6 @@ func TestWorkerOffsetsWithHoles(t *testing.T) {
 	got[20].Ack()
 	got[7].Ack()
 	waitUntil(t, "the first owner's mark reaches 42", func() bool { return r.marker.last().offset == 42 })
-}
-
-func mapsKeys[V any](m map[int64]V) func(func(int64) bool) {
-	return func(yield func(int64) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // TestWorkerPendingBound: with a slow head, no more records are retained
@@ -305,7 +296,7 @@ func TestWorkerTruncatedTail(t *testing.T) {
 		require.Equal(t, off%2 == 1 && off < tail.Bound, tail.Contains(off))
 	}
 	handed := next.receiveAll(len(want))
-	require.Equal(t, want, slices.Sorted(mapsKeys(handed)))
+	require.Equal(t, want, slices.Sorted(maps.Keys(handed)))
 	next.quiet(30 * time.Millisecond)
 }
 
