@@ -62,7 +62,7 @@ func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.Can
 			w.hooks.Nacked(wm)
 		}
 		w.nacked(r, w.pool.release)
-	case r.Deferred(wm):
+	case r.deferredAtAck(wm):
 		// The handler handed the record to something asynchronous: the
 		// ticket completes when its Deferral is resolved. It stays
 		// counted in flight so that a drain waits for it; run is woken to

@@ -80,7 +80,8 @@ type Assignment struct {
 	Partition int32
 	Start     Start
 	// Marker takes the completed positions; nil without a consumer group:
-	// nothing is marked, and a drain does not wait for answers.
+	// nothing is marked (a drain still waits for answers: Stats'
+	// SafeOffset is where the next connection resumes).
 	Marker Marker
 	// Pauser pauses fetching while records wait; nil never pauses.
 	Pauser Pauser

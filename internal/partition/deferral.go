@@ -24,22 +24,22 @@ type Deferral struct {
 // Deferral. It returns false when msg was acked or nacked already: its fate
 // is decided.
 func (r *Record) Defer(msg *message.Message, newHandle func(*Deferral) any) (*Deferral, bool) {
+	// deferMu makes the answered check and the store one step against the
+	// ack's check (deferredAtAck): a Defer racing the router's Ack either
+	// is seen by it or fails, never completes the record a second time.
+	r.deferMu.Lock()
+	defer r.deferMu.Unlock()
 	if answered(msg) {
 		return nil, false
+	}
+	if prev := r.deferred.Load(); prev != nil && prev.msg == msg {
+		return prev, true // this delivery was deferred already
 	}
 	d := &Deferral{r: r, msg: msg}
 	if newHandle != nil {
 		d.handle = newHandle(d)
 	}
-	for {
-		prev := r.deferred.Load()
-		if prev != nil && prev.msg == msg {
-			return prev, true // this delivery was deferred already
-		}
-		if r.deferred.CompareAndSwap(prev, d) {
-			break
-		}
-	}
+	r.deferred.Store(d)
 	r.owner.mu.Lock()
 	r.owner.counters.deferred++
 	r.owner.mu.Unlock()
@@ -50,6 +50,14 @@ func (r *Record) Defer(msg *message.Message, newHandle func(*Deferral) any) (*De
 func (r *Record) Deferred(msg *message.Message) bool {
 	d := r.deferred.Load()
 	return d != nil && d.msg == msg
+}
+
+// deferredAtAck is Deferred for the waiter of delivery msg's ack, ordered
+// with Defer (see there).
+func (r *Record) deferredAtAck(msg *message.Message) bool {
+	r.deferMu.Lock()
+	defer r.deferMu.Unlock()
+	return r.Deferred(msg)
 }
 
 // Handle returns the value Defer's newHandle made for the Deferral.

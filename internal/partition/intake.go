@@ -100,7 +100,8 @@ func (w *Worker) fixStart(first int64) {
 
 // confirmStart commits the start again until the coordinator holds it (a
 // coordinator loading or moving the group refuses commits, and Sarama does
-// not say so). It reports false if the assignment ended first. A record
+// not say so). It reports false if the assignment ended first, or its claim
+// was closed (a cooperative revocation) or stop closed meanwhile. A record
 // handed out before would be skipped by the next owner, should this member
 // die: the group's commit is still out of range, or missing, and Sarama
 // resolves Offsets.Initial afresh.
@@ -110,12 +111,42 @@ func (w *Worker) confirmStart(first int64) bool {
 		wait := pace.Next()
 		w.cfg.Logger.Info("The partition's start is not committed yet; nothing is handed out until it is",
 			w.logFields.Add(watermill.LogFields{"start": first, "retry_in": wait.String()}))
-		if !backoff.Sleep(w.ctx, wait) {
+		if !w.waitReadingClaim(wait) {
 			return false
 		}
 		w.marker.Commit()
 	}
 	return true
+}
+
+// waitReadingClaim waits d for run, which cannot select meanwhile, and
+// reads the claim as run would: a cooperative revocation only closes it,
+// and Sarama waits for the claim to end, up to Rebalance.Timeout, before
+// it ends the whole session. Records read go to the fetched queue, under
+// its flow control. It reports false when the claim closed, stop closed or
+// the assignment ended: run drains next (a closed claim reads as closed
+// again).
+func (w *Worker) waitReadingClaim(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return true
+		case m, ok := <-w.claim:
+			if !ok {
+				return false
+			}
+			if w.fromClaim(m) {
+				w.fetched.push(m)
+				w.fetchControl()
+			}
+		case <-w.stop:
+			return false
+		case <-w.ctx.Done():
+			return false
+		}
+	}
 }
 
 // StartFromCommit takes what the group's commit says of the partition, as

@@ -2,6 +2,7 @@ package partition
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,6 +33,7 @@ type Record struct {
 	// delivery, never reset: a Deferral of an earlier, nacked delivery must
 	// not hold back (or complete) a later one.
 	deferred atomic.Pointer[Deferral]
+	deferMu  sync.Mutex // orders Defer with the ack's look at deferred
 	// skipped is set when the record's handler was not run because its
 	// assignment had ended; its Nack must not redeliver.
 	skipped atomic.Bool

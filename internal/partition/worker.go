@@ -101,7 +101,9 @@ type Worker struct {
 	startHeld    func(offset int64) bool // Assignment.StartCommitted
 
 	// Owned by run.
-	pauser      Pauser // nil: fetching is never paused
+	claim       <-chan *sarama.ConsumerMessage // Run's; read while run waits elsewhere (see waitReadingClaim)
+	stop        <-chan struct{}                // Run's
+	pauser      Pauser                         // nil: fetching is never paused
 	fetchPaused bool
 	takeRate    float64                       // records/s taken from the fetched queue lately
 	rateFrom    time.Time                     // start of the current rate window
@@ -214,6 +216,7 @@ func (w *Worker) wakeRun() {
 // Run consumes the claim until it is closed (revoked), stop closes or the
 // assignment ends, then drains. It returns after the final mark.
 func (w *Worker) Run(claim <-chan *sarama.ConsumerMessage, stop <-chan struct{}) {
+	w.claim, w.stop = claim, stop
 	var retry *time.Timer
 	var retryC <-chan time.Time
 	w.pool.running.Add(1)

@@ -125,6 +125,8 @@ type rigOptions struct {
 	firstRecords chan []*sarama.ConsumerMessage
 	// startCommitted becomes Assignment.StartCommitted.
 	startCommitted func(int64) bool
+	// requestCommit becomes Assignment.RequestCommit.
+	requestCommit func()
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -156,6 +158,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		a.FirstRecords = o.firstRecords
 	}
 	a.StartCommitted = o.startCommitted
+	a.RequestCommit = o.requestCommit
 	if o.noMarker {
 		a.Marker = nil
 	}
