@@ -17,26 +17,7 @@ import (
 // Consumer.Offsets.Initial: at OffsetNewest (Sarama's default) skipping the
 // records unfinished at the end and those written meanwhile, at
 // OffsetOldest handling the whole log again.
-type resumePositions struct {
-	mu  sync.Mutex
-	pos map[int32]int64
-}
-
-func (r *resumePositions) set(partition int32, offset int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.pos == nil {
-		r.pos = make(map[int32]int64)
-	}
-	r.pos[partition] = offset
-}
-
-func (r *resumePositions) get(partition int32) (int64, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	o, ok := r.pos[partition]
-	return o, ok
-}
+type resumePositions = lockedMap[int32, int64]
 
 // resolveStart returns a partition consumer and the offset it starts at:
 // where the partition's completed prefix ended on the previous connection,

@@ -51,8 +51,8 @@ type txnCommitter struct {
 	// client is the producer's connection, and answers Publish's
 	// question whether an output's topic exists.
 	client   sarama.Client
-	limits   topicLimits // output topics' max.message.bytes
-	commitMu sync.Mutex  // one transaction at a time; guards producer
+	limits   lockedMap[string, int] // output topics' max.message.bytes; 0: not readable
+	commitMu sync.Mutex             // one transaction at a time; guards producer
 	producer sarama.SyncProducer
 
 	mu          sync.Mutex
@@ -376,7 +376,7 @@ func (c *txnCommitter) commit() {
 	c.mu.Unlock()
 
 	if err != nil {
-		c.limits.forgetRefused(err)
+		c.forgetRefusedLimits(err)
 		c.abort(epoch, err)
 		return
 	}

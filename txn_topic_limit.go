@@ -2,7 +2,6 @@ package safeack
 
 import (
 	"errors"
-	"sync"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
@@ -22,41 +21,17 @@ import (
 
 const maxMessageBytesConfig = "max.message.bytes"
 
-// topicLimits caches the max.message.bytes of output topics.
-type topicLimits struct {
-	mu     sync.Mutex
-	limits map[string]int // 0: not known (not readable)
-}
-
-func (l *topicLimits) get(topic string) (limit int, known bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	limit, known = l.limits[topic]
-	return limit, known
-}
-
-func (l *topicLimits) set(topic string, limit int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.limits == nil {
-		l.limits = make(map[string]int)
-	}
-	l.limits[topic] = limit
-}
-
-// forgetRefused drops the limits of the topics a failed transaction's
-// outputs were refused by as too large (the topic's setting was lowered,
-// or could not be read): Publish reads them again.
-func (l *topicLimits) forgetRefused(err error) {
+// forgetRefusedLimits drops the limits of the topics a failed
+// transaction's outputs were refused by as too large (the topic's setting
+// was lowered, or could not be read): Publish reads them again.
+func (c *txnCommitter) forgetRefusedLimits(err error) {
 	var perrs sarama.ProducerErrors
 	if !errors.As(err, &perrs) {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, pe := range perrs {
 		if errors.Is(pe.Err, sarama.ErrMessageSizeTooLarge) && pe.Msg != nil {
-			delete(l.limits, pe.Msg.Topic)
+			c.limits.delete(pe.Msg.Topic)
 		}
 	}
 }
