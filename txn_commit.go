@@ -51,8 +51,8 @@ type txnCommitter struct {
 	// client is the producer's connection, and answers Publish's
 	// question whether an output's topic exists.
 	client   sarama.Client
-	limits   lockedMap[string, int] // output topics' max.message.bytes; 0: not readable
-	commitMu sync.Mutex             // one transaction at a time; guards producer
+	topics   lockedMap[string, outputTopic] // what the cluster says of each output topic
+	commitMu sync.Mutex                     // one transaction at a time; guards producer
 	producer sarama.SyncProducer
 
 	mu          sync.Mutex
@@ -152,14 +152,15 @@ func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error
 }
 
 // checkTopic fails for an output topic the cluster does not have (nor
-// creates on a metadata request). Without it, such an output would fail
-// every transaction it is in: the record is handled again after each
-// abort, writes the same output, and the subscription never commits again.
+// creates on a metadata request), or the producer may not write to.
+// Without it, such an output would fail every transaction it is in: the
+// record is handled again after each abort, writes the same output, and
+// the subscription never commits again.
 func (c *txnCommitter) checkTopic(topic string) error {
 	if _, err := c.client.Partitions(topic); err != nil {
 		return fmt.Errorf("safeack: output topic %q: %w", topic, err)
 	}
-	return nil
+	return c.outputTopic(topic).notWritable
 }
 
 // ensureProducer makes the transactional producer if there is none.
@@ -376,7 +377,7 @@ func (c *txnCommitter) commit() {
 	c.mu.Unlock()
 
 	if err != nil {
-		c.forgetRefusedLimits(err)
+		c.forgetRefusedTopics(err)
 		c.abort(epoch, err)
 		return
 	}
@@ -445,7 +446,7 @@ func (c *txnCommitter) runTxn(outputs []*sarama.ProducerMessage, marks map[int32
 	if len(outputs) > 0 {
 		for _, round := range c.outputRounds(outputs) {
 			if err := p.SendMessages(round); err != nil {
-				return fmt.Errorf("writing %d outputs: %w", len(round), err)
+				return fmt.Errorf("writing %d outputs: %w", len(round), produceError(err))
 			}
 		}
 	}

@@ -65,11 +65,11 @@ func TestOutputRounds(t *testing.T) {
 	for i := range 10 {
 		outputs = append(outputs, out("small", 1000), out("big", 1000+i))
 	}
-	c.limits.set("big", pcfg.Producer.MaxMessageBytes+recordBatchHeader)
+	c.topics.set("big", outputTopic{maxMessageBytes: pcfg.Producer.MaxMessageBytes + recordBatchHeader})
 	require.Equal(t, [][]*sarama.ProducerMessage{outputs}, c.outputRounds(outputs), "no topic below Sarama's batches")
 
 	const limit = 4096
-	c.limits.set("small", limit)
+	c.topics.set("small", outputTopic{maxMessageBytes: limit})
 	perRound := (limit - recordBatchHeader) / size // 3
 	rounds := c.outputRounds(outputs)
 	require.Len(t, rounds, (10+perRound-1)/perRound)

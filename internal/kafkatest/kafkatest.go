@@ -62,7 +62,10 @@ type Option func(*options)
 type options struct {
 	brokers   int
 	kfakeOpts []kfake.Opt
+	superuser *sasl
 }
+
+type sasl struct{ user, pass string }
 
 // WithBrokers sets how many embedded brokers to start (default 1). It has no
 // effect on a real cluster.
@@ -77,12 +80,22 @@ func WithKfakeOpts(opts ...kfake.Opt) Option {
 	return func(o *options) { o.kfakeOpts = append(o.kfakeOpts, opts...) }
 }
 
+// WithPlainSuperuser makes the embedded broker require SASL/PLAIN logins,
+// with user as a superuser (ACL checks do not apply to it), and
+// SaramaConfig log in as that user. Add kfake.EnableACLs and kfake.User
+// (WithKfakeOpts) for users whose ACLs are checked. A test using it needs
+// the embedded broker: Start skips it on a real cluster.
+func WithPlainSuperuser(user, pass string) Option {
+	return func(o *options) { o.superuser = &sasl{user: user, pass: pass} }
+}
+
 // Cluster is a Kafka cluster for one test (and its subtests): embedded kfake
 // or a real cluster. Its methods are safe for concurrent use.
 type Cluster struct {
-	brokers []string
-	kf      *kfake.Cluster // nil on a real cluster
-	version sarama.KafkaVersion
+	brokers   []string
+	kf        *kfake.Cluster // nil on a real cluster
+	version   sarama.KafkaVersion
+	superuser *sasl // SaramaConfig's login; nil: none
 
 	seq atomic.Uint64 // makes produced values unique across the Cluster
 
@@ -115,6 +128,9 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	}
 
 	if env := strings.TrimSpace(os.Getenv(EnvBrokers)); env != "" {
+		if o.superuser != nil {
+			tb.Skipf("kafkatest: needs the embedded kfake broker (SASL users and ACLs); %s points at a real cluster", EnvBrokers)
+		}
 		for _, b := range strings.Split(env, ",") {
 			if b = strings.TrimSpace(b); b != "" {
 				c.brokers = append(c.brokers, b)
@@ -130,6 +146,10 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	kopts := []kfake.Opt{
 		kfake.NumBrokers(o.brokers),
 		kfake.GroupMinSessionTimeout(EmbeddedMinSessionTimeout),
+	}
+	if o.superuser != nil {
+		kopts = append(kopts, kfake.EnableSASL(), kfake.Superuser("PLAIN", o.superuser.user, o.superuser.pass))
+		c.superuser = o.superuser
 	}
 	kopts = append(kopts, o.kfakeOpts...)
 	kf, err := kfake.NewCluster(kopts...)
@@ -214,6 +234,11 @@ func (c *Cluster) SaramaConfig() *sarama.Config {
 	cfg.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
 	cfg.Consumer.Retry.Backoff = 100 * time.Millisecond
 	cfg.Consumer.MaxWaitTime = 100 * time.Millisecond
+	if c.superuser != nil {
+		cfg.Net.SASL.Enable = true
+		cfg.Net.SASL.Mechanism = sarama.SASLTypePlaintext
+		cfg.Net.SASL.User, cfg.Net.SASL.Password = c.superuser.user, c.superuser.pass
+	}
 	return cfg
 }
 
