@@ -3,11 +3,14 @@ package safeack_test
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -208,4 +211,62 @@ func TestCommitNotBehindFetch(t *testing.T) {
 		require.Less(t, lag, maxWait/2, "the commit waited behind a Fetch (MaxWaitTime %v)", maxWait)
 	}
 	require.Positive(t, watch.check(t))
+}
+
+// TestEarlyCommitRefusedIsRetried: Sarama does not tell its caller that the
+// coordinator refused a commit, so the early commit of a partition whose
+// every record is complete reads the committed offsets back and commits
+// again (within a tenth of the interval) until the coordinator holds them,
+// rather than leaving them to the next interval. Here the interval is an
+// hour and the coordinator refuses the first two commits past the start.
+func TestEarlyCommitRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	for name, code := range map[string]int16{"loading": kerr.CoordinatorLoadInProgress.Code, "not coordinator": kerr.NotCoordinator.Code} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := kafkatest.Start(t)
+			c.RequireEmbedded(t)
+			topic := c.NewTopic(t, 1)
+			group := c.NewGroup(t)
+			var refused atomic.Int32
+			c.Kfake().ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				c.Kfake().KeepControl()
+				oc := req.(*kmsg.OffsetCommitRequest)
+				if oc.Group != group || refused.Load() >= 2 {
+					return nil, nil, false
+				}
+				resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
+				resp.SetVersion(oc.GetVersion())
+				pastStart := false
+				for _, rt := range oc.Topics {
+					st := kmsg.NewOffsetCommitResponseTopic()
+					st.Topic = rt.Topic
+					for _, rp := range rt.Partitions {
+						pastStart = pastStart || rp.Offset > 0
+						sp := kmsg.NewOffsetCommitResponseTopicPartition()
+						sp.Partition, sp.ErrorCode = rp.Partition, code
+						st.Partitions = append(st.Partitions, sp)
+					}
+					resp.Topics = append(resp.Topics, st)
+				}
+				if !pastStart {
+					return nil, nil, false // the pinned start goes through
+				}
+				refused.Add(1)
+				return resp, nil, true
+			})
+			acks := newAckLog()
+			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+				cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+				cfg.CommitInterval = time.Hour
+			})
+			handleAll(mustSubscribe(t, sub, topic), acks.ack)
+			c.ProduceN(t, topic, 1, 10, nil)
+			acks.waitAllAcked(t, c, topic, 15*time.Second)
+			kafkatest.WaitFor(t, 10*time.Second, "the coordinator to hold the end of the partition", func() bool {
+				return c.CommittedOffsets(t, group, topic)[0].Offset == 10
+			})
+			require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits")
+		})
+	}
 }
