@@ -94,6 +94,9 @@ type groupHandler struct {
 	stop    chan struct{}
 	done    chan struct{}
 	soon    chan struct{} // capacity 1: a partition asks for a commit now
+	// final is the last offset each claim the session ended marked, for
+	// Cleanup to confirm (see confirmFinalCommit).
+	final map[int32]int64
 }
 
 // Setup reads the committed offsets and metadata of the claimed partitions
@@ -144,6 +147,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.pinned = pinned
 	h.first = first
 	h.workers = make(map[int32]*partition.Worker, len(claimed))
+	h.final = make(map[int32]int64, len(claimed))
 	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
 	h.soon = make(chan struct{}, 1)
@@ -299,7 +303,66 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 		return nil
 	}
 	sess.Commit()
+	h.confirmFinalCommit(sess)
 	return nil
+}
+
+// confirmFinalCommit reads the session's final commit back and commits
+// again until the coordinator holds the last mark of every claim the
+// session ended, for up to finalCommitWait. Sarama does not report a
+// refused commit (a coordinator loading or moving the group refuses it),
+// and with its auto-commit off it does not flush again when the session
+// ends: the next owner would handle again everything acked since the last
+// commit the coordinator took.
+func (h *groupHandler) confirmFinalCommit(sess sarama.ConsumerGroupSession) {
+	h.mu.Lock()
+	final := h.final
+	h.final = nil
+	h.mu.Unlock()
+	parts := make([]int32, 0, len(final))
+	for p, off := range final {
+		if off >= 0 {
+			parts = append(parts, p)
+		}
+	}
+	if len(parts) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.sub.finalCommitWait())
+	defer cancel()
+	var pace backoff.Doubling
+	for {
+		// One attempt each round: fetchCommitted's own retries would
+		// overrun the bound while the coordinator is away.
+		held, err := fetchCommittedOnce(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
+		missing := 0
+		for _, p := range parts {
+			if c, ok := held[p]; err != nil || !ok || c.offset < final[p] {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return
+		}
+		if !backoff.Sleep(ctx, pace.Next()) {
+			fields := watermill.LogFields{"partitions": missing}
+			if err != nil {
+				fields["err"] = err.Error()
+			}
+			h.sub.logger.Info("The session's final commit is not held by the coordinator; the next owner handles again what was acked since the last commit it took",
+				h.sub.logFields.Add(fields))
+			return
+		}
+		sess.Commit()
+	}
+}
+
+// finalCommitWait bounds confirmFinalCommit: DrainTimeout, and at most half
+// of what a full drain leaves of Rebalance.Timeout, so that the member
+// still rejoins in time after an eager rebalance.
+func (sub *subscription) finalCommitWait() time.Duration {
+	left := sub.cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout - sub.cfg.DrainTimeout
+	return min(sub.cfg.DrainTimeout, left/2)
 }
 
 // ConsumeClaim runs one partition until it is revoked.
@@ -356,6 +419,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		h.sub.subscriber.registry.detach(w)
 		h.mu.Lock()
 		delete(h.workers, claim.Partition())
+		// A claim revoked while the session goes on (cooperative) is not
+		// the session's to confirm: Sarama drops its marks.
+		if h.final != nil && tm == nil && (sess.Context().Err() != nil || h.sub.stopping(h.ctx)) {
+			h.final[claim.Partition()] = w.Marked()
+		}
 		h.mu.Unlock()
 	}()
 	w.Run(claim.Messages(), h.sub.subscriber.closing)

@@ -228,33 +228,7 @@ func TestEarlyCommitRefusedIsRetried(t *testing.T) {
 			c.RequireEmbedded(t)
 			topic := c.NewTopic(t, 1)
 			group := c.NewGroup(t)
-			var refused atomic.Int32
-			c.Kfake().ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
-				c.Kfake().KeepControl()
-				oc := req.(*kmsg.OffsetCommitRequest)
-				if oc.Group != group || refused.Load() >= 2 {
-					return nil, nil, false
-				}
-				resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
-				resp.SetVersion(oc.GetVersion())
-				pastStart := false
-				for _, rt := range oc.Topics {
-					st := kmsg.NewOffsetCommitResponseTopic()
-					st.Topic = rt.Topic
-					for _, rp := range rt.Partitions {
-						pastStart = pastStart || rp.Offset > 0
-						sp := kmsg.NewOffsetCommitResponseTopicPartition()
-						sp.Partition, sp.ErrorCode = rp.Partition, code
-						st.Partitions = append(st.Partitions, sp)
-					}
-					resp.Topics = append(resp.Topics, st)
-				}
-				if !pastStart {
-					return nil, nil, false // the pinned start goes through
-				}
-				refused.Add(1)
-				return resp, nil, true
-			})
+			refused := refuseCommitsPastStart(c, group, code, 2)
 			acks := newAckLog()
 			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 				cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
@@ -269,4 +243,95 @@ func TestEarlyCommitRefusedIsRetried(t *testing.T) {
 			require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits")
 		})
 	}
+}
+
+// TestFinalCommitRefusedIsRetried: when Close drains a partition, its final
+// prefix is committed before Close returns even if the coordinator refuses
+// that commit at first (a coordinator loading the group): the drain's
+// commit and the session's last one are read back and sent again. Before,
+// both were refused, Close returned with the group still at the start, and
+// the next owner handled every acked record again.
+func TestFinalCommitRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+		cfg.CommitInterval = time.Hour
+		cfg.DrainTimeout = 5 * time.Second
+		cfg.Ordering = safeack.Unordered
+	})
+	// The head is held until the drain starts, so that nothing past the
+	// start is committed before it.
+	head := make(chan *message.Message, 1)
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off == 0 {
+			head <- m
+			return
+		}
+		m.Ack()
+	})
+	c.ProduceN(t, topic, 1, 10, nil)
+	var m0 *message.Message
+	select {
+	case m0 = <-head:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first record was not delivered")
+	}
+	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
+		st, ok := statsOf(sub, topic, 0)
+		return ok && st.Completed == 9
+	})
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = sub.Close()
+	}()
+	kafkatest.WaitFor(t, 10*time.Second, "the drain to start", func() bool { return safeack.AssignmentEnded(m0) })
+	m0.Ack()
+	select {
+	case <-closed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits")
+	require.EqualValues(t, 10, c.CommittedOffsets(t, group, topic)[0].Offset, "the final prefix is committed when Close returns")
+}
+
+// refuseCommitsPastStart makes the embedded broker answer the first n
+// OffsetCommit requests of group that carry an offset above 0 with code
+// (the pinned start, offset 0, goes through). It returns the count refused.
+func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n int32) *atomic.Int32 {
+	var refused atomic.Int32
+	kf := c.Kfake()
+	kf.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		oc := req.(*kmsg.OffsetCommitRequest)
+		if oc.Group != group || refused.Load() >= n {
+			return nil, nil, false
+		}
+		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
+		resp.SetVersion(oc.GetVersion())
+		pastStart := false
+		for _, rt := range oc.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				pastStart = pastStart || rp.Offset > 0
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		if !pastStart {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		return resp, nil, true
+	})
+	return &refused
 }
