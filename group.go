@@ -374,6 +374,12 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	pinned := h.pinned
 	h.mu.Unlock()
 	<-pinned
+	if sess.Context().Err() != nil || h.sub.stopping(h.ctx) {
+		// The session ended first, perhaps before the coordinator held
+		// the start: the assignment is over, and its records are the next
+		// owner's.
+		return nil
+	}
 	start := h.startOf(claim)
 	// Where completed offsets go: the session's marks, or the transaction.
 	a := partition.Assignment{
