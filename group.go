@@ -309,18 +309,25 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 
 // confirmFinalCommit reads the session's final commit back and commits
 // again until the coordinator holds the last mark of every claim the
-// session ended, for up to finalCommitWait. Sarama does not report a
-// refused commit (a coordinator loading or moving the group refuses it),
-// and with its auto-commit off it does not flush again when the session
-// ends: the next owner would handle again everything acked since the last
-// commit the coordinator took.
+// session ended (see confirmCommitted).
 func (h *groupHandler) confirmFinalCommit(sess sarama.ConsumerGroupSession) {
 	h.mu.Lock()
 	final := h.final
 	h.final = nil
 	h.mu.Unlock()
-	parts := make([]int32, 0, len(final))
-	for p, off := range final {
+	h.confirmCommitted(sess, final)
+}
+
+// confirmCommitted reads back what the coordinator holds for the
+// partitions of marks and commits again until it holds each one's mark,
+// for up to finalCommitWait. Sarama does not report a refused commit (a
+// coordinator loading or moving the group refuses it), and with its
+// auto-commit off it drops the marks of a partition whose claim ended
+// without flushing them again: the next owner would handle again
+// everything acked since the last commit the coordinator took.
+func (h *groupHandler) confirmCommitted(sess sarama.ConsumerGroupSession, marks map[int32]int64) {
+	parts := make([]int32, 0, len(marks))
+	for p, off := range marks {
 		if off >= 0 {
 			parts = append(parts, p)
 		}
@@ -337,7 +344,7 @@ func (h *groupHandler) confirmFinalCommit(sess sarama.ConsumerGroupSession) {
 		held, err := fetchCommittedOnce(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
 		missing := 0
 		for _, p := range parts {
-			if c, ok := held[p]; err != nil || !ok || c.offset < final[p] {
+			if c, ok := held[p]; err != nil || !ok || c.offset < marks[p] {
 				missing++
 			}
 		}
@@ -349,7 +356,7 @@ func (h *groupHandler) confirmFinalCommit(sess sarama.ConsumerGroupSession) {
 			if err != nil {
 				fields["err"] = err.Error()
 			}
-			h.sub.logger.Info("The session's final commit is not held by the coordinator; the next owner handles again what was acked since the last commit it took",
+			h.sub.logger.Info("The final commit of ended claims is not held by the coordinator; the next owner handles again what was acked since the last commit it took",
 				h.sub.logFields.Add(fields))
 			return
 		}
@@ -425,14 +432,26 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		h.sub.subscriber.registry.detach(w)
 		h.mu.Lock()
 		delete(h.workers, claim.Partition())
-		// A claim revoked while the session goes on (cooperative) is not
-		// the session's to confirm: Sarama drops its marks.
-		if h.final != nil && tm == nil && (sess.Context().Err() != nil || h.sub.stopping(h.ctx)) {
-			h.final[claim.Partition()] = w.Marked()
-		}
 		h.mu.Unlock()
 	}()
 	w.Run(claim.Messages(), h.sub.subscriber.closing)
+	if tm != nil {
+		return nil // the drain's transaction carried the final position
+	}
+	if sess.Context().Err() != nil || h.sub.stopping(h.ctx) {
+		// The session ends: Cleanup confirms its final commit, once for
+		// all its claims.
+		h.mu.Lock()
+		if h.final != nil {
+			h.final[claim.Partition()] = w.Marked()
+		}
+		h.mu.Unlock()
+		return nil
+	}
+	// Revoked while the session goes on (cooperative): Sarama drops the
+	// partition's marks once this returns, so its final commit is
+	// confirmed now.
+	h.confirmCommitted(sess, map[int32]int64{claim.Partition(): w.Marked()})
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -334,4 +335,102 @@ func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n in
 		return resp, nil, true
 	})
 	return &refused
+}
+
+// TestCooperativeRevokeFinalCommitRefusedIsRetried: a partition revoked
+// from a cooperative session has its final prefix committed before the
+// revocation completes even if the coordinator refuses that commit at
+// first. Sarama drops a revoked partition's marks once its claim returns
+// (auto-commit being off), so the commit is read back and sent again
+// before; the new owner then starts after every record the old one acked.
+// Before, the refused commit was dropped and the new owner handled the
+// record acked during the drain again.
+func TestCooperativeRevokeFinalCommitRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	const partitions, perPartition = 2, 5
+	topic := c.NewTopic(t, partitions)
+	group := c.NewGroup(t)
+	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
+	cooperative := func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+		cfg.CommitInterval = time.Hour
+		cfg.DrainTimeout = 5 * time.Second
+		cfg.Ordering = safeack.Unordered
+	}
+	a := newTestSubscriber(t, c, group, cooperative)
+	// Each partition's head is held until its assignment ends, so that
+	// nothing past the start is committed before a drain.
+	heads := make(chan *message.Message, partitions)
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off == 0 {
+			heads <- m
+			return
+		}
+		m.Ack()
+	})
+	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
+	held := make([]*message.Message, 0, partitions)
+	for range partitions {
+		select {
+		case m := <-heads:
+			held = append(held, m)
+		case <-time.After(15 * time.Second):
+			t.Fatal("the heads were not delivered")
+		}
+	}
+	kafkatest.WaitFor(t, 10*time.Second, "every record but the heads acked", func() bool {
+		ps := ownedPartitions(a, topic)
+		return len(ps) == partitions && ps[0].Completed == perPartition-1 && ps[1].Completed == perPartition-1
+	})
+
+	b := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cooperative(cfg)
+		cfg.Ordering = safeack.OrderByPartition
+	})
+	var mu sync.Mutex
+	seenByB := map[po]int{}
+	handleAll(mustSubscribe(t, b, topic), func(m *message.Message) {
+		k, _ := msgPO(m)
+		mu.Lock()
+		seenByB[k]++
+		mu.Unlock()
+		m.Ack()
+	})
+	var moved *message.Message
+	kafkatest.WaitFor(t, 30*time.Second, "a partition to be revoked from the first member", func() bool {
+		for _, m := range held {
+			if safeack.AssignmentEnded(m) {
+				moved = m
+				return true
+			}
+		}
+		return false
+	})
+	moved.Ack() // during the drain: the final prefix is the end
+	defer func() {
+		for _, m := range held {
+			m.Ack() // the head still owned: no drain timeout at Close
+		}
+	}()
+	p, _ := safeack.MessagePartitionFromCtx(moved.Context())
+	kafkatest.WaitFor(t, 30*time.Second, "the second member to own the moved partition", func() bool {
+		_, ok := ownedPartitions(b, topic)[p]
+		return ok
+	})
+	// A record after the moved ones: the new owner handles it, and, had it
+	// started at the head (one record at a time, in order), the head
+	// before it.
+	c.Produce(t, topic, kafkatest.Record{Partition: p, Value: []byte("after")})
+	kafkatest.WaitFor(t, 15*time.Second, "the new owner to handle the record after the moved ones", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return seenByB[po{p, perPartition}] > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, seenByB[po{p, 0}], "the new owner handled again the record the old one acked during its drain (commits refused: %d)", refused.Load())
+	require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits")
 }
