@@ -364,9 +364,9 @@ func (h *groupHandler) confirmCommitted(sess sarama.ConsumerGroupSession, marks 
 	}
 }
 
-// finalCommitWait bounds confirmFinalCommit: DrainTimeout, and at most half
+// finalCommitWait bounds confirmCommitted: DrainTimeout, and at most half
 // of what a full drain leaves of Rebalance.Timeout, so that the member
-// still rejoins in time after an eager rebalance.
+// still rejoins (eager), or gives the partition up (cooperative), in time.
 func (sub *subscription) finalCommitWait() time.Duration {
 	left := sub.cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout - sub.cfg.DrainTimeout
 	return min(sub.cfg.DrainTimeout, left/2)
