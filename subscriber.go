@@ -136,6 +136,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err == nil {
 		err = sub.checkTailBudget(client)
 	}
+	if err == nil && s.cfg.ConsumerGroup == "" {
+		sub.resolveFirstStarts(client)
+	}
 	s.lifecycle.Lock()
 	if err == nil && s.closed.Load() {
 		err = ErrSubscriberClosed
