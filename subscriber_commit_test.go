@@ -302,6 +302,84 @@ func TestFinalCommitRefusedIsRetried(t *testing.T) {
 	require.EqualValues(t, 10, c.CommittedOffsets(t, group, topic)[0].Offset, "the final prefix is committed when Close returns")
 }
 
+// TestEagerRevokeFinalCommitRefusedIsRetried: the final prefix of a
+// partition revoked in an eager rebalance reaches the coordinator before
+// the member rejoins, even if the coordinator refuses the drain's commit
+// and the session's last one: Cleanup reads it back and sends it again.
+// Before, both were lost and the partition's next owner handled every
+// record again.
+func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
+	config := func(ordering safeack.Ordering) func(*safeack.SubscriberConfig) {
+		return func(cfg *safeack.SubscriberConfig) {
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+			cfg.CommitInterval = time.Hour
+			cfg.DrainTimeout = 5 * time.Second
+			cfg.Ordering = ordering
+		}
+	}
+	var mu sync.Mutex
+	handled := map[int64]int{}
+	handle := func(m *message.Message) int64 {
+		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
+		mu.Lock()
+		defer mu.Unlock()
+		handled[off]++
+		return off
+	}
+	// The head is held until the drain starts, so that nothing past the
+	// start is committed before it.
+	head := make(chan *message.Message, 1)
+	a := newTestSubscriber(t, c, group, config(safeack.Unordered))
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		if handle(m) == 0 {
+			head <- m
+			return
+		}
+		m.Ack()
+	})
+	c.ProduceN(t, topic, 1, 5, nil)
+	var m0 *message.Message
+	select {
+	case m0 = <-head:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first record was not delivered")
+	}
+	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
+		st, ok := statsOf(a, topic, 0)
+		return ok && st.Completed == 4
+	})
+
+	// One record at a time, in order: a member starting at the head
+	// handles it before the record produced below.
+	b := newTestSubscriber(t, c, group, config(safeack.OrderByPartition))
+	handleAll(mustSubscribe(t, b, topic), func(m *message.Message) {
+		handle(m)
+		m.Ack()
+	})
+	kafkatest.WaitFor(t, 30*time.Second, "the rebalance to revoke the partition", func() bool { return safeack.AssignmentEnded(m0) })
+	m0.Ack() // during the drain: the final prefix is the end
+	kafkatest.WaitFor(t, 30*time.Second, "the partition to be owned again", func() bool {
+		return len(ownedPartitions(a, topic))+len(ownedPartitions(b, topic)) == 1
+	})
+	c.ProduceN(t, topic, 1, 1, nil)
+	kafkatest.WaitFor(t, 15*time.Second, "the record after the revoked ones handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return handled[5] > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for off := range int64(5) {
+		require.Equal(t, 1, handled[off], "record %d handled again by the next owner (commits refused: %d)", off, refused.Load())
+	}
+}
+
 // refuseCommitsPastStart makes the embedded broker answer the first n
 // OffsetCommit requests of group that carry an offset above 0 with code
 // (the pinned start, offset 0, goes through). It returns the count refused.
