@@ -52,7 +52,9 @@ type SubscriberConfig struct {
 	// rebalances, so each consumer group gets fresh instances of the ones
 	// in Consumer.Group.Rebalance (range, roundrobin, sticky,
 	// cooperative-sticky); a BalanceStrategy of your own is shared as
-	// given and must be safe for concurrent use by several groups.
+	// given and must be safe for concurrent use by several groups. With a
+	// ConsumerGroup, Version must be at least 0.10.2, as Sarama's consumer
+	// groups need.
 	OverwriteSaramaConfig *sarama.Config
 
 	// ConsumerGroup is the Kafka consumer group. When empty, every partition
@@ -349,6 +351,11 @@ func (c SubscriberConfig) Validate() error {
 		return fieldError("OverwriteSaramaConfig", "%v", err)
 	}
 	if c.ConsumerGroup != "" {
+		// Sarama refuses it only when the consumer group is made, after
+		// Subscribe returned: the subscription would reconnect forever.
+		if v := c.OverwriteSaramaConfig.Version; !v.IsAtLeast(sarama.V0_10_2_0) {
+			return fieldError("OverwriteSaramaConfig.Version", "%s: consumer groups need %s or later", v, sarama.V0_10_2_0)
+		}
 		if rt := c.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout; c.DrainTimeout >= rt {
 			return fieldError("DrainTimeout", "%v must be below Consumer.Group.Rebalance.Timeout (%v), or a draining member is expelled from the group", c.DrainTimeout, rt)
 		}

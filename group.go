@@ -94,6 +94,9 @@ type groupHandler struct {
 	stop    chan struct{}
 	done    chan struct{}
 	soon    chan struct{} // capacity 1: a partition asks for a commit now
+	// final is the last offset each claim the session ended marked, for
+	// Cleanup to confirm (see confirmFinalCommit).
+	final map[int32]int64
 }
 
 // Setup reads the committed offsets and metadata of the claimed partitions
@@ -144,6 +147,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.pinned = pinned
 	h.first = first
 	h.workers = make(map[int32]*partition.Worker, len(claimed))
+	h.final = make(map[int32]int64, len(claimed))
 	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
 	h.soon = make(chan struct{}, 1)
@@ -299,7 +303,73 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 		return nil
 	}
 	sess.Commit()
+	h.confirmFinalCommit(sess)
 	return nil
+}
+
+// confirmFinalCommit reads the session's final commit back and commits
+// again until the coordinator holds the last mark of every claim the
+// session ended (see confirmCommitted).
+func (h *groupHandler) confirmFinalCommit(sess sarama.ConsumerGroupSession) {
+	h.mu.Lock()
+	final := h.final
+	h.final = nil
+	h.mu.Unlock()
+	h.confirmCommitted(sess, final)
+}
+
+// confirmCommitted reads back what the coordinator holds for the
+// partitions of marks and commits again until it holds each one's mark,
+// for up to finalCommitWait. Sarama does not report a refused commit (a
+// coordinator loading or moving the group refuses it), and with its
+// auto-commit off it drops the marks of a partition whose claim ended
+// without flushing them again: the next owner would handle again
+// everything acked since the last commit the coordinator took.
+func (h *groupHandler) confirmCommitted(sess sarama.ConsumerGroupSession, marks map[int32]int64) {
+	parts := make([]int32, 0, len(marks))
+	for p, off := range marks {
+		if off >= 0 {
+			parts = append(parts, p)
+		}
+	}
+	if len(parts) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.sub.finalCommitWait())
+	defer cancel()
+	var pace backoff.Doubling
+	for {
+		// One attempt each round: fetchCommitted's own retries would
+		// overrun the bound while the coordinator is away.
+		held, err := fetchCommittedOnce(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
+		missing := 0
+		for _, p := range parts {
+			if c, ok := held[p]; err != nil || !ok || c.offset < marks[p] {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return
+		}
+		if !backoff.Sleep(ctx, pace.Next()) {
+			fields := watermill.LogFields{"partitions": missing}
+			if err != nil {
+				fields["err"] = err.Error()
+			}
+			h.sub.logger.Info("The final commit of ended claims is not held by the coordinator; the next owner handles again what was acked since the last commit it took",
+				h.sub.logFields.Add(fields))
+			return
+		}
+		sess.Commit()
+	}
+}
+
+// finalCommitWait bounds confirmCommitted: DrainTimeout, and at most half
+// of what a full drain leaves of Rebalance.Timeout, so that the member
+// still rejoins (eager), or gives the partition up (cooperative), in time.
+func (sub *subscription) finalCommitWait() time.Duration {
+	left := sub.cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout - sub.cfg.DrainTimeout
+	return min(sub.cfg.DrainTimeout, left/2)
 }
 
 // ConsumeClaim runs one partition until it is revoked.
@@ -311,6 +381,12 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	pinned := h.pinned
 	h.mu.Unlock()
 	<-pinned
+	if sess.Context().Err() != nil || h.sub.stopping(h.ctx) {
+		// The session ended first, perhaps before the coordinator held
+		// the start: the assignment is over, and its records are the next
+		// owner's.
+		return nil
+	}
 	start := h.startOf(claim)
 	// Where completed offsets go: the session's marks, or the transaction.
 	a := partition.Assignment{
@@ -359,6 +435,23 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		h.mu.Unlock()
 	}()
 	w.Run(claim.Messages(), h.sub.subscriber.closing)
+	if tm != nil {
+		return nil // the drain's transaction carried the final position
+	}
+	if sess.Context().Err() != nil || h.sub.stopping(h.ctx) {
+		// The session ends: Cleanup confirms its final commit, once for
+		// all its claims.
+		h.mu.Lock()
+		if h.final != nil {
+			h.final[claim.Partition()] = w.Marked()
+		}
+		h.mu.Unlock()
+		return nil
+	}
+	// Revoked while the session goes on (cooperative): Sarama drops the
+	// partition's marks once this returns, so its final commit is
+	// confirmed now.
+	h.confirmCommitted(sess, map[int32]int64{claim.Partition(): w.Marked()})
 	return nil
 }
 

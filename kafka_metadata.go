@@ -19,7 +19,8 @@ const (
 // partition, offset and key (when not empty) of a message into its
 // metadata, under MetadataTopic, MetadataPartition, MetadataOffset and
 // MetadataKey, overwriting values of the same names (which, arriving from
-// upstream, would describe another record). Placed outside
+// upstream, would describe another record; a key-less record's message
+// has no MetadataKey). Placed outside
 // PoisonQueue, it makes the dead-lettered copy say where the
 // record came from. Partition and offset are decimal; the key is the raw
 // bytes.
@@ -36,6 +37,8 @@ func KafkaMetadata(h message.HandlerFunc) message.HandlerFunc {
 			msg.Metadata.Set(MetadataOffset, strconv.FormatInt(r.Offset, 10))
 			if len(r.Key) > 0 {
 				msg.Metadata.Set(MetadataKey, string(r.Key))
+			} else {
+				delete(msg.Metadata, MetadataKey) // an upstream record's
 			}
 		}
 		return h(msg)

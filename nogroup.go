@@ -12,10 +12,11 @@ import (
 )
 
 // resumePositions holds, without a consumer group, the completed prefix
-// of each partition when its last connection ended. There is no commit to
-// resume from; without these, a reconnect would start again at
-// Consumer.Offsets.Initial: at OffsetNewest (Sarama's default) skipping the
-// records unfinished at the end and those written meanwhile, at
+// of each partition when its last connection ended, and before the first
+// connection the start Subscribe resolved (see resolveFirstStarts). There
+// is no commit to resume from; without these, a reconnect would start again
+// at Consumer.Offsets.Initial: at OffsetNewest (Sarama's default) skipping
+// the records unfinished at the end and those written meanwhile, at
 // OffsetOldest handling the whole log again.
 type resumePositions = lockedMap[int32, int64]
 
@@ -61,6 +62,30 @@ func (sub *subscription) resolveStart(client sarama.Client, consumer sarama.Cons
 		}
 	}
 	return nil, 0, fmt.Errorf("cannot consume partition %d: %w", partition, err)
+}
+
+// resolveFirstStarts resolves Consumer.Offsets.Initial for every partition
+// before Subscribe returns, as watermill-kafka does by starting its
+// partition consumers there: at OffsetNewest, a record produced after
+// Subscribe returned must not be skipped because the subscription's
+// goroutine resolved the end of the log later. The first connection starts
+// there (see resolveStart). A partition that cannot be resolved now is
+// resolved when the connection starts, as before.
+func (sub *subscription) resolveFirstStarts(client sarama.Client) {
+	partitions, err := client.Partitions(sub.topic)
+	if err != nil {
+		sub.logger.Info("Cannot list the topic's partitions yet; their starts are resolved when consuming starts",
+			sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+		return
+	}
+	starts, errs := listOffsets(client, sub.topic, partitions, sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
+	for p, start := range starts {
+		sub.resume.set(p, start)
+	}
+	for p, err := range errs {
+		sub.logger.Info("Cannot resolve the partition's start yet; it is resolved when consuming starts",
+			sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "err": err.Error()}))
+	}
 }
 
 func offsetName(o int64) string {

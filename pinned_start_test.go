@@ -2,6 +2,7 @@ package safeack_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,4 +102,43 @@ func TestFallbackStartCommittedBeforeHandOut(t *testing.T) {
 	require.NoError(t, refuse.Wait(ctx, 1), "no commit of the start was attempted")
 	time.AfterFunc(1500*time.Millisecond, refuse.Remove)
 	requireFirstHandedOutCommitted(t, c, msgs, group, topic, 5, refuse)
+}
+
+// TestSessionEndedBeforeStartHeldHandsNothingOut: a session that ends (here
+// Close) while the coordinator still refuses the commit of its pinned start
+// hands nothing out, though the claim has fetched records meanwhile: the
+// start was never held, and the assignment is over. Before, ConsumeClaim
+// went on once the pin gave up and handed a record out to a handler of an
+// assignment that had already ended.
+func TestSessionEndedBeforeStartHeldHandsNothingOut(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	refuse := c.Kfake().Fault(kfake.Fault{
+		Keys:  []kmsg.Key{kmsg.OffsetCommit},
+		Group: group,
+		Err:   kerr.CoordinatorLoadInProgress,
+		Count: -1,
+	})
+	defer refuse.Remove()
+	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: group}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	var delivered atomic.Int32
+	done := handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		delivered.Add(1)
+		m.Ack()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, refuse.Wait(ctx, 1), "no commit of the pinned start was attempted")
+	c.ProduceN(t, topic, 1, 3, nil) // after the start: the claim fetches them
+	// The pin retries at 100, 200, 400 ms...: by the fourth refusal the
+	// claim has long fetched the records.
+	require.NoError(t, refuse.Wait(ctx, 4))
+	require.NoError(t, sub.Close())
+	<-done
+	require.Zero(t, delivered.Load(), "records handed out by a session that ended before its start was held")
 }

@@ -582,3 +582,38 @@ func TestStartPositionCommittedBeforeFetching(t *testing.T) {
 	require.Empty(t, history, "records from before the group were handled")
 	mu.Unlock()
 }
+
+// TestNoGroupStartResolvedBeforeSubscribeReturns: without a consumer group,
+// at the defaults (OffsetNewest), a record produced after Subscribe
+// returned is delivered, as with watermill-kafka, which starts its
+// partition consumers before Subscribe returns. Before, the start of each
+// partition was resolved later, when the subscription's goroutine first
+// consumed, and records produced in between were skipped.
+func TestNoGroupStartResolvedBeforeSubscribeReturns(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	const partitions = 16
+	topic := c.NewTopic(t, partitions)
+	c.ProduceN(t, topic, partitions, 2*partitions, nil) // history, skipped at OffsetNewest
+	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers()}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs := mustSubscribe(t, sub, topic)
+	after := c.ProduceN(t, topic, partitions, partitions, nil)
+	want := make(map[po]bool, len(after))
+	for _, r := range after {
+		want[po{r.Partition, r.Offset}] = true
+	}
+	deadline := time.After(10 * time.Second)
+	for len(want) > 0 {
+		select {
+		case m := <-msgs:
+			k, _ := msgPO(m)
+			require.True(t, want[k], "record %v delivered: produced before Subscribe", k)
+			delete(want, k)
+			m.Ack()
+		case <-deadline:
+			t.Fatalf("%d of the %d records produced after Subscribe returned not delivered", len(want), partitions)
+		}
+	}
+}

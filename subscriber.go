@@ -136,6 +136,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err == nil {
 		err = sub.checkTailBudget(client)
 	}
+	if err == nil && s.cfg.ConsumerGroup == "" {
+		sub.resolveFirstStarts(client)
+	}
 	s.lifecycle.Lock()
 	if err == nil && s.closed.Load() {
 		err = ErrSubscriberClosed
@@ -178,8 +181,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // acks of the messages handed out are awaited up to DrainTimeout while
 // their contexts stay alive (a handler that finishes in time has its ack
 // committed), then the contexts of messages still unanswered are
-// cancelled, the final completed prefixes are committed, the group is left
-// and every output channel is closed. When Close returns, every message
+// cancelled, the final completed prefixes are committed (read back, and sent
+// again for up to DrainTimeout more while the coordinator refuses them), the
+// group is left and every output channel is closed. When Close returns, every message
 // context is cancelled. It is safe to call more than once and
 // concurrently with acks. A JoinGroup request already in flight cannot be
 // interrupted (Sarama does not cancel it), so Close can wait up to the

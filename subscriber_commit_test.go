@@ -3,11 +3,15 @@ package safeack_test
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -208,4 +212,303 @@ func TestCommitNotBehindFetch(t *testing.T) {
 		require.Less(t, lag, maxWait/2, "the commit waited behind a Fetch (MaxWaitTime %v)", maxWait)
 	}
 	require.Positive(t, watch.check(t))
+}
+
+// TestEarlyCommitRefusedIsRetried: Sarama does not tell its caller that the
+// coordinator refused a commit, so the early commit of a partition whose
+// every record is complete reads the committed offsets back and commits
+// again (within a tenth of the interval) until the coordinator holds them,
+// rather than leaving them to the next interval. Here the interval is an
+// hour and the coordinator refuses the first two commits past the start.
+func TestEarlyCommitRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	for name, code := range map[string]int16{"loading": kerr.CoordinatorLoadInProgress.Code, "not coordinator": kerr.NotCoordinator.Code} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := kafkatest.Start(t)
+			c.RequireEmbedded(t)
+			topic := c.NewTopic(t, 1)
+			group := c.NewGroup(t)
+			refused := refuseCommitsPastStart(c, group, code, 2)
+			acks := newAckLog()
+			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+				cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+				cfg.CommitInterval = time.Hour
+			})
+			handleAll(mustSubscribe(t, sub, topic), acks.ack)
+			c.ProduceN(t, topic, 1, 10, nil)
+			acks.waitAllAcked(t, c, topic, 15*time.Second)
+			kafkatest.WaitFor(t, 10*time.Second, "the coordinator to hold the end of the partition", func() bool {
+				return c.CommittedOffsets(t, group, topic)[0].Offset == 10
+			})
+			require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits")
+		})
+	}
+}
+
+// TestFinalCommitRefusedIsRetried: when Close drains a partition, its final
+// prefix is committed before Close returns even if the coordinator refuses
+// that commit at first (a coordinator loading the group): the drain's
+// commit and the session's last one are read back and sent again. Before,
+// both were refused, Close returned with the group still at the start, and
+// the next owner handled every acked record again.
+func TestFinalCommitRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+		cfg.CommitInterval = time.Hour
+		cfg.DrainTimeout = 5 * time.Second
+		cfg.Ordering = safeack.Unordered
+	})
+	// The head is held until the drain starts, so that nothing past the
+	// start is committed before it.
+	head := make(chan *message.Message, 1)
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off == 0 {
+			head <- m
+			return
+		}
+		m.Ack()
+	})
+	c.ProduceN(t, topic, 1, 10, nil)
+	var m0 *message.Message
+	select {
+	case m0 = <-head:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first record was not delivered")
+	}
+	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
+		st, ok := statsOf(sub, topic, 0)
+		return ok && st.Completed == 9
+	})
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = sub.Close()
+	}()
+	kafkatest.WaitFor(t, 10*time.Second, "the drain to start", func() bool { return safeack.AssignmentEnded(m0) })
+	m0.Ack()
+	select {
+	case <-closed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits")
+	require.EqualValues(t, 10, c.CommittedOffsets(t, group, topic)[0].Offset, "the final prefix is committed when Close returns")
+}
+
+// TestEagerRevokeFinalCommitRefusedIsRetried: the final prefix of a
+// partition revoked in an eager rebalance reaches the coordinator before
+// the member rejoins, even if the coordinator refuses the drain's commit
+// and the session's last one: Cleanup reads it back and sends it again.
+// Before, both were lost and the partition's next owner handled every
+// record again.
+func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
+	config := func(ordering safeack.Ordering) func(*safeack.SubscriberConfig) {
+		return func(cfg *safeack.SubscriberConfig) {
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+			cfg.CommitInterval = time.Hour
+			cfg.DrainTimeout = 5 * time.Second
+			cfg.Ordering = ordering
+		}
+	}
+	var mu sync.Mutex
+	handled := map[int64]int{}
+	handle := func(m *message.Message) int64 {
+		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
+		mu.Lock()
+		defer mu.Unlock()
+		handled[off]++
+		return off
+	}
+	// The head is held until the drain starts, so that nothing past the
+	// start is committed before it.
+	head := make(chan *message.Message, 1)
+	a := newTestSubscriber(t, c, group, config(safeack.Unordered))
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		if handle(m) == 0 {
+			head <- m
+			return
+		}
+		m.Ack()
+	})
+	c.ProduceN(t, topic, 1, 5, nil)
+	var m0 *message.Message
+	select {
+	case m0 = <-head:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first record was not delivered")
+	}
+	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
+		st, ok := statsOf(a, topic, 0)
+		return ok && st.Completed == 4
+	})
+
+	// One record at a time, in order: a member starting at the head
+	// handles it before the record produced below.
+	b := newTestSubscriber(t, c, group, config(safeack.OrderByPartition))
+	handleAll(mustSubscribe(t, b, topic), func(m *message.Message) {
+		handle(m)
+		m.Ack()
+	})
+	kafkatest.WaitFor(t, 30*time.Second, "the rebalance to revoke the partition", func() bool { return safeack.AssignmentEnded(m0) })
+	m0.Ack() // during the drain: the final prefix is the end
+	kafkatest.WaitFor(t, 30*time.Second, "the partition to be owned again", func() bool {
+		return len(ownedPartitions(a, topic))+len(ownedPartitions(b, topic)) == 1
+	})
+	c.ProduceN(t, topic, 1, 1, nil)
+	kafkatest.WaitFor(t, 15*time.Second, "the record after the revoked ones handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return handled[5] > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for off := range int64(5) {
+		require.Equal(t, 1, handled[off], "record %d handled again by the next owner (commits refused: %d)", off, refused.Load())
+	}
+}
+
+// refuseCommitsPastStart makes the embedded broker answer the first n
+// OffsetCommit requests of group that carry an offset above 0 with code
+// (the pinned start, offset 0, goes through). It returns the count refused.
+func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n int32) *atomic.Int32 {
+	var refused atomic.Int32
+	kf := c.Kfake()
+	kf.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		oc := req.(*kmsg.OffsetCommitRequest)
+		if oc.Group != group || refused.Load() >= n {
+			return nil, nil, false
+		}
+		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
+		resp.SetVersion(oc.GetVersion())
+		pastStart := false
+		for _, rt := range oc.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				pastStart = pastStart || rp.Offset > 0
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		if !pastStart {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		return resp, nil, true
+	})
+	return &refused
+}
+
+// TestCooperativeRevokeFinalCommitRefusedIsRetried: a partition revoked
+// from a cooperative session has its final prefix committed before the
+// revocation completes even if the coordinator refuses that commit at
+// first. Sarama drops a revoked partition's marks once its claim returns
+// (auto-commit being off), so the commit is read back and sent again
+// before; the new owner then starts after every record the old one acked.
+// Before, the refused commit was dropped and the new owner handled the
+// record acked during the drain again.
+func TestCooperativeRevokeFinalCommitRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	const partitions, perPartition = 2, 5
+	topic := c.NewTopic(t, partitions)
+	group := c.NewGroup(t)
+	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
+	cooperative := func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+		cfg.CommitInterval = time.Hour
+		cfg.DrainTimeout = 5 * time.Second
+		cfg.Ordering = safeack.Unordered
+	}
+	a := newTestSubscriber(t, c, group, cooperative)
+	// Each partition's head is held until its assignment ends, so that
+	// nothing past the start is committed before a drain.
+	heads := make(chan *message.Message, partitions)
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off == 0 {
+			heads <- m
+			return
+		}
+		m.Ack()
+	})
+	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
+	held := make([]*message.Message, 0, partitions)
+	for range partitions {
+		select {
+		case m := <-heads:
+			held = append(held, m)
+		case <-time.After(15 * time.Second):
+			t.Fatal("the heads were not delivered")
+		}
+	}
+	kafkatest.WaitFor(t, 10*time.Second, "every record but the heads acked", func() bool {
+		ps := ownedPartitions(a, topic)
+		return len(ps) == partitions && ps[0].Completed == perPartition-1 && ps[1].Completed == perPartition-1
+	})
+
+	b := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cooperative(cfg)
+		cfg.Ordering = safeack.OrderByPartition
+	})
+	var mu sync.Mutex
+	seenByB := map[po]int{}
+	handleAll(mustSubscribe(t, b, topic), func(m *message.Message) {
+		k, _ := msgPO(m)
+		mu.Lock()
+		seenByB[k]++
+		mu.Unlock()
+		m.Ack()
+	})
+	var moved *message.Message
+	kafkatest.WaitFor(t, 30*time.Second, "a partition to be revoked from the first member", func() bool {
+		for _, m := range held {
+			if safeack.AssignmentEnded(m) {
+				moved = m
+				return true
+			}
+		}
+		return false
+	})
+	moved.Ack() // during the drain: the final prefix is the end
+	defer func() {
+		for _, m := range held {
+			m.Ack() // the head still owned: no drain timeout at Close
+		}
+	}()
+	p, _ := safeack.MessagePartitionFromCtx(moved.Context())
+	kafkatest.WaitFor(t, 30*time.Second, "the second member to own the moved partition", func() bool {
+		_, ok := ownedPartitions(b, topic)[p]
+		return ok
+	})
+	// A record after the moved ones: the new owner handles it, and, had it
+	// started at the head (one record at a time, in order), the head
+	// before it.
+	c.Produce(t, topic, kafkatest.Record{Partition: p, Value: []byte("after")})
+	kafkatest.WaitFor(t, 15*time.Second, "the new owner to handle the record after the moved ones", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return seenByB[po{p, perPartition}] > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, seenByB[po{p, 0}], "the new owner handled again the record the old one acked during its drain (commits refused: %d)", refused.Load())
+	require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits")
 }

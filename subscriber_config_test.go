@@ -70,6 +70,9 @@ func TestNewSubscriberInvalidConfig(t *testing.T) {
 		{"Sarama bad Offsets.Initial", func(c *safeack.SubscriberConfig) {
 			c.OverwriteSaramaConfig = saramaWith(func(s *sarama.Config) { s.Consumer.Offsets.Initial = 17 })
 		}, "OverwriteSaramaConfig"},
+		{"Sarama Version too old for consumer groups", func(c *safeack.SubscriberConfig) {
+			c.OverwriteSaramaConfig = saramaWith(func(s *sarama.Config) { s.Version = sarama.V0_10_1_0 })
+		}, "OverwriteSaramaConfig.Version"},
 		{"negative TailMetadataBudget", func(c *safeack.SubscriberConfig) { c.TailMetadataBudget = -1 }, "TailMetadataBudget"},
 		{"PauseAtTailUsage above one", func(c *safeack.SubscriberConfig) { c.PauseAtTailUsage = 1.5 }, "PauseAtTailUsage"},
 		{"negative PauseAtTailUsage", func(c *safeack.SubscriberConfig) { c.PauseAtTailUsage = -0.1 }, "PauseAtTailUsage"},
@@ -111,6 +114,10 @@ func TestNewSubscriberInvalidConfig(t *testing.T) {
 			{"NoSleep", func(c *safeack.SubscriberConfig) {
 				c.NackResendSleep = safeack.NoSleep
 				c.ReconnectRetrySleep = safeack.NoSleep
+			}},
+			{"no consumer group accepts a Sarama Version too old for groups", func(c *safeack.SubscriberConfig) {
+				c.ConsumerGroup = ""
+				c.OverwriteSaramaConfig = saramaWith(func(s *sarama.Config) { s.Version = sarama.V0_10_1_0 })
 			}},
 			{"no consumer group ignores Rebalance.Timeout", func(c *safeack.SubscriberConfig) {
 				c.ConsumerGroup = ""
