@@ -300,17 +300,19 @@ func (m *txnMarker) stale() {
 	}
 }
 
-// Started gives delivery msg its output buffer, in its context: read
-// back from msg's context once it is answered (handlers and middleware
-// only derive contexts from it, and are done with it by then).
-func (m *txnMarker) Started(ctx context.Context, msg *message.Message) context.Context {
-	return context.WithValue(ctx, txnDeliveryKey{}, &txnDelivery{committer: m.c, msg: msg})
+// Started gives delivery msg its output buffer, in its context, where
+// Publish finds it through the outputs' contexts (derived from msg's). The
+// worker hands the buffer back to Acked and Nacked: msg's own context may
+// have been replaced by then.
+func (m *txnMarker) Started(ctx context.Context, msg *message.Message) (context.Context, any) {
+	d := &txnDelivery{committer: m.c, msg: msg}
+	return context.WithValue(ctx, txnDeliveryKey{}, d), d
 }
 
 // Acked moves the outputs of rec's acked delivery msg into the next
 // transaction. The worker calls it before the record completes.
-func (m *txnMarker) Acked(rec *sarama.ConsumerMessage, msg *message.Message) {
-	d, ok := deliveryFromCtx(msg.Context())
+func (m *txnMarker) Acked(rec *sarama.ConsumerMessage, _ *message.Message, state any) {
+	d, ok := state.(*txnDelivery)
 	if !ok {
 		return
 	}
@@ -332,9 +334,9 @@ func (m *txnMarker) Acked(rec *sarama.ConsumerMessage, msg *message.Message) {
 	c.mu.Unlock()
 }
 
-// Nacked drops the outputs of nacked delivery msg.
-func (m *txnMarker) Nacked(msg *message.Message) {
-	if d, ok := deliveryFromCtx(msg.Context()); ok {
+// Nacked drops the outputs of a nacked delivery.
+func (m *txnMarker) Nacked(_ *message.Message, state any) {
+	if d, ok := state.(*txnDelivery); ok {
 		d.take()
 	}
 }

@@ -386,3 +386,35 @@ func TestTxnMiddlewareLeavesOtherPublishersOutputs(t *testing.T) {
 		return c.CommittedOffsets(t, d.group, d.in)[0].Offset == 1
 	})
 }
+
+// A middleware that gives the input message a context not derived from
+// the one it was delivered with, after the handler published its outputs,
+// does not lose them: the worker tells the transaction which delivery was
+// acked, rather than the transaction reading it from the message's
+// context. Before, the ack found no delivery in the replaced context, the
+// record completed and its offset was committed without its outputs.
+func TestTxnOutputsSurviveReplacedContext(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 1, "txn-replaced-context")
+	out := c.NewTopic(t, 1)
+	type traceKey struct{}
+	replaceContext := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			outs, err := h(msg)
+			// As a middleware rebuilding a context from the message's
+			// metadata (a trace) might.
+			msg.SetContext(context.WithValue(context.Background(), traceKey{}, msg.UUID))
+			return outs, err
+		}
+	}
+	d.router.AddMiddleware(replaceContext, d.pub.Middleware)
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{outputFor(msg, "out")}, nil
+	})
+	d.run(t)
+	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
+	ids := d.publish(t, "in", 20)
+	rd.waitAll(t, ids, 20*time.Second)
+	rd.complete(t, c, out, 1)
+	rd.checkExactlyOnce(t, ids)
+}

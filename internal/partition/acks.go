@@ -59,7 +59,7 @@ func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.Can
 	switch {
 	case !acked:
 		if w.hooks != nil {
-			w.hooks.Nacked(wm)
+			w.hooks.Nacked(wm, r.hookState)
 		}
 		w.nacked(r, w.pool.release)
 	case r.deferredAtAck(wm):
@@ -71,7 +71,7 @@ func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.Can
 		w.wakeRun()
 	default:
 		if w.hooks != nil {
-			w.hooks.Acked(r.msg, wm) // outputs enter the transaction before the ticket completes
+			w.hooks.Acked(r.msg, wm, r.hookState) // outputs enter the transaction before the ticket completes
 		}
 		return w.completeAndContinue(r)
 	}

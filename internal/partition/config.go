@@ -124,13 +124,16 @@ type Pauser interface {
 }
 
 // DeliveryHooks is told when each delivery starts and how it was answered:
-// the transactional mode buffers a delivery's outputs in its context and
-// commits them only after the ack.
+// the transactional mode buffers a delivery's outputs with it and commits
+// them only after the ack.
 type DeliveryHooks interface {
-	// Started returns the context of delivery msg, derived from ctx.
-	Started(ctx context.Context, msg *message.Message) context.Context
+	// Started returns the context of delivery msg, derived from ctx, and
+	// the delivery's state, which the worker passes back to Acked or
+	// Nacked: by then a middleware may have given msg a context not
+	// derived from this one, so a hook must not look for its state there.
+	Started(ctx context.Context, msg *message.Message) (context.Context, any)
 	// Acked is called for an acked delivery before its record completes.
-	Acked(rec *sarama.ConsumerMessage, msg *message.Message)
+	Acked(rec *sarama.ConsumerMessage, msg *message.Message, state any)
 	// Nacked is called for a nacked delivery.
-	Nacked(msg *message.Message)
+	Nacked(msg *message.Message, state any)
 }

@@ -14,6 +14,7 @@ import (
 type Deferral struct {
 	r        *Record
 	msg      *message.Message // the delivery whose completion is deferred
+	state    any              // the delivery's DeliveryHooks state
 	resolved atomic.Bool
 	handle   any
 }
@@ -35,7 +36,7 @@ func (r *Record) Defer(msg *message.Message, newHandle func(*Deferral) any) (*De
 	if prev := r.deferred.Load(); prev != nil && prev.msg == msg {
 		return prev, true // this delivery was deferred already
 	}
-	d := &Deferral{r: r, msg: msg}
+	d := &Deferral{r: r, msg: msg, state: r.hookState}
 	if newHandle != nil {
 		d.handle = newHandle(d)
 	}
@@ -102,9 +103,9 @@ func (d *Deferral) apply(err error) {
 	w := d.r.owner
 	if w.hooks != nil {
 		if err == nil {
-			w.hooks.Acked(d.r.msg, d.msg)
+			w.hooks.Acked(d.r.msg, d.msg, d.state)
 		} else {
-			w.hooks.Nacked(d.msg)
+			w.hooks.Nacked(d.msg, d.state)
 		}
 	}
 	if err == nil {

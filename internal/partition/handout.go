@@ -89,7 +89,7 @@ func (w *Worker) takeReady() *Record {
 func (w *Worker) startDelivery(r *Record) {
 	ctx := context.WithValue(w.parentCtx, recordKey{}, r)
 	if w.hooks != nil {
-		ctx = w.hooks.Started(ctx, r.wm)
+		ctx, r.hookState = w.hooks.Started(ctx, r.wm)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	r.wm.SetContext(ctx)

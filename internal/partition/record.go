@@ -23,6 +23,7 @@ type Record struct {
 	gated bool // holds its key in the ordering gate until completed
 
 	wm           *message.Message // the current delivery
+	hookState    any              // DeliveryHooks.Started's state of the current delivery
 	cancel       context.CancelFunc
 	deliveredAt  time.Time // of the current delivery; written before it is handed out
 	unmarshalErr error
