@@ -93,7 +93,7 @@ func (w *Worker) completeAndContinue(r *Record) *Record {
 	w.inFlight--
 	wake := w.completeLocked(r)
 	var next *Record
-	if !w.handOutStopped && w.ready.len() > 0 {
+	if !w.handOutStopped && w.ready.len() > 0 && !w.ending() {
 		next = w.ready.pop()
 		w.inFlight++
 		w.tokensHeld.Add(1)

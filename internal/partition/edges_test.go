@@ -1,8 +1,10 @@
 package partition
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"slices"
 	"sync/atomic"
@@ -10,6 +12,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -428,4 +432,43 @@ func TestWorkerRequestsCommitOnceAllDone(t *testing.T) {
 	got[1].Ack()
 	waitUntil(t, "a commit asked for", func() bool { return asked.Load() == 1 })
 	require.Equal(t, int64(3), r.marker.last().offset)
+}
+
+// TestWorkerHandsNothingOutOnceStopped: once stop closes (the subscriber
+// is closing), nothing more is handed out, also before the drain begins:
+// the run loop's fast paths and the goroutine that saw an ack do not
+// select on stop. Before, they handed out records of an ending assignment
+// (1-2 measured after Close began, under load), whose handlers then held
+// the drain up.
+func TestWorkerHandsNothingOutOnceStopped(t *testing.T) {
+	cfg := &Config{Ordering: Unordered, Seed: maphash.MakeSeed(), Unmarshaler: kafka.DefaultMarshaler{},
+		MaxPending: 100, Logger: watermill.NopLogger{}}
+	out := make(chan *message.Message) // nobody reads: a hand-out would block
+	pool := NewPool(out, 2)
+	w, err := New(context.Background(), cfg, pool, Assignment{Topic: "t", Partition: 3, Start: Start{Offset: 0, Resolved: true}})
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	w.stop = stop
+	for _, m := range records(0, 3) {
+		w.accept(m)
+	}
+	pool.tokens <- struct{}{}
+	first := w.takeReady()
+	require.NotNil(t, first, "handed out before stop closed")
+	first.wm.Ack()
+
+	close(stop)
+	pool.tokens <- struct{}{}
+	require.Nil(t, w.takeReady(), "the run loop's hand-out after stop closed")
+	pool.release()
+
+	handedOut := make(chan *Record, 1)
+	go func() { handedOut <- w.completeAndContinue(first) }()
+	select {
+	case r := <-handedOut:
+		require.Nil(t, r, "the ack's hand-out after stop closed")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the ack's goroutine is handing a record out after stop closed")
+	}
+	require.Zero(t, w.Stats().InFlight)
 }

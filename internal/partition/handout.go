@@ -70,7 +70,7 @@ func (w *Worker) tryHandOut() bool {
 // the assignment is ending. The record counts in flight from here.
 func (w *Worker) takeReady() *Record {
 	w.mu.Lock()
-	if w.handOutStopped || w.ready.len() == 0 {
+	if w.handOutStopped || w.ready.len() == 0 || w.ending() {
 		w.mu.Unlock()
 		return nil
 	}
@@ -80,6 +80,25 @@ func (w *Worker) takeReady() *Record {
 	w.tokensHeld.Add(1)
 	w.startDelivery(r)
 	return r
+}
+
+// ending reports whether the assignment is ending before the drain has
+// begun (which stops hand-outs for good): stop closed or the context
+// ended. Run sees them only in its select, which its fast paths skip
+// while they find work, and the goroutines that saw an ack hand out
+// without run: neither hands anything out from then on.
+func (w *Worker) ending() bool {
+	select {
+	case <-w.stop:
+		return true
+	default:
+	}
+	select {
+	case <-w.ctx.Done():
+		return true
+	default:
+	}
+	return false
 }
 
 // startDelivery gives the record's current delivery its context and stamps
