@@ -168,10 +168,11 @@ type SubscriberConfig struct {
 	// exceed the broker's offset.metadata.max.bytes (4096 by default), or
 	// the broker rejects the commit: Subscribe reads that setting from the
 	// group coordinator (DescribeConfigs) and fails with ErrInvalidConfig
-	// when the budget is above it. A broker that does not report it, or
-	// refuses to describe its config, is not judged (Subscribe logs it).
+	// when a budget set here is above it. A broker that does not report it,
+	// or refuses to describe its config, is not judged (Subscribe logs it).
 	// When the tail does not fit, its longest fitting prefix is kept.
-	// Default frontier.DefaultMetadataBudget.
+	// Default frontier.DefaultMetadataBudget, or the coordinator's
+	// offset.metadata.max.bytes when that is lower.
 	TailMetadataBudget int
 
 	// PauseAtTailUsage, between 0 and 1, pauses taking records from a

@@ -79,8 +79,9 @@ const brokerMetadataMaxBytes = "offset.metadata.max.bytes"
 
 // checkTailBudget checks TailMetadataBudget against the
 // offset.metadata.max.bytes of the group's coordinator, which refuses
-// every commit whose metadata is larger. A coordinator that cannot be
-// asked (no DescribeConfigs permission) or does not report the setting
+// every commit whose metadata is larger: a budget the user set above it is
+// an error, the default budget is lowered to it. A coordinator that cannot
+// be asked (no DescribeConfigs permission) or does not report the setting
 // is not judged: the check is skipped with a log line.
 func (sub *subscription) checkTailBudget(client sarama.Client) error {
 	if sub.cfg.ConsumerGroup == "" || sub.cfg.DisableCompletedTail {
@@ -92,7 +93,14 @@ func (sub *subscription) checkTailBudget(client sarama.Client) error {
 			sub.logFields.Add(watermill.LogFields{"err": err.Error(), "tail_metadata_budget": sub.cfg.TailMetadataBudget}))
 		return nil
 	}
-	if budget := sub.cfg.TailMetadataBudget; budget > limit {
+	budget := sub.cfg.TailMetadataBudget
+	switch {
+	case budget <= limit:
+	case sub.subscriber.defaultTailBudget:
+		sub.workerCfg.TailBudget = limit
+		sub.logger.Info("The group coordinator's "+brokerMetadataMaxBytes+" is below the default TailMetadataBudget; the completed tail is kept within it",
+			sub.logFields.Add(watermill.LogFields{brokerMetadataMaxBytes: limit, "default_tail_metadata_budget": budget}))
+	default:
 		return fieldError("TailMetadataBudget", "%d bytes is above the group coordinator's %s (%d): it would reject every commit; lower TailMetadataBudget or raise the broker setting",
 			budget, brokerMetadataMaxBytes, limit)
 	}

@@ -3,10 +3,12 @@ package safeack_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
@@ -248,11 +251,12 @@ func TestSubscriberReady(t *testing.T) {
 	require.ErrorIs(t, sub.WaitReady(context.Background()), safeack.ErrSubscriberClosed)
 }
 
-// TestSubscribeTailBudgetAboveBrokerLimit: a TailMetadataBudget above the
-// coordinator's offset.metadata.max.bytes fails Subscribe (every commit
-// would be rejected); within it, with the tail disabled, or without a
-// consumer group, Subscribe goes on; a broker that does not report the
-// setting is not judged.
+// TestSubscribeTailBudgetAboveBrokerLimit: a TailMetadataBudget set above
+// the coordinator's offset.metadata.max.bytes fails Subscribe (every commit
+// would be rejected); within it, left at its default (lowered to the
+// limit, see TestDefaultTailBudgetFollowsBrokerLimit), with the tail
+// disabled, or without a consumer group, Subscribe goes on; a broker that
+// does not report the setting is not judged.
 func TestSubscribeTailBudgetAboveBrokerLimit(t *testing.T) {
 	t.Parallel()
 	const limit = 1024
@@ -262,7 +266,9 @@ func TestSubscribeTailBudgetAboveBrokerLimit(t *testing.T) {
 	c.RequireEmbedded(t)
 	topic := c.NewTopic(t, 1)
 
-	sub := newTestSubscriber(t, c, c.NewGroup(t), nil) // the default budget, 4096
+	sub := newTestSubscriber(t, c, c.NewGroup(t), func(cfg *safeack.SubscriberConfig) {
+		cfg.TailMetadataBudget = frontier.DefaultMetadataBudget // 4096, set
+	})
 	_, err := sub.Subscribe(context.Background(), topic)
 	require.ErrorIs(t, err, safeack.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "TailMetadataBudget")
@@ -271,6 +277,7 @@ func TestSubscribeTailBudgetAboveBrokerLimit(t *testing.T) {
 
 	for name, mod := range map[string]func(*safeack.SubscriberConfig){
 		"within":        func(cfg *safeack.SubscriberConfig) { cfg.TailMetadataBudget = limit },
+		"default":       func(cfg *safeack.SubscriberConfig) { cfg.TailMetadataBudget = 0 },
 		"tail-disabled": func(cfg *safeack.SubscriberConfig) { cfg.DisableCompletedTail = true },
 		"no-group":      func(cfg *safeack.SubscriberConfig) { cfg.ConsumerGroup = "" },
 	} {
@@ -288,4 +295,46 @@ func TestSubscribeTailBudgetAboveBrokerLimit(t *testing.T) {
 	})
 	_, err = sub.Subscribe(context.Background(), plainTopic)
 	require.NoError(t, err)
+}
+
+// TestDefaultTailBudgetFollowsBrokerLimit: left at its default, the tail
+// budget is lowered to a coordinator's offset.metadata.max.bytes below it,
+// so Subscribe goes on and the completed tail is cut to that limit. Before,
+// Subscribe failed with ErrInvalidConfig for a budget the user never set.
+func TestDefaultTailBudgetFollowsBrokerLimit(t *testing.T) {
+	t.Parallel()
+	const limit, n = 1024, 12_000
+	c := kafkatest.Start(t, kafkatest.WithKfakeOpts(kfake.BrokerConfigs(map[string]string{
+		"offset.metadata.max.bytes": strconv.Itoa(limit),
+	})))
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	produceSequential(t, c, topic, 0, n)
+	sub := tailSubscriber(t, c.Brokers(), c.SaramaConfig(), c.NewGroup(t), func(cfg *safeack.SubscriberConfig) {
+		cfg.MaxInFlight = n
+	})
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+
+	// Hold record 0 and a random half of the others: a tail of about
+	// 2,000 bytes, within the default 4096 but above the broker's limit.
+	rng := rand.New(rand.NewPCG(3, 4))
+	var held []*message.Message
+	var handled atomic.Int64
+	go func() {
+		for msg := range msgs {
+			handled.Add(1)
+			if off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context()); off == 0 || rng.IntN(2) == 0 {
+				held = append(held, msg)
+				continue
+			}
+			msg.Ack()
+		}
+	}()
+	kafkatest.WaitFor(t, 20*time.Second, "every record handed out", func() bool { return handled.Load() == n })
+	kafkatest.WaitFor(t, 5*time.Second, "a tail cut to the broker's limit", func() bool {
+		st := sub.Stats()[0]
+		return st.TailTruncated && st.TailBytes > 0 && st.TailBytes <= limit
+	})
 }

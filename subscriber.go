@@ -38,6 +38,10 @@ type Subscriber struct {
 	// the caller enabled auto-commit, CommitInterval otherwise.
 	commitEvery time.Duration
 
+	// defaultTailBudget: TailMetadataBudget was left zero, so a lower
+	// offset.metadata.max.bytes lowers it (see checkTailBudget).
+	defaultTailBudget bool
+
 	closing   chan struct{}
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -80,10 +84,11 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 	commitEvery := cfg.commitInterval()
 	cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
 	return &Subscriber{
-		cfg:         cfg,
-		commitEvery: commitEvery,
-		logger:      logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
-		closing:     make(chan struct{}),
+		cfg:               cfg,
+		commitEvery:       commitEvery,
+		defaultTailBudget: config.TailMetadataBudget == 0,
+		logger:            logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
+		closing:           make(chan struct{}),
 	}, nil
 }
 
@@ -94,9 +99,9 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 //
 // Subscribe connects before it returns: it fails when no broker can be
 // reached within the time the Sarama config allows (Net.DialTimeout,
-// Metadata.Retry, Metadata.Timeout), or ctx ends first, and when
-// TailMetadataBudget is above the group coordinator's
-// offset.metadata.max.bytes. Once connected, a subscription whose
+// Metadata.Retry, Metadata.Timeout), or ctx ends first, and when a
+// TailMetadataBudget it was given is above the group coordinator's
+// offset.metadata.max.bytes (the default budget is lowered to it). Once connected, a subscription whose
 // connection fails reconnects every ReconnectRetrySleep until ctx ends or
 // the Subscriber is closed; Ready tells whether it is consuming.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
