@@ -38,8 +38,8 @@ func ExampleNewSubscriber() {
 		log.Fatal(err)
 	}
 	router.AddMiddleware(
-		middleware.Recoverer,
 		middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond, Logger: logger}.Middleware,
+		middleware.Recoverer, // inside Retry: a panic is retried like an error
 	)
 	router.AddConsumerHandler("charge", "payments", sub, func(msg *message.Message) error {
 		partition, _ := safeack.MessagePartitionFromCtx(msg.Context())

@@ -39,12 +39,17 @@ var ErrAssignmentEnded = errors.New("safeack: assignment ended; not dead-lettere
 // handles it; a record that really is poison is dead-lettered there, after
 // that owner's own retries.
 //
-// Use it in place of middleware.PoisonQueue with a safeack Subscriber:
-// with Watermill's, a handler that honours its context and is cut short
-// by a rebalance or a shutdown would have its record published to the
-// dead-letter topic and acked, never processed. Place it outside
-// middleware.Retry, and keep middleware.Timeout inside it: a deadline set
-// outside would look like the subscriber's cancellation.
+// Use it in place of middleware.PoisonQueue with a safeack Subscriber.
+// Watermill's dead-letters a record that a rebalance or a shutdown cut
+// short, although it is not poison: a handler that returns its context's
+// error once the drain gave up has its record published to the
+// dead-letter topic, and, its ack coming too late to count, handled again
+// by the partition's next owner; a handler that fails during the drain
+// (it stopped on AssignmentEnded, or a dependency was closing) has its
+// record dead-lettered and acked in time, so it is never handled.
+//
+// Place it outside middleware.Retry, and keep middleware.Timeout inside it:
+// a deadline set outside would look like the subscriber's cancellation.
 func PoisonQueue(pub message.Publisher, topic string) (message.HandlerMiddleware, error) {
 	return PoisonQueueWithFilter(pub, topic, nil)
 }
