@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -337,4 +338,36 @@ func TestDefaultTailBudgetFollowsBrokerLimit(t *testing.T) {
 		st := sub.Stats()[0]
 		return st.TailTruncated && st.TailBytes > 0 && st.TailBytes <= limit
 	})
+}
+
+// TestMissingTopicLoggedAsError: a consumer group subscription to a topic
+// the cluster does not have logs an Error at once and keeps retrying, as
+// watermill-kafka does. Before, the failed join was taken for a group
+// coordinator on the move: retried with the same member at Info for twice
+// the session timeout, the first Error about 20 s later.
+func TestMissingTopicLoggedAsError(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	if c.AutoCreatesTopics(t) {
+		t.Skip("the cluster creates a topic its metadata is asked for (auto.create.topics.enable)")
+	}
+	logger := watermill.NewCaptureLogger()
+	cfg := safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: c.NewGroup(t), WaitForTopicCreationTimeout: 50 * time.Millisecond}
+	sub, err := safeack.NewSubscriber(cfg, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	missing := "missing-" + c.NewGroup(t)
+	if _, err := sub.Subscribe(context.Background(), missing); err != nil {
+		require.ErrorIs(t, err, sarama.ErrUnknownTopicOrPartition) // refused at once: as good
+		return
+	}
+	kafkatest.WaitFor(t, 5*time.Second, "an Error naming the missing topic", func() bool {
+		for _, m := range logger.Captured()[watermill.ErrorLogLevel] {
+			if errors.Is(m.Err, sarama.ErrUnknownTopicOrPartition) && m.Fields["topic"] == missing {
+				return true
+			}
+		}
+		return false
+	})
+	require.ErrorIs(t, sub.Ready(), safeack.ErrNotReady)
 }

@@ -60,9 +60,12 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		if !ok {
 			return err
 		}
-		sub.logger.Info("Cannot rejoin the consumer group; retrying with the same member", sub.logFields.Add(watermill.LogFields{
-			"err": err.Error(), "retry_in": wait.String(), "failures": rejoin.failures,
-		}))
+		fields := sub.logFields.Add(watermill.LogFields{"retry_in": wait.String(), "failures": rejoin.failures})
+		if needsAttention(err) {
+			sub.logger.Error("Cannot join the consumer group; retrying", err, fields)
+		} else {
+			sub.logger.Info("Cannot rejoin the consumer group; retrying with the same member", fields.Add(watermill.LogFields{"err": err.Error()}))
+		}
 		sub.subscriber.ready.set(sub, phaseConnecting, err)
 		if !backoff.Sleep(ctx, wait) {
 			return nil

@@ -56,6 +56,16 @@ func (r *rejoinRetry) next(now time.Time, window time.Duration, moving bool) (ti
 	return min(wait, left), true
 }
 
+// needsAttention tells a failed join that waiting alone will not mend (the
+// topic does not exist, a permission is missing): logged as an Error at
+// once, where a coordinator on the move is logged at Info.
+func needsAttention(err error) bool {
+	return errors.Is(err, sarama.ErrUnknownTopicOrPartition) ||
+		errors.Is(err, sarama.ErrTopicAuthorizationFailed) ||
+		errors.Is(err, sarama.ErrGroupAuthorizationFailed) ||
+		errors.Is(err, sarama.ErrClusterAuthorizationFailed)
+}
+
 // coordinatorMoving tells whether a failed join was answered by a broker
 // that says the group's coordinator is moving or loading the group (the
 // errors Sarama itself retries a join on): the group, and its members, are
