@@ -101,9 +101,10 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 // reached within the time the Sarama config allows (Net.DialTimeout,
 // Metadata.Retry, Metadata.Timeout), or ctx ends first, and when a
 // TailMetadataBudget it was given is above the group coordinator's
-// offset.metadata.max.bytes (the default budget is lowered to it). Once connected, a subscription whose
-// connection fails reconnects every ReconnectRetrySleep until ctx ends or
-// the Subscriber is closed; Ready tells whether it is consuming.
+// offset.metadata.max.bytes (the default budget is lowered to it). Once
+// connected, a subscription whose connection fails reconnects every
+// ReconnectRetrySleep until ctx ends or the Subscriber is closed; Ready
+// tells whether it is consuming.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if s.closed.Load() {
 		return nil, ErrSubscriberClosed
