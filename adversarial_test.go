@@ -539,3 +539,72 @@ func testChurn(t *testing.T, cooperative bool, initial int64) {
 	require.Positive(t, watch.check(t))
 	require.Empty(t, acks.badMessages())
 }
+
+// TestAdvDeferredByKeyFailKeepsOrder defers every record under OrderByKey
+// and resolves it later from another goroutine, failing the first
+// resolution of a third of them: a record of a key does not start while an
+// earlier one of that key is unresolved (deferred work counts as running),
+// starts are in offset order per key, and every record is completed and
+// committed.
+func TestAdvDeferredByKeyFailKeepsOrder(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 2)
+	group := c.NewGroup(t)
+	const n = 120
+	c.ProduceN(t, topic, 2, n, func(i int) string {
+		if i%10 == 0 {
+			return "" // key-less
+		}
+		return fmt.Sprintf("k%d", i%4)
+	})
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.OrderByKey
+		cfg.MaxInFlight = 16
+		cfg.NackResendSleep = time.Millisecond
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+	})
+	trackers := map[int32]*keyTracker{0: newKeyTracker(), 1: newKeyTracker()}
+	var mu sync.Mutex
+	tries := map[po]int{}
+	done := map[po]bool{}
+	mwRouter(t, sub, topic, func(m *message.Message) error {
+		k, _ := msgPO(m)
+		key, _ := safeack.MessageKeyFromCtx(m.Context())
+		kt := trackers[k.p]
+		kt.start(string(key), k.o)
+		comp, err := safeack.Defer(m)
+		if err != nil {
+			kt.end(string(key))
+			return err
+		}
+		mu.Lock()
+		tries[k]++
+		fail := tries[k] == 1 && k.o%3 == 0
+		mu.Unlock()
+		go func() {
+			randomDelay(3 * time.Millisecond)
+			kt.end(string(key))
+			if fail {
+				comp.Fail(errors.New("deferred failure"))
+				return
+			}
+			mu.Lock()
+			done[k] = true
+			mu.Unlock()
+			comp.Done()
+		}()
+		return nil
+	})
+	kafkatest.WaitFor(t, mwWait, "every record completed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(done) == n
+	})
+	for p, kt := range trackers {
+		kt.mu.Lock()
+		require.Empty(t, kt.violations, "partition %d", p)
+		kt.mu.Unlock()
+	}
+	mwWaitCommitted(t, c, group, topic, c.HighWaterMarks(t, topic))
+}
