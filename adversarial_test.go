@@ -451,13 +451,22 @@ func TestAdvMembershipChurn(t *testing.T) {
 			}
 			t.Run(name+"/"+initialName(initial), func(t *testing.T) {
 				t.Parallel()
-				testChurn(t, cooperative, initial)
+				testChurn(t, cooperative, initial, safeack.Unordered)
 			})
 		}
+		// Under OrderByKey, with keyed and key-less records.
+		name := "eager/by-key"
+		if cooperative {
+			name = "cooperative/by-key"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testChurn(t, cooperative, sarama.OffsetOldest, safeack.OrderByKey)
+		})
 	}
 }
 
-func testChurn(t *testing.T, cooperative bool, initial int64) {
+func testChurn(t *testing.T, cooperative bool, initial int64, ordering safeack.Ordering) {
 	const partitions = 6
 	c := kafkatest.Start(t)
 	topic := c.NewTopic(t, partitions)
@@ -492,7 +501,7 @@ func testChurn(t *testing.T, cooperative bool, initial int64) {
 	}
 	member := func(id string) *safeack.Subscriber {
 		s := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
-			cfg.Ordering = safeack.Unordered
+			cfg.Ordering = ordering
 			cfg.MaxInFlight = 32
 			cfg.MaxPendingPerPartition = 16
 			cfg.DrainTimeout = 100 * time.Millisecond
@@ -522,7 +531,12 @@ func testChurn(t *testing.T, cooperative bool, initial int64) {
 				return
 			default:
 			}
-			c.ProduceN(t, topic, partitions, partitions*5, nil)
+			c.ProduceN(t, topic, partitions, partitions*5, func(i int) string {
+				if i%7 == 0 {
+					return ""
+				}
+				return fmt.Sprintf("k%d", i%5)
+			})
 		}
 	}()
 	for i := range 4 {
