@@ -656,3 +656,93 @@ func TestAdvNoGroupConsumesAddedPartitions(t *testing.T) {
 		require.Equal(t, 1, n, "record %v handled more than once", k)
 	}
 }
+
+// TestAdvCooperativeRoundTripKeepsTail: under cooperative-sticky, a
+// partition moves from A to B and back to A within A's one session. B
+// holds a record and completes the ones after it, so B's final commit
+// carries a completed tail; A, taking the partition back, must read that
+// commit (not the one its session started with) and skip B's completed
+// records.
+func TestAdvCooperativeRoundTripKeepsTail(t *testing.T) {
+	t.Parallel()
+	const partitions = 2
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, partitions)
+	group := c.NewGroup(t)
+	acks := newAckLog()
+	watch := newCommitWatch(t, c, group, topic, acks)
+	member := func(id string) *safeack.Subscriber {
+		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+			cfg.Ordering = safeack.Unordered
+			cfg.DrainTimeout = 200 * time.Millisecond
+			cfg.OverwriteSaramaConfig.ClientID = id
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+				sarama.NewBalanceStrategyCooperativeSticky(),
+			}
+		})
+	}
+	c.ProduceN(t, topic, partitions, partitions*20, nil)
+
+	a := member("a")
+	handleAll(mustSubscribe(t, a, topic), acks.ack)
+	watch.waitCommitted(t, map[int32]int64{0: 20, 1: 20}, mwWait)
+	beforeB := ownedPartitions(a, topic)
+	require.Len(t, beforeB, partitions)
+
+	// B holds the first record it gets of each partition it takes, and
+	// acks the rest.
+	var mu sync.Mutex
+	bHeld := map[int32]int64{}
+	b := member("b")
+	handleAll(mustSubscribe(t, b, topic), func(m *message.Message) {
+		k, _ := msgPO(m)
+		mu.Lock()
+		if _, ok := bHeld[k.p]; !ok {
+			bHeld[k.p] = k.o
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		acks.ack(m)
+	})
+	kafkatest.WaitFor(t, mwWait, "B to own a partition", func() bool {
+		return len(ownedPartitions(b, topic)) == 1 && len(ownedPartitions(a, topic)) == 1
+	})
+	var moved int32
+	for p := range ownedPartitions(b, topic) {
+		moved = p
+	}
+	c.Produce(t, topic, records(moved, 20)...)
+	kafkatest.WaitFor(t, mwWait, "B to hold one record and ack the rest", func() bool {
+		mu.Lock()
+		_, held := bHeld[moved]
+		mu.Unlock()
+		return held && len(acks.missing(c, topic)) == 1
+	})
+	mu.Lock()
+	heldAt := bHeld[moved]
+	mu.Unlock()
+	watch.waitCommitted(t, map[int32]int64{moved: heldAt}, mwWait)
+	before := acks.snapshot()
+
+	require.NoError(t, b.Close())
+	kafkatest.WaitFor(t, mwWait, "A to take the partition back", func() bool {
+		return len(ownedPartitions(a, topic)) == partitions
+	})
+	ps := ownedPartitions(a, topic)
+	require.Equal(t, beforeB[1-moved].AssignedAt, ps[1-moved].AssignedAt, "A's session was not kept (not cooperative)")
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	require.Positive(t, watch.check(t))
+
+	var replayed []po
+	for k, n := range acks.snapshot() {
+		if k.p == moved && k.o > heldAt && n > before[k] {
+			replayed = append(replayed, k)
+		}
+	}
+	require.Empty(t, replayed, "records B completed after its held one were handled again by A")
+	ps = ownedPartitions(a, topic)
+	require.Positive(t, ps[moved].SkippedTail, "A did not skip B's completed tail")
+}
