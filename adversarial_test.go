@@ -746,3 +746,53 @@ func TestAdvCooperativeRoundTripKeepsTail(t *testing.T) {
 	ps = ownedPartitions(a, topic)
 	require.Positive(t, ps[moved].SkippedTail, "A did not skip B's completed tail")
 }
+
+// TestAdvOneSlotNackStorm runs the tightest limits: one message in flight
+// for the whole subscription, two pending records per partition, redelivery
+// without a pause, and every first delivery nacked, across four partitions
+// under each ordering. Nothing starves or deadlocks: every record is acked
+// and committed.
+func TestAdvOneSlotNackStorm(t *testing.T) {
+	t.Parallel()
+	for _, ordering := range []safeack.Ordering{safeack.OrderByKey, safeack.OrderByPartition, safeack.Unordered} {
+		t.Run(ordering.String(), func(t *testing.T) {
+			t.Parallel()
+			const partitions = 4
+			c := kafkatest.Start(t)
+			topic := c.NewTopic(t, partitions)
+			group := c.NewGroup(t)
+			c.ProduceN(t, topic, partitions, partitions*30, func(i int) string {
+				if i%3 == 0 {
+					return ""
+				}
+				return fmt.Sprintf("k%d", i%2)
+			})
+			acks := newAckLog()
+			watch := newCommitWatch(t, c, group, topic, acks)
+			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+				cfg.Ordering = ordering
+				cfg.MaxInFlight = 1
+				cfg.MaxPendingPerPartition = 2
+				cfg.NackResendSleep = safeack.NoSleep
+				cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+			})
+			var mu sync.Mutex
+			seen := map[po]bool{}
+			handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+				k, _ := msgPO(m)
+				mu.Lock()
+				first := !seen[k]
+				seen[k] = true
+				mu.Unlock()
+				if first {
+					m.Nack()
+					return
+				}
+				acks.ack(m)
+			})
+			acks.waitAllAcked(t, c, topic, mwWait)
+			watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+			require.Positive(t, watch.check(t))
+		})
+	}
+}
