@@ -243,6 +243,19 @@ func TestAdvMixedGroupWithWatermillKafka(t *testing.T) {
 // Close closes both channels.
 func TestAdvSubscribeSameTopicTwice(t *testing.T) {
 	t.Parallel()
+	for _, cooperative := range []bool{false, true} {
+		name := "eager"
+		if cooperative {
+			name = "cooperative"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testSubscribeSameTopicTwice(t, cooperative)
+		})
+	}
+}
+
+func testSubscribeSameTopicTwice(t *testing.T, cooperative bool) {
 	const partitions = 4
 	c := kafkatest.Start(t)
 	topic := c.NewTopic(t, partitions)
@@ -252,17 +265,34 @@ func TestAdvSubscribeSameTopicTwice(t *testing.T) {
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.Ordering = safeack.Unordered
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+		if cooperative {
+			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+				sarama.NewBalanceStrategyCooperativeSticky(),
+			}
+		}
 	})
 	handler := func(m *message.Message) {
 		randomDelay(2 * time.Millisecond)
 		acks.ack(m)
 	}
-	done1 := handleAll(mustSubscribe(t, sub, topic), handler)
+	// got[i] holds the partitions subscription i delivered from.
+	var gotMu sync.Mutex
+	got := [2]map[int32]bool{{}, {}}
+	handlerOf := func(i int) func(*message.Message) {
+		return func(m *message.Message) {
+			k, _ := msgPO(m)
+			gotMu.Lock()
+			got[i][k.p] = true
+			gotMu.Unlock()
+			handler(m)
+		}
+	}
+	done1 := handleAll(mustSubscribe(t, sub, topic), handlerOf(0))
 	c.ProduceN(t, topic, partitions, partitions*50, nil)
 	kafkatest.WaitFor(t, mwWait, "some acks", func() bool { return len(acks.snapshot()) >= 50 })
-	done2 := handleAll(mustSubscribe(t, sub, topic), handler)
-	c.ProduceN(t, topic, partitions, partitions*50, nil)
-	kafkatest.WaitFor(t, mwWait, "both subscriptions to own partitions", func() bool {
+	done2 := handleAll(mustSubscribe(t, sub, topic), handlerOf(1))
+	kafkatest.WaitFor(t, mwWait, "the partitions split between the subscriptions, each listed once", func() bool {
+		c.ProduceN(t, topic, partitions, partitions, nil)
 		st := sub.Stats()
 		seen := map[int32]bool{}
 		for _, ps := range st {
@@ -271,7 +301,9 @@ func TestAdvSubscribeSameTopicTwice(t *testing.T) {
 			}
 			seen[ps.Partition] = true
 		}
-		return len(st) == partitions
+		gotMu.Lock()
+		defer gotMu.Unlock()
+		return len(st) == partitions && len(got[1]) > 0
 	})
 	c.ProduceN(t, topic, partitions, partitions*50, nil)
 	acks.waitAllAcked(t, c, topic, mwWait)
@@ -900,4 +932,57 @@ func TestAdvStuckAtCapacityEagerRebalance(t *testing.T) {
 	acks.waitAllAcked(t, c, topic, mwWait)
 	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
 	require.Positive(t, watch.check(t))
+}
+
+// TestAdvStaticMemberRestart: a static member (Group.InstanceId) closes
+// while holding a record and is replaced by a new Subscriber with the same
+// instance id, which gets its partitions back without a rebalance of the
+// others; meanwhile the old one, still in its drain, acks late. No commit
+// passes an unacked record, the completed tail is skipped, and everything
+// is acked.
+func TestAdvStaticMemberRestart(t *testing.T) {
+	t.Parallel()
+	const partitions = 2
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, partitions)
+	group := c.NewGroup(t)
+	acks := newAckLog()
+	watch := newCommitWatch(t, c, group, topic, acks)
+	c.ProduceN(t, topic, partitions, partitions*30, nil)
+	member := func() *safeack.Subscriber {
+		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+			cfg.Ordering = safeack.Unordered
+			cfg.DrainTimeout = 200 * time.Millisecond
+			cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = "static-1"
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+		})
+	}
+	hold := newHolder(po{0, 3}, po{1, 3})
+	a := member()
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		if !hold.take(m) {
+			acks.ack(m)
+		}
+	})
+	kafkatest.WaitFor(t, mwWait, "A to hold its records and ack the rest", func() bool {
+		return hold.count() == partitions && len(acks.missing(c, topic)) == partitions
+	})
+	watch.waitCommitted(t, map[int32]int64{0: 3, 1: 3}, mwWait)
+	before := acks.snapshot()
+	require.NoError(t, a.Close())
+	for _, h := range hold.all() {
+		acks.ackLate(h.m)
+	}
+
+	b := member()
+	handleAll(mustSubscribe(t, b, topic), acks.ack)
+	c.ProduceN(t, topic, partitions, partitions*10, nil)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	require.Positive(t, watch.check(t))
+	for k, n := range acks.snapshot() {
+		if n > before[k] && before[k] > 0 {
+			t.Errorf("record %v completed before the restart was handled again", k)
+		}
+	}
 }
