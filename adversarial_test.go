@@ -467,7 +467,8 @@ func TestAdvRouterCloseHandlersIgnoreContext(t *testing.T) {
 }
 
 // TestAdvMembershipChurn keeps records flowing while members join and leave
-// again and again (eager and cooperative, at OffsetOldest and at
+// again and again (some leave while the group is still rebalancing for
+// them) (eager and cooperative, at OffsetOldest and at
 // OffsetNewest over history), with handlers that finish out of order, nack
 // some first deliveries and sit on a few records past DrainTimeout. Every
 // record is acked with its assignment alive, and no commit the broker saw
@@ -557,13 +558,15 @@ func testChurn(t *testing.T, cooperative bool, initial int64, ordering safeack.O
 	produced := make(chan struct{})
 	go func() {
 		defer close(produced)
+		pace := time.NewTicker(10 * time.Millisecond) // a steady flow, not a flood
+		defer pace.Stop()
 		for {
 			select {
 			case <-stopProducing:
 				return
-			default:
+			case <-pace.C:
 			}
-			c.ProduceN(t, topic, partitions, partitions*5, func(i int) string {
+			c.ProduceN(t, topic, partitions, partitions, func(i int) string {
 				if i%7 == 0 {
 					return ""
 				}
@@ -571,12 +574,15 @@ func testChurn(t *testing.T, cooperative bool, initial int64, ordering safeack.O
 			})
 		}
 	}()
-	for i := range 4 {
+	for i := range 3 {
 		x := member(fmt.Sprintf("x%d", i))
 		kafkatest.WaitFor(t, mwWait, "the newcomer to own partitions", func() bool {
 			return len(ownedPartitions(x, topic)) > 0
 		})
+		// One more joins and leaves at once, mid-rebalance.
+		y := member(fmt.Sprintf("y%d", i))
 		require.NoError(t, x.Close())
+		require.NoError(t, y.Close())
 	}
 	close(stopProducing)
 	<-produced
