@@ -278,6 +278,10 @@ func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) 
 	}
 	h.mu.Lock()
 	c, ok := h.committed[partition]
+	// Setup's read serves the session's first claim of the partition only:
+	// one that comes back later in the session (cooperative) is read again,
+	// for the commit and completed tail its last owner left since.
+	delete(h.committed, partition)
 	h.mu.Unlock()
 	if ok {
 		return c, true

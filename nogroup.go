@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
@@ -27,6 +28,11 @@ type resumePositions = lockedMap[int32, int64]
 // move the log start between the two calls; the resolution is then retried.
 func (sub *subscription) resolveStart(client sarama.Client, consumer sarama.Consumer, partition int32) (sarama.PartitionConsumer, int64, error) {
 	initial := sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
+	if n := sub.firstPartitions; n > 0 && partition >= n {
+		// Added to the topic after Subscribe returned: every record of
+		// it was written after, and OffsetNewest delivers those.
+		initial = sarama.OffsetOldest
+	}
 	if at, ok := sub.resume.get(partition); ok {
 		pc, err := consumer.ConsumePartition(sub.topic, partition, at)
 		if err == nil {
@@ -78,6 +84,7 @@ func (sub *subscription) resolveFirstStarts(client sarama.Client) {
 			sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 		return
 	}
+	sub.firstPartitions = int32(len(partitions))
 	starts, errs := listOffsets(client, sub.topic, partitions, sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
 	for p, start := range starts {
 		sub.resume.set(p, start)
@@ -113,11 +120,6 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 	}
 	// Start every partition first, so that their early fetch is one Fetch
 	// per leader, as in a group session's Setup.
-	type started struct {
-		partition int32
-		pc        sarama.PartitionConsumer
-		start     int64
-	}
 	starts := make([]started, 0, len(partitions))
 	from := make(map[int32]int64, len(partitions))
 	for _, p := range partitions {
@@ -137,10 +139,13 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 	first := sub.fetchFirstRecords(client, from)
 
 	var wg sync.WaitGroup
-	failed := make(chan error, len(partitions))
+	var errsMu sync.Mutex
+	var errs []error
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for i, s := range starts {
+	// run starts the worker of one partition, and closes its partition
+	// consumer when the worker ends.
+	run := func(s started, firstRecords <-chan []*sarama.ConsumerMessage) error {
 		p, pc := s.partition, s.pc
 		a := partition.Assignment{
 			Topic:         sub.topic,
@@ -148,17 +153,10 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 			Start:         partition.Start{Offset: s.start, Resolved: true},
 			Pauser:        consumer,
 			HighWaterMark: pc.HighWaterMarkOffset,
-		}
-		if ff := first[p]; ff != nil {
-			a.FirstRecords = ff.records
+			FirstRecords:  firstRecords,
 		}
 		w, err := sub.newWorker(pctx, a)
 		if err != nil {
-			for _, r := range starts[i:] {
-				r.pc.Close()
-			}
-			cancel()
-			wg.Wait()
 			return err
 		}
 		wg.Add(2)
@@ -175,20 +173,97 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 			w.Run(pc.Messages(), sub.subscriber.closing)
 			sub.resume.set(p, w.Stats().SafeOffset)
 			if err := pc.Close(); err != nil {
-				failed <- err
+				errsMu.Lock()
+				errs = append(errs, err)
+				errsMu.Unlock()
 			}
 			cancel() // one partition ending ends this connection
 		}()
+		return nil
+	}
+	for i, s := range starts {
+		var firstRecords <-chan []*sarama.ConsumerMessage
+		if ff := first[s.partition]; ff != nil {
+			firstRecords = ff.records
+		}
+		if err := run(s, firstRecords); err != nil {
+			for _, r := range starts[i:] {
+				r.pc.Close()
+			}
+			cancel()
+			wg.Wait()
+			return err
+		}
+	}
+	if every := sub.cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency; every > 0 {
+		running := make(map[int32]bool, len(partitions))
+		for _, p := range partitions {
+			running[p] = true
+		}
+		wg.Go(func() {
+			if err := sub.watchPartitions(pctx, client, consumer, every, running, run); err != nil {
+				errsMu.Lock()
+				errs = append(errs, err)
+				errsMu.Unlock()
+				cancel()
+			}
+		})
 	}
 	wg.Wait()
-	close(failed)
-	return errors.Join(collect(failed)...)
+	return errors.Join(errs...)
 }
 
-func collect(ch <-chan error) []error {
-	var errs []error
-	for err := range ch {
-		errs = append(errs, err)
+// started is a partition consumer and the offset it starts at.
+type started struct {
+	partition int32
+	pc        sarama.PartitionConsumer
+	start     int64
+}
+
+// watchPartitions starts the partitions added to the topic while the
+// connection runs. Without a group nothing else would: a group's session
+// is rebalanced when Sarama sees the partition count change, checked every
+// Metadata.RefreshFrequency, and this checks as often. Partitions that
+// cannot be started yet are tried again at the next check; an error ends
+// the connection.
+func (sub *subscription) watchPartitions(ctx context.Context, client sarama.Client, consumer sarama.Consumer,
+	every time.Duration, running map[int32]bool, run func(started, <-chan []*sarama.ConsumerMessage) error) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if err := client.RefreshMetadata(sub.topic); err != nil {
+			sub.logger.Debug("Cannot refresh the topic's partitions", sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+			continue
+		}
+		partitions, err := client.Partitions(sub.topic)
+		if err != nil {
+			continue
+		}
+		for _, p := range partitions {
+			if running[p] || ctx.Err() != nil {
+				continue
+			}
+			pc, start, err := sub.resolveStart(client, consumer, p)
+			if err != nil {
+				sub.logger.Info("Cannot start a partition added to the topic yet; retrying",
+					sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "err": err.Error()}))
+				continue
+			}
+			if sub.cfg.Tracer != nil {
+				pc = sub.cfg.Tracer.WrapPartitionConsumer(pc)
+			}
+			sub.logger.Info("Consuming a partition added to the topic",
+				sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "kafka_initial_offset": start}))
+			running[p] = true
+			if err := run(started{p, pc, start}, nil); err != nil {
+				pc.Close()
+				return err
+			}
+		}
 	}
-	return errs
 }

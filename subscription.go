@@ -31,6 +31,10 @@ type subscription struct {
 	// completed prefix ended when a connection ended: the next connection
 	// starts there (see consumePartitions).
 	resume resumePositions
+	// firstPartitions is, without a consumer group, how many partitions
+	// the topic had when Subscribe resolved their starts (0: unknown).
+	// Partitions numbered from it on were added later (see resolveStart).
+	firstPartitions int32
 }
 
 // newWorker returns the worker of one assigned partition. Its context,

@@ -167,7 +167,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reads the Subscriber's statistics and sends them as metrics.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	stats := c.sub.Stats()
+	stats := merged(c.sub.Stats())
 	ch <- prometheus.MustNewConstMetric(c.owned, prometheus.GaugeValue, float64(len(stats)))
 	for _, s := range stats {
 		lv := []string{s.Topic, strconv.FormatInt(int64(s.Partition), 10)}
@@ -217,6 +217,50 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.deferred, float64(t.Deferred))
 		counter(c.pausedSeconds, t.PausedFor.Seconds())
 	}
+}
+
+// merged folds the Stats entries of one topic-partition into one. Two
+// subscriptions of the Subscriber to one topic without a consumer group
+// (two router handlers on it) each own every partition, and a registry
+// refuses two series with the same labels: the whole scrape would fail.
+// Counts add up; positions, ages and flags are those of the subscription
+// furthest behind.
+func merged(stats []safeack.PartitionStats) []safeack.PartitionStats {
+	out := make([]safeack.PartitionStats, 0, len(stats))
+	at := make(map[safeack.TopicPartition]int, len(stats))
+	for _, s := range stats {
+		i, seen := at[s.TopicPartition]
+		if !seen {
+			at[s.TopicPartition] = len(out)
+			out = append(out, s)
+			continue
+		}
+		m := &out[i]
+		m.SafeOffset = min(m.SafeOffset, s.SafeOffset)
+		m.MarkedOffset = min(m.MarkedOffset, s.MarkedOffset)
+		if s.ConfirmedOffset >= 0 && (m.ConfirmedOffset < 0 || s.ConfirmedOffset < m.ConfirmedOffset) {
+			m.ConfirmedOffset = s.ConfirmedOffset
+		}
+		m.HighWaterMark = max(m.HighWaterMark, s.HighWaterMark)
+		m.Lag = max(m.Lag, s.Lag)
+		m.Delivered = min(m.Delivered, s.Delivered)
+		m.Retained += s.Retained
+		m.Blocked += s.Blocked
+		m.InFlight += s.InFlight
+		m.WaitingForKey += s.WaitingForKey
+		if s.HasUnfinished && (!m.HasUnfinished || s.OldestUnfinished < m.OldestUnfinished) {
+			m.OldestUnfinished, m.HasUnfinished = s.OldestUnfinished, true
+		}
+		m.OldestUnfinishedAge = max(m.OldestUnfinishedAge, s.OldestUnfinishedAge)
+		m.Stuck = m.Stuck || s.Stuck
+		m.Paused = m.Paused || s.Paused
+		m.TailBytes = max(m.TailBytes, s.TailBytes)
+		m.TailTruncated = m.TailTruncated || s.TailTruncated
+		if !s.AssignedAt.IsZero() && (m.AssignedAt.IsZero() || s.AssignedAt.Before(m.AssignedAt)) {
+			m.AssignedAt = s.AssignedAt
+		}
+	}
+	return out
 }
 
 func bool01(b bool) float64 {
