@@ -117,7 +117,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	var startErrs map[int32]error
 	var listing sync.WaitGroup
 	listing.Go(func() {
-		starts, startErrs = listOffsets(h.client, h.sub.topic, claimed, h.sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
+		starts, startErrs = h.sub.initialStarts(h.client, claimed)
 	})
 	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
 	listing.Wait()

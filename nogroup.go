@@ -27,12 +27,7 @@ type resumePositions = lockedMap[int32, int64]
 // so that the bookkeeping starts exactly where fetching does. Retention can
 // move the log start between the two calls; the resolution is then retried.
 func (sub *subscription) resolveStart(client sarama.Client, consumer sarama.Consumer, partition int32) (sarama.PartitionConsumer, int64, error) {
-	initial := sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
-	if n := sub.firstPartitions; n > 0 && partition >= n {
-		// Added to the topic after Subscribe returned: every record of
-		// it was written after, and OffsetNewest delivers those.
-		initial = sarama.OffsetOldest
-	}
+	initial := sub.initialOffset(partition)
 	if at, ok := sub.resume.get(partition); ok {
 		pc, err := consumer.ConsumePartition(sub.topic, partition, at)
 		if err == nil {

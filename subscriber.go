@@ -142,8 +142,12 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err == nil {
 		err = sub.checkTailBudget(client)
 	}
-	if err == nil && s.cfg.ConsumerGroup == "" {
-		sub.resolveFirstStarts(client)
+	if err == nil {
+		if s.cfg.ConsumerGroup == "" {
+			sub.resolveFirstStarts(client)
+		} else if partitions, perr := client.Partitions(topic); perr == nil {
+			sub.firstPartitions = int32(len(partitions)) // see initialOffset
+		}
 	}
 	s.lifecycle.Lock()
 	if err == nil && s.closed.Load() {

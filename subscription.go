@@ -3,6 +3,7 @@ package safeack
 import (
 	"context"
 	"errors"
+	"maps"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -31,10 +32,45 @@ type subscription struct {
 	// completed prefix ended when a connection ended: the next connection
 	// starts there (see consumePartitions).
 	resume resumePositions
-	// firstPartitions is, without a consumer group, how many partitions
-	// the topic had when Subscribe resolved their starts (0: unknown).
-	// Partitions numbered from it on were added later (see resolveStart).
+	// firstPartitions is how many partitions the topic had when Subscribe
+	// connected (0: unknown). Partitions numbered from it on were added
+	// later, so every record in them was written after Subscribe: they
+	// start at their first record whatever Offsets.Initial says (see
+	// initialOffset).
 	firstPartitions int32
+}
+
+// initialOffset is where a partition without a commit (or a resume
+// position) starts: Consumer.Offsets.Initial, or the log start for a
+// partition added to the topic after Subscribe. At OffsetNewest (Sarama's
+// default) such a partition's records would otherwise be skipped until the
+// subscription noticed it (a consumer group rebalances on the next metadata
+// refresh, Metadata.RefreshFrequency, 10 minutes by default).
+func (sub *subscription) initialOffset(partition int32) int64 {
+	if n := sub.firstPartitions; n > 0 && partition >= n {
+		return sarama.OffsetOldest
+	}
+	return sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
+}
+
+// initialStarts resolves initialOffset for the given partitions (see
+// listOffsets).
+func (sub *subscription) initialStarts(client sarama.Client, partitions []int32) (map[int32]int64, map[int32]error) {
+	var added, known []int32
+	for _, p := range partitions {
+		if sub.initialOffset(p) == sarama.OffsetOldest && sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial != sarama.OffsetOldest {
+			added = append(added, p)
+		} else {
+			known = append(known, p)
+		}
+	}
+	starts, errs := listOffsets(client, sub.topic, known, sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
+	if len(added) > 0 {
+		addedStarts, addedErrs := listOffsets(client, sub.topic, added, sarama.OffsetOldest)
+		maps.Copy(starts, addedStarts)
+		maps.Copy(errs, addedErrs)
+	}
+	return starts, errs
 }
 
 // newWorker returns the worker of one assigned partition. Its context,
