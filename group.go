@@ -97,9 +97,9 @@ type groupHandler struct {
 	stop    chan struct{}
 	done    chan struct{}
 	soon    chan struct{} // capacity 1: a partition asks for a commit now
-	// final is the last offset each claim the session ended marked, for
+	// final is the last position each claim the session ended marked, for
 	// Cleanup to confirm (see confirmFinalCommit).
-	final map[int32]int64
+	final map[int32]committedOffset
 }
 
 // Setup reads the committed offsets and metadata of the claimed partitions
@@ -150,7 +150,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.pinned = pinned
 	h.first = first
 	h.workers = make(map[int32]*partition.Worker, len(claimed))
-	h.final = make(map[int32]int64, len(claimed))
+	h.final = make(map[int32]committedOffset, len(claimed))
 	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
 	h.soon = make(chan struct{}, 1)
@@ -326,16 +326,17 @@ func (h *groupHandler) confirmFinalCommit(sess sarama.ConsumerGroupSession) {
 }
 
 // confirmCommitted reads back what the coordinator holds for the
-// partitions of marks and commits again until it holds each one's mark,
+// partitions of marks and commits again until it holds each one's mark
+// (offset and completed tail),
 // for up to finalCommitWait. Sarama does not report a refused commit (a
 // coordinator loading or moving the group refuses it), and with its
 // auto-commit off it drops the marks of a partition whose claim ended
 // without flushing them again: the next owner would handle again
 // everything acked since the last commit the coordinator took.
-func (h *groupHandler) confirmCommitted(sess sarama.ConsumerGroupSession, marks map[int32]int64) {
+func (h *groupHandler) confirmCommitted(sess sarama.ConsumerGroupSession, marks map[int32]committedOffset) {
 	parts := make([]int32, 0, len(marks))
-	for p, off := range marks {
-		if off >= 0 {
+	for p, mark := range marks {
+		if mark.offset >= 0 {
 			parts = append(parts, p)
 		}
 	}
@@ -351,7 +352,10 @@ func (h *groupHandler) confirmCommitted(sess sarama.ConsumerGroupSession, marks 
 		held, err := fetchCommittedOnce(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
 		missing := 0
 		for _, p := range parts {
-			if c, ok := held[p]; err != nil || !ok || c.offset < marks[p] {
+			// A tail that grew behind an unchanged head is a new
+			// position too: the next owner skips what it lists.
+			if c, ok := held[p]; err != nil || !ok || c.offset < marks[p].offset ||
+				c.offset == marks[p].offset && c.metadata != marks[p].metadata {
 				missing++
 			}
 		}
@@ -450,7 +454,8 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// all its claims.
 		h.mu.Lock()
 		if h.final != nil {
-			h.final[claim.Partition()] = w.Marked()
+			offset, meta := w.MarkedPosition()
+			h.final[claim.Partition()] = committedOffset{offset: offset, metadata: meta}
 		}
 		h.mu.Unlock()
 		return nil
@@ -458,7 +463,8 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	// Revoked while the session goes on (cooperative): Sarama drops the
 	// partition's marks once this returns, so its final commit is
 	// confirmed now.
-	h.confirmCommitted(sess, map[int32]int64{claim.Partition(): w.Marked()})
+	offset, meta := w.MarkedPosition()
+	h.confirmCommitted(sess, map[int32]committedOffset{claim.Partition(): {offset: offset, metadata: meta}})
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
@@ -302,6 +303,45 @@ func TestFinalCommitRefusedIsRetried(t *testing.T) {
 	require.EqualValues(t, 10, c.CommittedOffsets(t, group, topic)[0].Offset, "the final prefix is committed when Close returns")
 }
 
+// TestFinalTailRefusedIsRetried: with the head still running at Close,
+// the final commit differs from the last one the coordinator holds only by
+// its completed tail (same offset); refused, it is read back and sent again
+// too. Before, the read-back compared offsets only, took it as held, and
+// the next owner handled every record the tail listed again.
+func TestFinalTailRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	refused := refuseCommits(c, group, kerr.CoordinatorLoadInProgress.Code, 2, func(rp kmsg.OffsetCommitRequestTopicPartition) bool {
+		return rp.Metadata != nil && *rp.Metadata != ""
+	})
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+		cfg.CommitInterval = time.Hour
+		cfg.DrainTimeout = 300 * time.Millisecond
+		cfg.Ordering = safeack.Unordered
+	})
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off != 0 {
+			m.Ack() // the head, 0, is never answered
+		}
+	})
+	c.ProduceN(t, topic, 1, 10, nil)
+	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
+		st, ok := statsOf(sub, topic, 0)
+		return ok && st.Completed == 9
+	})
+	require.NoError(t, sub.Close())
+	require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits with a tail")
+	held := c.CommittedOffsets(t, group, topic)[0]
+	require.EqualValues(t, 0, held.Offset)
+	tail, err := frontier.DecodeTail(held.Metadata, 0)
+	require.NoError(t, err, "the final commit's tail is held when Close returns")
+	require.Equal(t, []frontier.Range{{From: 1, To: 10}}, tail.Ranges)
+}
+
 // TestEagerRevokeFinalCommitRefusedIsRetried: the final prefix of a
 // partition revoked in an eager rebalance reaches the coordinator before
 // the member rejoins, even if the coordinator refuses the drain's commit
@@ -384,6 +424,12 @@ func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 // OffsetCommit requests of group that carry an offset above 0 with code
 // (the pinned start, offset 0, goes through). It returns the count refused.
 func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n int32) *atomic.Int32 {
+	return refuseCommits(c, group, code, n, func(rp kmsg.OffsetCommitRequestTopicPartition) bool { return rp.Offset > 0 })
+}
+
+// refuseCommits answers the first n OffsetCommits of group that have a
+// partition matching with error code, and lets the others through.
+func refuseCommits(c *kafkatest.Cluster, group string, code int16, n int32, match func(kmsg.OffsetCommitRequestTopicPartition) bool) *atomic.Int32 {
 	var refused atomic.Int32
 	kf := c.Kfake()
 	kf.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -394,19 +440,19 @@ func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n in
 		}
 		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
 		resp.SetVersion(oc.GetVersion())
-		pastStart := false
+		matched := false
 		for _, rt := range oc.Topics {
 			st := kmsg.NewOffsetCommitResponseTopic()
 			st.Topic = rt.Topic
 			for _, rp := range rt.Partitions {
-				pastStart = pastStart || rp.Offset > 0
+				matched = matched || match(rp)
 				sp := kmsg.NewOffsetCommitResponseTopicPartition()
 				sp.Partition, sp.ErrorCode = rp.Partition, code
 				st.Partitions = append(st.Partitions, sp)
 			}
 			resp.Topics = append(resp.Topics, st)
 		}
-		if !pastStart {
+		if !matched {
 			return nil, nil, false
 		}
 		refused.Add(1)

@@ -161,6 +161,14 @@ func (w *Worker) Marked() int64 {
 	return w.marked
 }
 
+// MarkedPosition returns the last position marked: the offset and the
+// completed tail's metadata that went with it.
+func (w *Worker) MarkedPosition() (offset int64, metadata string) {
+	w.markMu.Lock()
+	defer w.markMu.Unlock()
+	return w.Marked(), w.lastMeta
+}
+
 // SetConfirmed records the offset the group coordinator holds as
 // committed, for Stats.
 func (w *Worker) SetConfirmed(offset int64) {
