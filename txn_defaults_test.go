@@ -418,3 +418,37 @@ func TestTxnOutputsSurviveReplacedContext(t *testing.T) {
 	rd.complete(t, c, out, 1)
 	rd.checkExactlyOnce(t, ids)
 }
+
+// Messages a handler returns together with an error are a failed attempt's
+// outputs too. Watermill's PoisonQueue and Retry pass a failed handler's
+// returned messages on: PoisonQueue turns the error into nil, and the
+// router then publishes them. Middleware, inside them, drops them with the
+// error. Before, it returned them as they came, without the delivery in
+// their context: the router's Publish failed with ErrNoDelivery and nacked
+// the record, which was dead-lettered again (and the dead letter dropped
+// with the Nack) forever, stalling its partition.
+func TestTxnFailedAttemptReturnedOutputsDropped(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 1, "txn-failed-returned")
+	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
+	poison, err := middleware.PoisonQueue(d.pub, dlq)
+	require.NoError(t, err)
+	d.router.AddMiddleware(poison, d.pub.Middleware)
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		outs := []*message.Message{outputFor(msg, "returned")}
+		if string(msg.Payload) == "fails" {
+			return outs, errors.New("after building its outputs")
+		}
+		return outs, nil
+	})
+	d.run(t)
+	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
+	dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+	ok := d.publish(t, "ok", 3)
+	poisoned := d.publish(t, "fails", 2)
+
+	rd.waitAll(t, ok, 20*time.Second)
+	dl.waitRecords(t, len(poisoned), "the failing inputs dead-lettered")
+	rd.complete(t, c, out, 1)
+	rd.checkExactlyOnce(t, ok) // and nothing of the failed ones
+}
