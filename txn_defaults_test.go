@@ -452,3 +452,47 @@ func TestTxnFailedAttemptReturnedOutputsDropped(t *testing.T) {
 	rd.complete(t, c, out, 1)
 	rd.checkExactlyOnce(t, ok) // and nothing of the failed ones
 }
+
+// A handler that defers its record's completion (safeack.Defer) and
+// returns its outputs: they enter a transaction once the Completion is
+// Done, and never when it Fails (the record is handled again, and only the
+// attempt that completed has its output committed).
+func TestTxnDeferredCompletion(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 2, "txn-deferred")
+	out := c.NewTopic(t, 2)
+	d.router.AddMiddleware(d.pub.Middleware)
+	var att attempts
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		n := att.next(msg)
+		o := outputFor(msg, "deferred")
+		o.Metadata.Set(hdrAttempt, strconv.Itoa(n))
+		comp, err := safeack.Defer(msg)
+		if err != nil {
+			return nil, err
+		}
+		fail := string(msg.Payload) == "fails once" && n == 1
+		time.AfterFunc(20*time.Millisecond, func() { // a batching writer's flush
+			if fail {
+				comp.Fail(errors.New("the write failed"))
+				return
+			}
+			comp.Done()
+		})
+		return []*message.Message{o}, nil
+	})
+	d.run(t)
+	rd := readOutputs(t, c, out, 2, sarama.ReadCommitted)
+	ok := d.publish(t, "ok", 6)
+	flaky := d.publish(t, "fails once", 4)
+	ids := append(ok, flaky...)
+
+	rd.waitAll(t, ids, 20*time.Second)
+	rd.complete(t, c, out, 2)
+	rd.checkExactlyOnce(t, ids)
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	for _, id := range flaky {
+		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
+	}
+}
