@@ -496,3 +496,34 @@ func TestTxnDeferredCompletion(t *testing.T) {
 		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
 	}
 }
+
+// Two subscriptions of one Subscriber (two input topics, one consumer
+// group) share one TxnPublisher: each commits its own topic's offsets with
+// its own producer, and the two members' rebalances (each Subscribe joins
+// the group) lose and duplicate nothing.
+func TestTxnTwoSubscriptionsSharePublisher(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 2, "txn-two-subs")
+	in2, out := c.NewTopic(t, 2), c.NewTopic(t, 2)
+	d.router.AddMiddleware(d.pub.Middleware)
+	h := func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{outputFor(msg, "out")}, nil
+	}
+	d.router.AddHandler("h1", d.in, d.sub, out, d.pub, h)
+	d.router.AddHandler("h2", in2, d.sub, out, d.pub, h)
+	d.run(t)
+	rd := readOutputs(t, c, out, 2, sarama.ReadCommitted)
+	var ids []string
+	for range 5 {
+		ids = append(ids, d.publish(t, "ok", 4)...)
+		for range 4 {
+			m := message.NewMessage(watermill.NewUUID(), []byte("ok"))
+			ids = append(ids, m.UUID)
+			require.NoError(t, d.inPub.Publish(in2, m))
+		}
+	}
+	rd.waitAll(t, ids, 20*time.Second)
+	rd.complete(t, c, out, 2)
+	rd.checkExactlyOnce(t, ids)
+	require.Zero(t, d.pub.Stats().Aborted)
+}
