@@ -274,7 +274,7 @@ func (p *TxnPublisher) limitName(limit int) string {
 // Middleware gives the messages a handler returns the context of the
 // message it handled, so that the router's Publish (this TxnPublisher)
 // files them under that delivery, and drops the outputs the handler
-// published itself when it fails (returns an error or panics): a failed
+// published itself or returned when it fails (returns an error or panics): a failed
 // attempt's outputs never enter a transaction, even when middleware
 // outside it retries the message or dead-letters it and acks.
 //
@@ -304,7 +304,11 @@ func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}()
 		out, err := h(msg)
 		if err != nil {
-			return out, err
+			// A failed attempt's returned messages are dropped too: PoisonQueue
+			// (and Retry, once exhausted) pass them on with its error turned to
+			// nil, and the router would publish them, without a delivery, so
+			// ErrNoDelivery nacks the record again forever.
+			return nil, err
 		}
 		// The router publishes the returned messages to topic, with a
 		// TxnPublisher only if its name says so.

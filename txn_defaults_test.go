@@ -418,3 +418,112 @@ func TestTxnOutputsSurviveReplacedContext(t *testing.T) {
 	rd.complete(t, c, out, 1)
 	rd.checkExactlyOnce(t, ids)
 }
+
+// Messages a handler returns together with an error are a failed attempt's
+// outputs too. Watermill's PoisonQueue and Retry pass a failed handler's
+// returned messages on: PoisonQueue turns the error into nil, and the
+// router then publishes them. Middleware, inside them, drops them with the
+// error. Before, it returned them as they came, without the delivery in
+// their context: the router's Publish failed with ErrNoDelivery and nacked
+// the record, which was dead-lettered again (and the dead letter dropped
+// with the Nack) forever, stalling its partition.
+func TestTxnFailedAttemptReturnedOutputsDropped(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 1, "txn-failed-returned")
+	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
+	poison, err := middleware.PoisonQueue(d.pub, dlq)
+	require.NoError(t, err)
+	d.router.AddMiddleware(poison, d.pub.Middleware)
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		outs := []*message.Message{outputFor(msg, "returned")}
+		if string(msg.Payload) == "fails" {
+			return outs, errors.New("after building its outputs")
+		}
+		return outs, nil
+	})
+	d.run(t)
+	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
+	dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+	ok := d.publish(t, "ok", 3)
+	poisoned := d.publish(t, "fails", 2)
+
+	rd.waitAll(t, ok, 20*time.Second)
+	dl.waitRecords(t, len(poisoned), "the failing inputs dead-lettered")
+	rd.complete(t, c, out, 1)
+	rd.checkExactlyOnce(t, ok) // and nothing of the failed ones
+}
+
+// A handler that defers its record's completion (safeack.Defer) and
+// returns its outputs: they enter a transaction once the Completion is
+// Done, and never when it Fails (the record is handled again, and only the
+// attempt that completed has its output committed).
+func TestTxnDeferredCompletion(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 2, "txn-deferred")
+	out := c.NewTopic(t, 2)
+	d.router.AddMiddleware(d.pub.Middleware)
+	var att attempts
+	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
+		n := att.next(msg)
+		o := outputFor(msg, "deferred")
+		o.Metadata.Set(hdrAttempt, strconv.Itoa(n))
+		comp, err := safeack.Defer(msg)
+		if err != nil {
+			return nil, err
+		}
+		fail := string(msg.Payload) == "fails once" && n == 1
+		time.AfterFunc(20*time.Millisecond, func() { // a batching writer's flush
+			if fail {
+				comp.Fail(errors.New("the write failed"))
+				return
+			}
+			comp.Done()
+		})
+		return []*message.Message{o}, nil
+	})
+	d.run(t)
+	rd := readOutputs(t, c, out, 2, sarama.ReadCommitted)
+	ok := d.publish(t, "ok", 6)
+	flaky := d.publish(t, "fails once", 4)
+	ids := append(ok, flaky...)
+
+	rd.waitAll(t, ids, 20*time.Second)
+	rd.complete(t, c, out, 2)
+	rd.checkExactlyOnce(t, ids)
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	for _, id := range flaky {
+		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
+	}
+}
+
+// Two subscriptions of one Subscriber (two input topics, one consumer
+// group) share one TxnPublisher: each commits its own topic's offsets with
+// its own producer, and the two members' rebalances (each Subscribe joins
+// the group) lose and duplicate nothing.
+func TestTxnTwoSubscriptionsSharePublisher(t *testing.T) {
+	c := kafkatest.Start(t)
+	d := newDefaultTxn(t, c, 2, "txn-two-subs")
+	in2, out := c.NewTopic(t, 2), c.NewTopic(t, 2)
+	d.router.AddMiddleware(d.pub.Middleware)
+	h := func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{outputFor(msg, "out")}, nil
+	}
+	d.router.AddHandler("h1", d.in, d.sub, out, d.pub, h)
+	d.router.AddHandler("h2", in2, d.sub, out, d.pub, h)
+	d.run(t)
+	rd := readOutputs(t, c, out, 2, sarama.ReadCommitted)
+	var ids []string
+	for range 5 {
+		ids = append(ids, d.publish(t, "ok", 4)...)
+		for range 4 {
+			m := message.NewMessage(watermill.NewUUID(), []byte("ok"))
+			ids = append(ids, m.UUID)
+			require.NoError(t, d.inPub.Publish(in2, m))
+		}
+	}
+	rd.waitAll(t, ids, 20*time.Second)
+	rd.complete(t, c, out, 2)
+	rd.checkExactlyOnce(t, ids)
+	require.Zero(t, d.pub.Stats().Aborted)
+}

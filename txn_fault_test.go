@@ -284,3 +284,49 @@ func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", pub.Stats(), written, len(ids))
 	require.Greater(t, written, len(ids), "the aborted transaction wrote outputs that read_committed must not see")
 }
+
+// A record whose completion was deferred (safeack.Defer) and resolved only
+// after its drain gave up at Close: its output, returned by the handler,
+// is never committed by the member that handed the partition on, and the
+// next owner handles the record again: one output, from the second
+// delivery.
+func TestTxnDeferredResolvedAfterHandOver(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := newTxnRig(t, c, 1, 200)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	ids := r.inputIDs()
+	held := ids[10]
+	var att attempts
+	late := make(chan *safeack.Completion, 1)
+
+	sub1, pub1 := r.subscriber(t, "txn-deferred-late", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		cfg.DrainTimeout = 200 * time.Millisecond
+	})
+	first := transform(&att, time.Millisecond)
+	stop1 := runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
+		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
+		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
+		if fmt.Sprintf("%d@%d", p, o) != held {
+			return first(msg)
+		}
+		n := att.next(msg)
+		comp, err := safeack.Defer(msg)
+		if err != nil {
+			return nil, err
+		}
+		late <- comp // resolved after Close
+		return []*message.Message{outputOf(msg, n)}, nil
+	})
+	kafkatest.WaitFor(t, 60*time.Second, "every record but the held one to have its output", func() bool {
+		return rd.seen(ids) == len(ids)-1
+	})
+	stop1()
+	(<-late).Done()
+
+	sub2, pub2 := r.subscriber(t, "txn-deferred-late", nil)
+	runRouter(t, r, sub2, pub2, transform(&att, time.Millisecond))
+	r.requireExactlyOnce(t, rd, ids, 60*time.Second, 30*time.Second)
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	require.Equal(t, "2", headerOf(rd.byID[held][0], hdrAttempt), "output of the deferred record from the delivery whose drain gave up")
+}
