@@ -274,9 +274,9 @@ func (p *TxnPublisher) limitName(limit int) string {
 // Middleware gives the messages a handler returns the context of the
 // message it handled, so that the router's Publish (this TxnPublisher)
 // files them under that delivery, and drops the outputs the handler
-// published itself or returned when it fails (returns an error or panics): a failed
-// attempt's outputs never enter a transaction, even when middleware
-// outside it retries the message or dead-letters it and acks.
+// published itself or returned when it fails (returns an error or
+// panics): a failed attempt's outputs never enter a transaction, even when
+// middleware outside it retries the message or dead-letters it and acks.
 //
 // It also checks the returned messages as Publish will, for the handler's
 // publish topic (message.PublishTopicFromCtx), when the router publishes
