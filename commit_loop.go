@@ -75,6 +75,7 @@ func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done, 
 			sess.Commit()
 			last = time.Now()
 			h.confirm(nil)
+			h.listHighWaterMarks()
 		case <-soon:
 			if wait := gap - time.Since(last); wait <= 0 {
 				commitEarly()
@@ -150,4 +151,27 @@ func (h *groupHandler) confirm(sent map[int32]int64) (behind bool) {
 		}
 	}
 	return behind
+}
+
+// listHighWaterMarks lists the high-water marks of the session's
+// partitions, for Stats: Sarama refreshes a claim's only with the fetches
+// of an unpaused partition, and a partition whose fetching is paused
+// behind a slow record would otherwise show a lag frozen at the pause
+// while records keep arriving.
+func (h *groupHandler) listHighWaterMarks() {
+	h.mu.Lock()
+	workers := make(map[int32]*partition.Worker, len(h.workers))
+	parts := make([]int32, 0, len(h.workers))
+	for p, w := range h.workers {
+		workers[p] = w
+		parts = append(parts, p)
+	}
+	h.mu.Unlock()
+	if len(parts) == 0 {
+		return
+	}
+	hwms, _ := listOffsets(h.client, h.sub.topic, parts, sarama.OffsetNewest)
+	for p, off := range hwms {
+		workers[p].SetHighWaterMark(off)
+	}
 }
