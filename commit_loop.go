@@ -170,7 +170,9 @@ func (h *groupHandler) listHighWaterMarks() {
 	if len(parts) == 0 {
 		return
 	}
-	hwms, _ := listOffsets(h.client, h.sub.topic, parts, sarama.OffsetNewest)
+	// One request per leader and no retry: the next interval tries again,
+	// and the commit loop is not held up by a leader that is away.
+	hwms, _ := listOffsetsOnce(h.client, h.sub.topic, parts, sarama.OffsetNewest)
 	for p, off := range hwms {
 		workers[p].SetHighWaterMark(off)
 	}
