@@ -19,8 +19,21 @@ import (
 func TestLagWhilePaused(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.Start(t)
+	for _, group := range []string{c.NewGroup(t), ""} {
+		name := "group"
+		if group == "" {
+			name = "no-group"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testLagWhilePaused(t, c, group)
+		})
+	}
+}
+
+func testLagWhilePaused(t *testing.T, c *kafkatest.Cluster, group string) {
 	topic := c.NewTopic(t, 1)
-	sub := newTestSubscriber(t, c, c.NewGroup(t), func(cfg *safeack.SubscriberConfig) {
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.MaxInFlight = 4
 	})
 	handleAll(mustSubscribe(t, sub, topic), func(*message.Message) {}) // never acked
