@@ -102,10 +102,11 @@ func (w *Worker) highWaterMark() int64 {
 }
 
 // SetHighWaterMark records the partition's high-water mark as listed by
-// the caller, for Stats.
+// the caller, for Stats. The last listing replaces the previous one: a log
+// truncated below it (an unclean leader election) shows at the next.
 func (w *Worker) SetHighWaterMark(offset int64) {
 	w.mu.Lock()
-	w.listedHWM = max(w.listedHWM, offset)
+	w.listedHWM = offset
 	w.mu.Unlock()
 }
 
