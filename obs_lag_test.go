@@ -19,23 +19,26 @@ import (
 func TestLagWhilePaused(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.Start(t)
-	for _, group := range []string{c.NewGroup(t), ""} {
-		name := "group"
-		if group == "" {
-			name = "no-group"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testLagWhilePaused(t, c, group)
-		})
-	}
+	held := func(cfg *safeack.SubscriberConfig) { cfg.MaxInFlight = 4 }
+	t.Run("group", func(t *testing.T) {
+		t.Parallel()
+		topic := c.NewTopic(t, 1)
+		testLagWhilePaused(t, c, newTestSubscriber(t, c, c.NewGroup(t), held), topic)
+	})
+	t.Run("no-group", func(t *testing.T) {
+		t.Parallel()
+		topic := c.NewTopic(t, 1)
+		testLagWhilePaused(t, c, newTestSubscriber(t, c, "", held), topic)
+	})
+	t.Run("txn", func(t *testing.T) {
+		t.Parallel()
+		r := newTxnRig(t, c, 1, 0)
+		sub, _ := r.subscriber(t, "lag-"+r.group, func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) { held(cfg) })
+		testLagWhilePaused(t, c, sub, r.in)
+	})
 }
 
-func testLagWhilePaused(t *testing.T, c *kafkatest.Cluster, group string) {
-	topic := c.NewTopic(t, 1)
-	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
-		cfg.MaxInFlight = 4
-	})
+func testLagWhilePaused(t *testing.T, c *kafkatest.Cluster, sub *safeack.Subscriber, topic string) {
 	handleAll(mustSubscribe(t, sub, topic), func(*message.Message) {}) // never acked
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

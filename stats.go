@@ -36,8 +36,7 @@ type PartitionStats struct {
 	ConfirmedOffset int64
 	// HighWaterMark is the partition's high-water mark as last fetched or
 	// listed (once per commit interval: fetching pauses behind a slow
-	// record; not in transactional sessions), and Lag the records between
-	// it and SafeOffset.
+	// record), and Lag the records between it and SafeOffset.
 	HighWaterMark, Lag int64
 	// Delivered is the position after the last record taken from Kafka.
 	Delivered int64
