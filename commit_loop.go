@@ -75,6 +75,7 @@ func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done, 
 			sess.Commit()
 			last = time.Now()
 			h.confirm(nil)
+			h.listHighWaterMarks()
 		case <-soon:
 			if wait := gap - time.Since(last); wait <= 0 {
 				commitEarly()
@@ -150,4 +151,37 @@ func (h *groupHandler) confirm(sent map[int32]int64) (behind bool) {
 		}
 	}
 	return behind
+}
+
+// listHighWaterMarks lists the high-water marks of the session's
+// partitions, for Stats (see setHighWaterMarks).
+func (h *groupHandler) listHighWaterMarks() {
+	h.mu.Lock()
+	workers := make(map[int32]*partition.Worker, len(h.workers))
+	for p, w := range h.workers {
+		workers[p] = w
+	}
+	h.mu.Unlock()
+	setHighWaterMarks(h.client, h.sub.topic, workers)
+}
+
+// setHighWaterMarks lists the high-water marks of the partitions of
+// workers and gives each worker its own, for Stats: Sarama refreshes a
+// claim's only with the fetches of an unpaused partition, and a partition
+// whose fetching is paused behind a slow record would otherwise show a lag
+// frozen at the pause while records keep arriving.
+func setHighWaterMarks(client sarama.Client, topic string, workers map[int32]*partition.Worker) {
+	if len(workers) == 0 {
+		return
+	}
+	parts := make([]int32, 0, len(workers))
+	for p := range workers {
+		parts = append(parts, p)
+	}
+	// One request per leader and no retry: the next interval tries again,
+	// and the caller is not held up by a leader that is away.
+	hwms, _ := listOffsetsOnce(client, topic, parts, sarama.OffsetNewest)
+	for p, off := range hwms {
+		workers[p].SetHighWaterMark(off)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -138,6 +139,10 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 	var errs []error
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The running workers, whose high-water marks are listed once per
+	// commit interval as in a group session (see setHighWaterMarks).
+	var workersMu sync.Mutex
+	workers := make(map[int32]*partition.Worker, len(starts))
 	// run starts the worker of one partition, and closes its partition
 	// consumer when the worker ends.
 	run := func(s started, firstRecords <-chan []*sarama.ConsumerMessage) error {
@@ -165,7 +170,13 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 			defer wg.Done()
 			sub.subscriber.registry.attach(w)
 			defer sub.subscriber.registry.detach(w)
+			workersMu.Lock()
+			workers[p] = w
+			workersMu.Unlock()
 			w.Run(pc.Messages(), sub.subscriber.closing)
+			workersMu.Lock()
+			delete(workers, p)
+			workersMu.Unlock()
 			sub.resume.set(p, w.Stats().SafeOffset)
 			if err := pc.Close(); err != nil {
 				errsMu.Lock()
@@ -190,6 +201,21 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 			return err
 		}
 	}
+	wg.Go(func() {
+		t := time.NewTicker(sub.subscriber.commitEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-t.C:
+			}
+			workersMu.Lock()
+			listed := maps.Clone(workers)
+			workersMu.Unlock()
+			setHighWaterMarks(client, sub.topic, listed)
+		}
+	})
 	if every := sub.cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency; every > 0 {
 		running := make(map[int32]bool, len(partitions))
 		for _, p := range partitions {

@@ -70,10 +70,24 @@ func fetchCommittedOnce(client sarama.Client, group, topic string, partitions []
 // again through client.GetOffset, which refreshes the metadata first; one
 // that fails there too is left out of the result, with its error in errs.
 func listOffsets(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, errs map[int32]error) {
-	offsets = make(map[int32]int64, len(partitions))
+	offsets, retry := listOffsetsOnce(client, topic, partitions, at)
 	errs = make(map[int32]error)
+	for _, p := range retry {
+		off, err := client.GetOffset(topic, p, at)
+		if err != nil {
+			errs[p] = err
+			continue
+		}
+		offsets[p] = off
+	}
+	return offsets, errs
+}
+
+// listOffsetsOnce is listOffsets without the second try: the partitions
+// without an answer are returned in retry.
+func listOffsetsOnce(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, retry []int32) {
+	offsets = make(map[int32]int64, len(partitions))
 	byLeader := make(map[*sarama.Broker][]int32)
-	var retry []int32
 	for _, p := range partitions {
 		leader, err := client.Leader(topic, p)
 		if err != nil {
@@ -107,13 +121,5 @@ func listOffsets(client sarama.Client, topic string, partitions []int32, at int6
 		})
 	}
 	wg.Wait()
-	for _, p := range retry {
-		off, err := client.GetOffset(topic, p, at)
-		if err != nil {
-			errs[p] = err
-			continue
-		}
-		offsets[p] = off
-	}
-	return offsets, errs
+	return offsets, retry
 }

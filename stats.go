@@ -34,8 +34,9 @@ type PartitionStats struct {
 	// read back after each commit interval; -1 when unknown or none. It
 	// lags MarkedOffset by up to two commit intervals.
 	ConfirmedOffset int64
-	// HighWaterMark is the partition's high-water mark as last fetched, and
-	// Lag the records between it and SafeOffset.
+	// HighWaterMark is the partition's high-water mark as last fetched or
+	// listed (once per commit interval: fetching pauses behind a slow
+	// record), and Lag the records between it and SafeOffset.
 	HighWaterMark, Lag int64
 	// Delivered is the position after the last record taken from Kafka.
 	Delivered int64

@@ -513,6 +513,7 @@ func (h *groupHandler) txnCommitLoop(stop, done chan struct{}) {
 		case <-t.C:
 			h.markTails()
 			h.txn.commit()
+			h.listHighWaterMarks()
 		case <-stop:
 			return
 		}

@@ -91,11 +91,23 @@ func (w *Worker) Window(maxEntries int) (ts frontier.Stats, runs []frontier.Wind
 	return ts, runs, truncated
 }
 
+// highWaterMark is the newer of the claim's and the listed one: the
+// claim's is not refreshed while fetching is paused, so a partition held
+// by a slow record would show a lag that stopped growing. Callers hold mu.
 func (w *Worker) highWaterMark() int64 {
 	if w.hwm == nil {
-		return -1
+		return w.listedHWM
 	}
-	return w.hwm()
+	return max(w.hwm(), w.listedHWM)
+}
+
+// SetHighWaterMark records the partition's high-water mark as listed by
+// the caller, for Stats. The last listing replaces the previous one: a log
+// truncated below it (an unclean leader election) shows at the next.
+func (w *Worker) SetHighWaterMark(offset int64) {
+	w.mu.Lock()
+	w.listedHWM = offset
+	w.mu.Unlock()
 }
 
 // oldestAge returns how long the oldest unfinished record has been held.

@@ -86,6 +86,7 @@ type Worker struct {
 	counters       counters
 	marked         int64 // last offset marked; written by run
 	confirmed      int64 // last offset the coordinator reported committed; -1 unknown
+	listedHWM      int64 // the high-water mark as last listed (SetHighWaterMark); -1 unknown
 	stuckShown     bool  // mirrors stuck != nil, for Stats
 	paused         bool  // the tail nears its budget: run takes no records (see tailCheckDueLocked)
 	pausedFor      time.Duration
@@ -184,6 +185,7 @@ func New(parent context.Context, cfg *Config, pool *Pool, a Assignment) (*Worker
 		gate:          keygate.New[*Record](),
 		marked:        marked,
 		confirmed:     -1,
+		listedHWM:     -1,
 		startPending:  !a.Start.Resolved,
 		start:         a.Start,
 		firstRecords:  a.FirstRecords,
