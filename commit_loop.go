@@ -153,16 +153,30 @@ func (h *groupHandler) confirm(sent map[int32]int64) (behind bool) {
 	return behind
 }
 
+// hwmListEvery is the least time between two listings of a session's
+// high-water marks: the transactional commit loop ticks every 100 ms.
+const hwmListEvery = time.Second
+
 // listHighWaterMarks lists the high-water marks of the session's
-// partitions, for Stats (see setHighWaterMarks).
+// partitions, for Stats (see setHighWaterMarks), on a goroutine of its own
+// so that a broker slow to answer never holds a commit up, at most one
+// listing at a time and one per hwmListEvery.
 func (h *groupHandler) listHighWaterMarks() {
+	now := time.Now().UnixNano()
+	if now-h.hwmListedAt.Load() < int64(hwmListEvery) || !h.hwmListing.CompareAndSwap(false, true) {
+		return
+	}
+	h.hwmListedAt.Store(now)
 	h.mu.Lock()
 	workers := make(map[int32]*partition.Worker, len(h.workers))
 	for p, w := range h.workers {
 		workers[p] = w
 	}
 	h.mu.Unlock()
-	setHighWaterMarks(h.client, h.sub.topic, workers)
+	go func() {
+		defer h.hwmListing.Store(false)
+		setHighWaterMarks(h.client, h.sub.topic, workers)
+	}()
 }
 
 // setHighWaterMarks lists the high-water marks of the partitions of

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -84,6 +85,11 @@ type groupHandler struct {
 	client sarama.Client
 	group  sarama.ConsumerGroup
 	txn    *txnCommitter // nil: offsets are committed through the session
+
+	// hwmListing: a listing of high-water marks runs; hwmListedAt: when
+	// the last one started, in Unix nanoseconds (see listHighWaterMarks).
+	hwmListing  atomic.Bool
+	hwmListedAt atomic.Int64
 
 	// Per session, set in Setup and read by the claims it starts.
 	committed map[int32]committedOffset
