@@ -119,10 +119,14 @@ func (r *readiness) check() (<-chan struct{}, error) {
 // connection. Before the first Subscribe it reports ErrNotReady, and after
 // Close ErrSubscriberClosed.
 //
-// Ready does no I/O: it reports what the consumer last saw. A broker that
-// went away shows once Sarama notices (a failed heartbeat or fetch ends
-// the group session). Subscribe itself fails when the first connection
-// cannot be made.
+// Ready does no I/O: it reports what the consumer last saw. With a
+// ConsumerGroup, a broker that went away shows once Sarama notices (a
+// failed heartbeat or fetch ends the group session). Without one, nothing
+// ends the connection: Sarama's partition consumers retry (their errors
+// are logged) and Ready stays nil. Nor does Ready tell a stuck partition
+// (a rejected record, MaxPendingPerPartition reached, a tail budget
+// pause): Stats does (Stuck, Paused, OldestUnfinishedAge). Subscribe
+// itself fails when the first connection cannot be made.
 func (s *Subscriber) Ready() error {
 	if s.closed.Load() {
 		return ErrSubscriberClosed
