@@ -1,6 +1,7 @@
 package safeack
 
 import (
+	"maps"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -168,10 +169,7 @@ func (h *groupHandler) listHighWaterMarks() {
 	}
 	h.hwmListedAt.Store(now)
 	h.mu.Lock()
-	workers := make(map[int32]*partition.Worker, len(h.workers))
-	for p, w := range h.workers {
-		workers[p] = w
-	}
+	workers := maps.Clone(h.workers)
 	h.mu.Unlock()
 	go func() {
 		defer h.hwmListing.Store(false)

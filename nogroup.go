@@ -66,6 +66,16 @@ func (sub *subscription) resolveStart(client sarama.Client, consumer sarama.Cons
 	return nil, 0, fmt.Errorf("cannot consume partition %d: %w", partition, err)
 }
 
+// startPartition is resolveStart with the partition consumer wrapped by
+// the Tracer, if there is one.
+func (sub *subscription) startPartition(client sarama.Client, consumer sarama.Consumer, partition int32) (sarama.PartitionConsumer, int64, error) {
+	pc, start, err := sub.resolveStart(client, consumer, partition)
+	if err == nil && sub.cfg.Tracer != nil {
+		pc = sub.cfg.Tracer.WrapPartitionConsumer(pc)
+	}
+	return pc, start, err
+}
+
 // resolveFirstStarts resolves Consumer.Offsets.Initial for every partition
 // before Subscribe returns, as watermill-kafka does by starting its
 // partition consumers there: at OffsetNewest, a record produced after
@@ -81,7 +91,7 @@ func (sub *subscription) resolveFirstStarts(client sarama.Client) {
 		return
 	}
 	sub.firstPartitions = int32(len(partitions))
-	starts, errs := listOffsets(client, sub.topic, partitions, sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
+	starts, errs := sub.initialStarts(client, partitions)
 	for p, start := range starts {
 		sub.resume.set(p, start)
 	}
@@ -119,15 +129,12 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 	starts := make([]started, 0, len(partitions))
 	from := make(map[int32]int64, len(partitions))
 	for _, p := range partitions {
-		pc, start, err := sub.resolveStart(client, consumer, p)
+		pc, start, err := sub.startPartition(client, consumer, p)
 		if err != nil {
 			for _, s := range starts {
 				s.pc.Close()
 			}
 			return err
-		}
-		if sub.cfg.Tracer != nil {
-			pc = sub.cfg.Tracer.WrapPartitionConsumer(pc)
 		}
 		starts = append(starts, started{p, pc, start})
 		from[p] = start
@@ -269,14 +276,11 @@ func (sub *subscription) watchPartitions(ctx context.Context, client sarama.Clie
 			if running[p] || ctx.Err() != nil {
 				continue
 			}
-			pc, start, err := sub.resolveStart(client, consumer, p)
+			pc, start, err := sub.startPartition(client, consumer, p)
 			if err != nil {
 				sub.logger.Info("Cannot start a partition added to the topic yet; retrying",
 					sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "err": err.Error()}))
 				continue
-			}
-			if sub.cfg.Tracer != nil {
-				pc = sub.cfg.Tracer.WrapPartitionConsumer(pc)
 			}
 			sub.logger.Info("Consuming a partition added to the topic",
 				sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "kafka_initial_offset": start}))

@@ -53,22 +53,19 @@ func (sub *subscription) initialOffset(partition int32) int64 {
 	return sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
 }
 
-// initialStarts resolves initialOffset for the given partitions (see
-// listOffsets).
+// initialStarts resolves initialOffset for the given partitions, with
+// one listOffsets per position asked for.
 func (sub *subscription) initialStarts(client sarama.Client, partitions []int32) (map[int32]int64, map[int32]error) {
-	var added, known []int32
+	byInitial := make(map[int64][]int32, 1)
 	for _, p := range partitions {
-		if sub.initialOffset(p) == sarama.OffsetOldest && sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial != sarama.OffsetOldest {
-			added = append(added, p)
-		} else {
-			known = append(known, p)
-		}
+		at := sub.initialOffset(p)
+		byInitial[at] = append(byInitial[at], p)
 	}
-	starts, errs := listOffsets(client, sub.topic, known, sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial)
-	if len(added) > 0 {
-		addedStarts, addedErrs := listOffsets(client, sub.topic, added, sarama.OffsetOldest)
-		maps.Copy(starts, addedStarts)
-		maps.Copy(errs, addedErrs)
+	starts, errs := make(map[int32]int64, len(partitions)), make(map[int32]error)
+	for at, ps := range byInitial {
+		s, e := listOffsets(client, sub.topic, ps, at)
+		maps.Copy(starts, s)
+		maps.Copy(errs, e)
 	}
 	return starts, errs
 }
