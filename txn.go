@@ -245,18 +245,20 @@ func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 // writable marshals m as an output to topic of delivery d, and refuses it
 // if no transaction could ever write it: a record batch of it alone above
 // the producer's Producer.MaxMessageBytes or the topic's max.message.bytes,
-// or a topic the cluster neither has nor creates.
+// or a topic the cluster neither has nor creates, or the producer may not
+// write to.
 func (p *TxnPublisher) writable(d *txnDelivery, topic string, m *message.Message) (*sarama.ProducerMessage, error) {
 	pm, err := p.cfg.Marshaler.Marshal(topic, m)
 	if err != nil {
 		return nil, fmt.Errorf("safeack: marshaling output %s: %w", m.UUID, err)
 	}
-	if err := d.committer.checkTopic(topic); err != nil {
+	ot, err := d.committer.checkTopic(topic)
+	if err != nil {
 		return nil, err
 	}
 	// A record alone in its batch must fit the broker's limit too, which
 	// counts the batch header: Sarama's own check does not.
-	if size, limit := recordBatchHeader+pm.ByteSize(recordBatchVersion), d.committer.outputLimit(topic); size > limit {
+	if size, limit := recordBatchHeader+pm.ByteSize(recordBatchVersion), p.outputLimit(ot); size > limit {
 		return nil, fmt.Errorf("safeack: output %s to %q takes up to %d bytes in a record batch, above %s (%d): %w",
 			m.UUID, topic, size, p.limitName(limit), limit, sarama.ErrMessageSizeTooLarge)
 	}

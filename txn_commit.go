@@ -152,15 +152,17 @@ func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error
 }
 
 // checkTopic fails for an output topic the cluster does not have (nor
-// creates on a metadata request), or the producer may not write to.
-// Without it, such an output would fail every transaction it is in: the
-// record is handled again after each abort, writes the same output, and
-// the subscription never commits again.
-func (c *txnCommitter) checkTopic(topic string) error {
+// creates on a metadata request), or the producer may not write to, and
+// returns what the cluster says of it otherwise. Without it, such an
+// output would fail every transaction it is in: the record is handled
+// again after each abort, writes the same output, and the subscription
+// never commits again.
+func (c *txnCommitter) checkTopic(topic string) (outputTopic, error) {
 	if _, err := c.client.Partitions(topic); err != nil {
-		return fmt.Errorf("safeack: output topic %q: %w", topic, err)
+		return outputTopic{}, fmt.Errorf("safeack: output topic %q: %w", topic, err)
 	}
-	return c.outputTopic(topic).notWritable
+	ot := c.outputTopic(topic)
+	return ot, ot.notWritable
 }
 
 // ensureProducer makes the transactional producer if there is none.

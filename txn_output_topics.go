@@ -98,11 +98,11 @@ func (c *txnCommitter) forgetRefusedTopics(err error) {
 }
 
 // outputLimit is the most bytes a record batch holding one output to
-// topic may take: the producer's Producer.MaxMessageBytes, or the topic's
-// max.message.bytes when that is lower.
-func (c *txnCommitter) outputLimit(topic string) int {
-	limit := c.pub.pcfg.Producer.MaxMessageBytes
-	if tl := c.outputTopic(topic).maxMessageBytes; tl > 0 && tl < limit {
+// topic ot may take: the producer's Producer.MaxMessageBytes, or the
+// topic's max.message.bytes when that is lower.
+func (p *TxnPublisher) outputLimit(ot outputTopic) int {
+	limit := p.pcfg.Producer.MaxMessageBytes
+	if tl := ot.maxMessageBytes; tl > 0 && tl < limit {
 		limit = tl
 	}
 	return limit
