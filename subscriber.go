@@ -1,16 +1,3 @@
-// Package safeack is a Watermill subscriber for Kafka that hands many
-// messages of one partition to handlers at once, lets them ack in any
-// order, and commits only each partition's completed prefix: the position
-// before the oldest record still being processed. A crash, a rebalance or a
-// Close therefore never commits past unfinished work.
-//
-// The guarantee is at-least-once. A committed offset means "safe to resume
-// here"; records after it that were already handled may be handled again by
-// the next owner of the partition, so handlers must tolerate repeats.
-//
-// Subscriber is a drop-in replacement for watermill-kafka v3's subscriber:
-// SubscriberConfig keeps its field names and meanings, and adds bounds on
-// concurrency and on what a partition may hold.
 package safeack
 
 import (

@@ -1,36 +1,5 @@
 package frontier
 
-// The completed-tail codec.
-//
-// A commit can only carry the completed prefix (the safe offset). Records that
-// completed behind an unfinished head would be replayed by the next owner of
-// the partition after a crash or a rebalance. The codec packs those completed
-// offsets into the commit's metadata string so that the next owner can skip
-// them. Kafka caps that string (offset.metadata.max.bytes, 4096 bytes by
-// default) and fails the whole commit above the cap, so the encoder never
-// exceeds a byte budget: when the tail does not fit it keeps the longest
-// prefix of ranges that does and states the bound it covers, instead of
-// dropping everything.
-//
-// Wire format (version 1):
-//
-//	meta    = "sa1:" kind payload
-//	kind    = "r" (runs) | "b" (bitmap) | "R" (deflated runs) | "B" (deflated bitmap)
-//	payload = base64url, no padding (RFC 4648 §5), of raw or of raw-DEFLATE(raw)
-//	raw     = uvarint(base) uvarint(boundCode) body
-//	body r  = uvarint(n) n × ( uvarint(gap) uvarint(length-1) )
-//	          gap = From-base for the first range, From-previousTo-1 after it
-//	body b  = uvarint(start-base) uvarint(nbits) ceil(nbits/8) bytes
-//	          bit i (byte i/8, bit i%8, LSB first) set = offset start+i completed;
-//	          the first and last bits are set and the padding bits are zero
-//	boundCode = 0 when the tail is complete (Bound = math.MaxInt64),
-//	          else Bound - To of the last range (>= 1)
-//
-// Uvarints are those of encoding/binary, minimal length. Ranges are always
-// maximal (adjacent ranges are coalesced), so gaps and lengths are stored
-// minus one where they cannot be zero: an empty, overlapping, adjacent or
-// unordered range cannot be written at all.
-
 import (
 	"encoding/base64"
 	"errors"

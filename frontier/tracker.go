@@ -1,21 +1,3 @@
-// Package frontier keeps the per-partition bookkeeping that decides which
-// Kafka offset may be committed when records of one partition are processed
-// concurrently and complete out of order.
-//
-// The rule is the completed prefix: a consumer may resume after a record only
-// when that record and every record delivered before it have completed. A
-// Tracker records the delivered records of one partition assignment in
-// delivery order, hands out a Ticket per record, and reports the resume
-// position justified by the contiguous run of completed tickets at its head.
-//
-// Offsets may have holes (compaction, transaction markers): a Tracker never
-// waits for an offset that was not offered to it.
-//
-// A Tracker is single-owner: it has no locks and no goroutines, and its
-// methods must not be called concurrently. Callers that complete tickets from
-// several goroutines serialize the calls (the safeack subscriber guards each
-// partition's Tracker with that partition's mutex). Distinct Trackers share
-// no state and may be used from different goroutines freely.
 package frontier
 
 import (
