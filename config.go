@@ -94,7 +94,7 @@ type SubscriberConfig struct {
 	// watermill-kafka (for example kafka.NewOTELSaramaTracer()). Nil: no
 	// tracing. With a Tracer every record comes through the wrapped claim,
 	// so a session's first records wait for Sarama's first fetch (see
-	// "Where a partition starts" in the README).
+	// the early first fetch in docs/how-it-works.md).
 	Tracer kafka.SaramaTracer
 
 	// MaxInFlight bounds the messages handed out by one Subscribe call and

@@ -158,7 +158,7 @@ func TestSharedSaramaConfigStickyStrategy(t *testing.T) {
 	require.Same(t, strategy, shared.Consumer.Group.Rebalance.GroupStrategies[0], "the caller's config was changed")
 }
 
-// TestWatermillKafkaContextHelpers pins a difference the README lists:
+// TestWatermillKafkaContextHelpers pins a difference docs/migrating.md lists:
 // watermill-kafka's context helpers use unexported keys, so on a safeack
 // message they report false; safeack's helpers of the same names answer.
 func TestWatermillKafkaContextHelpers(t *testing.T) {

@@ -58,7 +58,7 @@ func Example_fromWatermillKafka() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	poisonQueue, err := safeack.PoisonQueue(pub, "orders.dlq") // not middleware.PoisonQueue: see the README
+	poisonQueue, err := safeack.PoisonQueue(pub, "orders.dlq") // not middleware.PoisonQueue: see docs/middleware.md
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -110,7 +110,7 @@ func (r *shutdownRun) handler(m *message.Message) error {
 }
 
 // member starts a subscriber of the group behind a router with the
-// middleware chain the README recommends.
+// middleware chain docs/middleware.md recommends.
 func (r *shutdownRun) member(t *testing.T, cooperative bool) (*safeack.Subscriber, *message.Router) {
 	sub := newTestSubscriber(t, r.c, r.group, func(cfg *safeack.SubscriberConfig) {
 		cfg.Ordering = safeack.Unordered

@@ -9,8 +9,8 @@
 #      the partitions);
 #   2. scripts/cdpshot (DevTools protocol, real time): waits for the drawing,
 #      preferably with a slow head holding a partition back, and saves
-#      .artifacts/live-page.png (copied to docs/live-page.png, the README's
-#      screenshot, only with UPDATE_DOCS=1).
+#      .artifacts/live-page.png (copied to docs/live-page.png, the screenshot in
+#      docs/operations.md, only with UPDATE_DOCS=1).
 # Finally it stops the example with SIGINT and checks it drained and exited 0.
 #
 # Installs Debian's chromium when it is missing (apt-get, as root or through
