@@ -241,9 +241,6 @@ func (t *Tracker) Revoke() {
 	t.done, t.runs = 0, 0
 }
 
-// Revoked reports whether Revoke was called.
-func (t *Tracker) Revoked() bool { return t.revoked }
-
 // Stats is a snapshot of a Tracker's bookkeeping.
 type Stats struct {
 	// Start is the offset the assignment started at.
@@ -300,9 +297,6 @@ func (t *Tracker) Blocked() int { return t.done }
 
 // Capacity returns the bound on retained entries.
 func (t *Tracker) Capacity() int { return t.capacity }
-
-// Delivered returns the position after the last offered batch.
-func (t *Tracker) Delivered() int64 { return t.delivered }
 
 // TailLenBound returns, in O(1), an upper bound on the length of the
 // metadata that EncodeTail writes, whatever its budget, for the tail

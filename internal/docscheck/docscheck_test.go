@@ -2,6 +2,7 @@ package docscheck
 
 import (
 	"go/ast"
+	"go/build"
 	"go/doc"
 	"go/parser"
 	"go/token"
@@ -79,66 +80,54 @@ func TestDocsPagesReachable(t *testing.T) {
 // with a group comment, specs may go without a doc of their own.
 func TestExportedDocsStartWithName(t *testing.T) {
 	for _, dir := range publicPackageDirs(t, root) {
-		fset := token.NewFileSet()
-		pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool {
-			return !strings.HasSuffix(fi.Name(), "_test.go")
-		}, parser.ParseComments)
+		fset, files, name := parsePackage(t, dir)
+		if name == "main" {
+			continue
+		}
+		d, err := doc.NewFromFiles(fset, files, "example.invalid/"+name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, pkg := range pkgs {
-			if pkg.Name == "main" {
-				continue
+		check := func(kind, name, text string, articles bool) {
+			if !startsWithName(text, name, articles) {
+				first, _, _ := strings.Cut(strings.TrimSpace(text), "\n")
+				t.Errorf("%s: %s %s: doc does not start with its name: %q", dir, kind, name, first)
 			}
-			var files []*ast.File
-			for _, f := range pkg.Files {
-				files = append(files, f)
-			}
-			d, err := doc.NewFromFiles(fset, files, "example.invalid/"+pkg.Name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			check := func(kind, name, text string, articles bool) {
-				if !startsWithName(text, name, articles) {
-					first, _, _ := strings.Cut(strings.TrimSpace(text), "\n")
-					t.Errorf("%s: %s %s: doc does not start with its name: %q", dir, kind, name, first)
-				}
-			}
-			values := func(kind string, vals []*doc.Value) {
-				for _, v := range vals {
-					for _, spec := range v.Decl.Specs {
-						vs := spec.(*ast.ValueSpec)
-						for _, n := range vs.Names {
-							if !n.IsExported() {
-								continue
-							}
-							text := vs.Doc.Text()
-							if text == "" && len(v.Decl.Specs) > 1 && v.Doc != "" {
-								continue // documented by its group
-							}
-							if text == "" {
-								text = v.Doc
-							}
-							check(kind, n.Name, text, false)
+		}
+		values := func(kind string, vals []*doc.Value) {
+			for _, v := range vals {
+				for _, spec := range v.Decl.Specs {
+					vs := spec.(*ast.ValueSpec)
+					for _, n := range vs.Names {
+						if !n.IsExported() {
+							continue
 						}
+						text := vs.Doc.Text()
+						if text == "" && len(v.Decl.Specs) > 1 && v.Doc != "" {
+							continue // documented by its group
+						}
+						if text == "" {
+							text = v.Doc
+						}
+						check(kind, n.Name, text, false)
 					}
 				}
 			}
-			values("const", d.Consts)
-			values("var", d.Vars)
-			for _, f := range d.Funcs {
+		}
+		values("const", d.Consts)
+		values("var", d.Vars)
+		for _, f := range d.Funcs {
+			check("func", f.Name, f.Doc, false)
+		}
+		for _, ty := range d.Types {
+			check("type", ty.Name, ty.Doc, true)
+			values("const", ty.Consts)
+			values("var", ty.Vars)
+			for _, f := range ty.Funcs {
 				check("func", f.Name, f.Doc, false)
 			}
-			for _, ty := range d.Types {
-				check("type", ty.Name, ty.Doc, true)
-				values("const", ty.Consts)
-				values("var", ty.Vars)
-				for _, f := range ty.Funcs {
-					check("func", f.Name, f.Doc, false)
-				}
-				for _, f := range ty.Methods {
-					check("method "+ty.Name+".", f.Name, f.Doc, false)
-				}
+			for _, f := range ty.Methods {
+				check("method "+ty.Name+".", f.Name, f.Doc, false)
 			}
 		}
 	}
@@ -189,22 +178,37 @@ func publicPackageDirs(t *testing.T, root string) []string {
 	return dirs
 }
 
-// packageDoc returns the root package's documentation as go doc shows it.
-func packageDoc(t *testing.T, dir string) string {
+// parsePackage parses the non-test Go files of the package in dir that
+// the default build context selects (build tags included).
+func parsePackage(t *testing.T, dir string) (*token.FileSet, []*ast.File, string) {
 	t.Helper()
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, parser.ParseComments|parser.PackageClauseOnly)
+	bp, err := build.ImportDir(dir, 0)
+	if _, ok := err.(*build.NoGoError); ok {
+		return token.NewFileSet(), nil, "" // only files of other build tags
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, name := range bp.GoFiles {
+		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	return fset, files, bp.Name
+}
+
+// packageDoc returns the root package's documentation as go doc shows it.
+func packageDoc(t *testing.T, dir string) string {
+	t.Helper()
+	_, files, _ := parsePackage(t, dir)
 	var b strings.Builder
-	for _, pkg := range pkgs {
-		for _, f := range pkg.Files {
-			if f.Doc != nil {
-				b.WriteString(f.Doc.Text())
-			}
+	for _, f := range files {
+		if f.Doc != nil {
+			b.WriteString(f.Doc.Text())
 		}
 	}
 	return b.String()
