@@ -106,8 +106,8 @@
 // on an embedded broker), Example_routerMiddleware, ExampleDeferredCompletion,
 // ExampleSubscriber_Ready, ExampleSubscriber_Stats and ExampleNewTxnPublisher;
 // the frontier package has the bookkeeping on its own (ExampleTracker).
-// `go run ./router_example` runs a router on an embedded broker with a live
-// page of each partition's frontier.
+// The router_example command (go run ./router_example) runs a router on an
+// embedded broker with a live page of each partition's frontier.
 //
 // # Further documentation
 //

@@ -214,6 +214,55 @@ func packageDoc(t *testing.T, dir string) string {
 	return b.String()
 }
 
+// TestNamedExamplesExist: every Example function the docs or the package
+// documentation name (ExampleNewSubscriber, Example_routerMiddleware ...)
+// exists in some _test.go file, so a renamed example cannot leave the docs
+// pointing at nothing.
+func TestNamedExamplesExist(t *testing.T) {
+	defined := map[string]bool{}
+	defRe := regexp.MustCompile(`(?m)^func (Example\w*)\(\)`)
+	var texts []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		name := d.Name()
+		if !strings.HasSuffix(name, ".md") && !strings.HasSuffix(name, ".go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if strings.HasSuffix(name, "_test.go") {
+			for _, m := range defRe.FindAllStringSubmatch(string(src), -1) {
+				defined[m[1]] = true
+			}
+		} else if strings.HasSuffix(name, ".md") || name == "doc.go" {
+			texts = append(texts, path+"\x00"+string(src))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	useRe := regexp.MustCompile(`\bExample[A-Z_]\w*`)
+	for _, text := range texts {
+		path, src, _ := strings.Cut(text, "\x00")
+		for _, name := range useRe.FindAllString(src, -1) {
+			if !defined[name] {
+				t.Errorf("%s names %s, which no _test.go file defines", path, name)
+			}
+		}
+	}
+}
+
 func TestSlug(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
 		{"Where a partition starts", "where-a-partition-starts"},
