@@ -46,6 +46,21 @@ func TestRepositoryDocs(t *testing.T) {
 	}
 }
 
+// TestReadme keeps the README what issue 27 made it: short (the rest
+// belongs in docs/), and holding the test command CI runs, exactly.
+func TestReadme(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(src), "\n"); n > 250 {
+		t.Errorf("README.md has %d lines, more than 250: move detail to a page in docs/", n)
+	}
+	if !regexp.MustCompile(`(?m)^go test -race \./\.\.\.\s`).Match(src) {
+		t.Error("README.md lost the line starting with the test command CI runs: go test -race ./...")
+	}
+}
+
 // TestDocsPagesReachable: every page in docs/ is linked from the README,
 // and named in the package documentation (go doc), so that a reader coming
 // from either finds it.
