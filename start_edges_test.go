@@ -117,6 +117,34 @@ func TestTxnCompletedTailAboveMovedLogStart(t *testing.T) {
 	}
 }
 
+// Member 1 writes completed tails; member 2 has DisableCompletedTail. It
+// writes none, but still reads the tail member 1 left and skips the records
+// it lists: only the held record is handled again, and every output is
+// there once.
+func TestTxnCompletedTailReadWithTailDisabled(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := newTxnRig(t, c, 1, 40)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	var att attempts
+	txnHoldOne(t, r, rd, &att, "txn-tail-disabled", 5)
+
+	sub2, pub2 := r.subscriber(t, "txn-tail-disabled", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		cfg.DisableCompletedTail = true
+	})
+	runRouter(t, r, sub2, pub2, transform(&att, time.Millisecond))
+	ids := r.inputIDs()
+	r.requireExactlyOnce(t, rd, ids, 30*time.Second, 20*time.Second)
+	att.mu.Lock()
+	defer att.mu.Unlock()
+	for _, id := range ids {
+		want := 1
+		if id == "0@5" {
+			want = 2
+		}
+		require.Equal(t, want, att.n[id], "deliveries of %s", id)
+	}
+}
+
 // holdOne runs an at-least-once member on partition 0 of topic that holds
 // offset held and acks every other record, until the group's commit stands
 // at held with a completed tail that lists every other record up to the
@@ -183,4 +211,17 @@ func TestCompletedTailAboveMovedLogStart(t *testing.T) {
 	holdOne(t, c, group, topic, 5)
 	c.DeleteRecords(t, topic, 0, 20)
 	require.Empty(t, consumeToEnd(t, c, group, topic, nil), "records of the completed tail handled again")
+}
+
+// At-least-once mode, as TestTxnCompletedTailReadWithTailDisabled: a member
+// with DisableCompletedTail handles the held record only.
+func TestCompletedTailReadWithTailDisabled(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	produceSequential(t, c, topic, 0, 40)
+	holdOne(t, c, group, topic, 5)
+	got := consumeToEnd(t, c, group, topic, func(cfg *safeack.SubscriberConfig) { cfg.DisableCompletedTail = true })
+	require.Equal(t, map[int64]int{5: 1}, got, "records of the completed tail handled again")
 }

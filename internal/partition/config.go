@@ -34,9 +34,10 @@ type Config struct {
 	DrainTimeout    time.Duration
 
 	// CompletedTail writes the completed records behind the prefix into the
-	// commit metadata, within TailBudget bytes, and skips those a previous
-	// owner's metadata lists. PauseAtTailUsage stops taking records while
-	// the tail fills that fraction of the budget; zero never.
+	// commit metadata, within TailBudget bytes. PauseAtTailUsage stops
+	// taking records while the tail fills that fraction of the budget; zero
+	// never. The records a previous owner's metadata lists are skipped
+	// either way (see StartFromCommit): reading a tail is not writing one.
 	CompletedTail    bool
 	TailBudget       int
 	PauseAtTailUsage float64

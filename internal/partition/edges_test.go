@@ -487,7 +487,7 @@ func TestWorkerKeepsTailAboveMovedStart(t *testing.T) {
 		[]frontier.Range{{From: 6, To: 9}, {From: 12, To: 22}, {From: 25, To: 26}}, frontier.DefaultMetadataBudget)
 	require.NoError(t, err)
 	above := []frontier.Range{{From: 20, To: 22}, {From: 25, To: 26}}
-	for _, write := range []bool{true} {
+	for _, write := range []bool{true, false} {
 		t.Run(fmt.Sprintf("write tails=%v", write), func(t *testing.T) {
 			r := newRig(t, rigOptions{maxInFlight: 10, start: Start{Offset: 20},
 				config:    func(c *Config) { c.CompletedTail, c.TailBudget = write, frontier.DefaultMetadataBudget },
@@ -521,5 +521,29 @@ func TestWorkerKeepsTailAboveMovedStart(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, above, tail.Ranges)
 		})
+	}
+}
+
+// TestWorkerReadsTailWithoutWriting: a worker that writes no tail
+// (CompletedTail off) still skips the records a previous owner's tail
+// lists, and its marks carry no metadata.
+func TestWorkerReadsTailWithoutWriting(t *testing.T) {
+	meta, _, err := frontier.EncodeTail(0, []frontier.Range{{From: 2, To: 3}, {From: 4, To: 5}}, frontier.DefaultMetadataBudget)
+	require.NoError(t, err)
+	r := newRig(t, rigOptions{maxInFlight: 10, start: Start{Offset: 0, Resolved: true},
+		beforeRun: func(w *Worker) { w.StartFromCommit(0, meta) }})
+	r.sendN(6)
+	var got []int64
+	for range 4 {
+		m := r.receive()
+		got = append(got, offsetOf(m))
+		m.Ack()
+	}
+	slices.Sort(got)
+	require.Equal(t, []int64{0, 1, 3, 5}, got)
+	waitUntil(t, "everything marked", func() bool { return r.marker.last().offset == 6 })
+	require.Equal(t, uint64(2), r.w.Stats().Counters.SkippedTail)
+	for _, mk := range r.marker.all() {
+		require.Empty(t, mk.meta, "a worker that writes no tail marked metadata")
 	}
 }

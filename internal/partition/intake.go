@@ -215,13 +215,13 @@ func (w *Worker) waitReadingClaim(d time.Duration) bool {
 // ConfirmedOffset). Its metadata, when it decodes as a completed tail
 // relative to the offset this assignment starts at, lists records a
 // previous owner completed: they are completed here without being
-// delivered. When Sarama
+// delivered, whether or not this worker writes tails itself. When Sarama
 // did not fetch from the commit (out of range), the first record decides
 // what of the tail still holds (see fixStart). Metadata that does not
 // decode is counted, logged and otherwise ignored. Call it before Run.
 func (w *Worker) StartFromCommit(offset int64, metadata string) {
 	w.SetConfirmed(offset)
-	if !w.cfg.CompletedTail || metadata == "" || offset < 0 {
+	if metadata == "" || offset < 0 {
 		return
 	}
 	if !w.start.Resolved {
