@@ -147,10 +147,10 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	} else {
 		pinned = h.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
+	// Committed tails are read (and their records skipped) even with
+	// DisableCompletedTail, which only stops this member writing them:
+	// the group's earlier members may have.
 	first := h.sub.fetchFirstRecords(h.client, fetchStarts(claimed, committed))
-	if h.sub.cfg.DisableCompletedTail {
-		committed = nil
-	}
 	h.mu.Lock()
 	h.committed = committed
 	h.pinned = pinned
@@ -279,9 +279,6 @@ func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map
 // rebalance can add a claim to a running session without a new Setup; such
 // a partition is read on its own.
 func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) {
-	if h.sub.cfg.DisableCompletedTail {
-		return committedOffset{}, false
-	}
 	h.mu.Lock()
 	c, ok := h.committed[partition]
 	// Setup's read serves the session's first claim of the partition only:

@@ -259,6 +259,7 @@ type txnMarker struct {
 
 var (
 	_ partition.Marker        = (*txnMarker)(nil)
+	_ partition.Restarter     = (*txnMarker)(nil)
 	_ partition.DeliveryHooks = (*txnMarker)(nil)
 )
 
@@ -279,6 +280,26 @@ func (m *txnMarker) ResetOffset(_ string, partition int32, offset int64, metadat
 // Commit commits a transaction now: a drained partition's last position
 // must be committed before the partition is handed on.
 func (m *txnMarker) Commit() { m.c.commit() }
+
+// Restart replaces what the session took the group's commit to cover for
+// partition: Sarama found that commit out of range and fetches from start
+// (see partition.Restarter). Kept as it was, a commit above the high-water
+// mark would refuse every position below it, so that nothing is committed
+// and no output written; the part of a tail below start lists records that
+// are gone. What the tail lists at or above start stays covered: those
+// records' outputs are written, and a position that dropped them would
+// have them handled again.
+func (m *txnMarker) Restart(partition int32, start int64, tail frontier.Tail) {
+	c := m.c
+	c.mu.Lock()
+	if m.epoch != c.epoch {
+		c.mu.Unlock()
+		m.stale()
+		return
+	}
+	c.covered[partition] = coverage{offset: start, tail: tail}
+	c.mu.Unlock()
+}
 
 func (m *txnMarker) record(partition int32, offset int64, metadata string) {
 	c := m.c

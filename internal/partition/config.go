@@ -8,6 +8,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/safeack/safeack/frontier"
 )
 
 // Config is what the workers of one subscription share. It is read, never
@@ -32,9 +34,10 @@ type Config struct {
 	DrainTimeout    time.Duration
 
 	// CompletedTail writes the completed records behind the prefix into the
-	// commit metadata, within TailBudget bytes, and skips those a previous
-	// owner's metadata lists. PauseAtTailUsage stops taking records while
-	// the tail fills that fraction of the budget; zero never.
+	// commit metadata, within TailBudget bytes. PauseAtTailUsage stops
+	// taking records while the tail fills that fraction of the budget; zero
+	// never. The records a previous owner's metadata lists are skipped
+	// either way (see StartFromCommit): reading a tail is not writing one.
 	CompletedTail    bool
 	TailBudget       int
 	PauseAtTailUsage float64
@@ -114,6 +117,18 @@ type Marker interface {
 	MarkOffset(topic string, partition int32, offset int64, metadata string)
 	ResetOffset(topic string, partition int32, offset int64, metadata string)
 	Commit()
+}
+
+// Restarter is a Marker that keeps its own idea of what the group's commit
+// covers (the transactional mode's). When Sarama fell back to
+// Consumer.Offsets.Initial because the commit was out of range, the first
+// record fixes the partition's real start (see Worker.fixStart), and the
+// worker tells the marker, before it marks that start: from then on, what
+// the commit covers is every offset below start and the records of tail
+// (what the stale commit's completed tail still lists at or above start;
+// empty when the commit was above start).
+type Restarter interface {
+	Restart(partition int32, start int64, tail frontier.Tail)
 }
 
 // Pauser pauses and resumes fetching of partitions: a Sarama consumer or

@@ -232,8 +232,8 @@ func TestWorkerPendingBound(t *testing.T) {
 }
 
 // TestWorkerIgnoresUntrustedMetadata: metadata that is corrupt, relative
-// to another offset, or read for a start Sarama resolved itself is
-// counted, ignored, and every record is delivered.
+// to another offset, or read with a commit above the start Sarama resolved
+// itself is counted, ignored, and every record is delivered.
 func TestWorkerIgnoresUntrustedMetadata(t *testing.T) {
 	otherBase, _, err := frontier.EncodeTail(5, []frontier.Range{{From: 6, To: 8}}, frontier.DefaultMetadataBudget)
 	require.NoError(t, err)
@@ -249,7 +249,9 @@ func TestWorkerIgnoresUntrustedMetadata(t *testing.T) {
 		{"truncated", Start{Offset: 0, Resolved: true}, 0, ownBase[:len(ownBase)-2]},
 		{"another base", Start{Offset: 0, Resolved: true}, 0, otherBase},
 		{"committed elsewhere", Start{Offset: 0, Resolved: true}, 5, ownBase},
-		{"start resolved by Sarama", Start{Offset: 0}, 0, ownBase},
+		// Sarama fell back from a commit above the high-water mark (5):
+		// its tail lists offsets the log has not reached yet.
+		{"committed above the start Sarama resolved", Start{Offset: 0}, 5, otherBase},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t, rigOptions{maxInFlight: 10, start: tc.start,
@@ -471,4 +473,77 @@ func TestWorkerHandsNothingOutOnceStopped(t *testing.T) {
 		t.Fatal("the ack's goroutine is handing a record out after stop closed")
 	}
 	require.Zero(t, w.Stats().InFlight)
+}
+
+// TestWorkerKeepsTailAboveMovedStart: the group committed 5 with a tail,
+// and the log start then moved to 20, so Sarama fell back to
+// Offsets.Initial. The first record (20) fixes the start; what the tail
+// lists at or above it is skipped, the rest is delivered; the marker is
+// told the real start and that part of the tail before the start is
+// marked, and the start is marked with that part as its tail when tails are
+// written (plain otherwise).
+func TestWorkerKeepsTailAboveMovedStart(t *testing.T) {
+	committed, _, err := frontier.EncodeTail(5,
+		[]frontier.Range{{From: 6, To: 9}, {From: 12, To: 22}, {From: 25, To: 26}}, frontier.DefaultMetadataBudget)
+	require.NoError(t, err)
+	above := []frontier.Range{{From: 20, To: 22}, {From: 25, To: 26}}
+	for _, write := range []bool{true, false} {
+		t.Run(fmt.Sprintf("write tails=%v", write), func(t *testing.T) {
+			r := newRig(t, rigOptions{maxInFlight: 10, start: Start{Offset: 20},
+				config:    func(c *Config) { c.CompletedTail, c.TailBudget = write, frontier.DefaultMetadataBudget },
+				beforeRun: func(w *Worker) { w.StartFromCommit(5, committed) }})
+			r.next = 20
+			r.sendN(8) // 20..27
+			var got []int64
+			for range 5 {
+				got = append(got, offsetOf(r.receive()))
+			}
+			slices.Sort(got)
+			require.Equal(t, []int64{22, 23, 24, 26, 27}, got)
+			r.quiet(30 * time.Millisecond)
+			st := r.w.Stats()
+			require.Equal(t, uint64(3), st.Counters.SkippedTail)
+			require.Zero(t, st.Counters.IgnoredMetadata)
+
+			restarts := r.marker.restarted()
+			require.Len(t, restarts, 1)
+			require.Equal(t, int64(20), restarts[0].Base)
+			require.Equal(t, above, restarts[0].Ranges)
+			marks := r.marker.all()
+			require.GreaterOrEqual(t, len(marks), 2)
+			require.Equal(t, int64(20), marks[0].offset)
+			require.Equal(t, marks[0].meta, marks[1].meta)
+			if !write {
+				require.Empty(t, marks[0].meta)
+				return
+			}
+			tail, err := frontier.DecodeTail(marks[0].meta, 20)
+			require.NoError(t, err)
+			require.Equal(t, above, tail.Ranges)
+		})
+	}
+}
+
+// TestWorkerReadsTailWithoutWriting: a worker that writes no tail
+// (CompletedTail off) still skips the records a previous owner's tail
+// lists, and its marks carry no metadata.
+func TestWorkerReadsTailWithoutWriting(t *testing.T) {
+	meta, _, err := frontier.EncodeTail(0, []frontier.Range{{From: 2, To: 3}, {From: 4, To: 5}}, frontier.DefaultMetadataBudget)
+	require.NoError(t, err)
+	r := newRig(t, rigOptions{maxInFlight: 10, start: Start{Offset: 0, Resolved: true},
+		beforeRun: func(w *Worker) { w.StartFromCommit(0, meta) }})
+	r.sendN(6)
+	var got []int64
+	for range 4 {
+		m := r.receive()
+		got = append(got, offsetOf(m))
+		m.Ack()
+	}
+	slices.Sort(got)
+	require.Equal(t, []int64{0, 1, 3, 5}, got)
+	waitUntil(t, "everything marked", func() bool { return r.marker.last().offset == 6 })
+	require.Equal(t, uint64(2), r.w.Stats().Counters.SkippedTail)
+	for _, mk := range r.marker.all() {
+		require.Empty(t, mk.meta, "a worker that writes no tail marked metadata")
+	}
 }

@@ -63,6 +63,11 @@ func (w *Worker) accept(m *sarama.ConsumerMessage) {
 // does not fall back to Offsets.Initial, which at OffsetNewest would skip
 // the record, and at OffsetOldest re-handle history.
 //
+// A commit below the log start (retention, DeleteRecords) may carry a
+// completed tail that reaches above it: those records are skipped here as
+// after any commit, and the start is committed with them as its tail
+// (when tails are written), so that the next owner skips them too.
+//
 // Marking and resetting both is what lands Sarama's offset exactly on the
 // start: MarkOffset only moves forward (from no commit, or from a commit
 // below the log start), ResetOffset only back (from a commit above the
@@ -81,11 +86,25 @@ func (w *Worker) fixStart(first int64) {
 	}
 	w.mu.Unlock()
 	w.logFields = w.logFields.Add(watermill.LogFields{"kafka_initial_offset": first})
+	tail := w.tailAbove(first)
+	w.inheritedTail = tail
 	if w.marker == nil {
 		return
 	}
-	w.marker.MarkOffset(w.topic, w.partition, first, "")
-	w.marker.ResetOffset(w.topic, w.partition, first, "")
+	var meta string
+	if w.cfg.CompletedTail && len(tail.Ranges) > 0 {
+		// A tail cut by the budget lists fewer records: the next owner
+		// handles the rest again, nothing is lost.
+		meta, _, _ = frontier.EncodeTail(first, tail.Ranges, w.cfg.TailBudget)
+	}
+	if r, ok := w.marker.(Restarter); ok {
+		r.Restart(w.partition, first, tail)
+	}
+	w.markMu.Lock()
+	w.marker.MarkOffset(w.topic, w.partition, first, meta)
+	w.marker.ResetOffset(w.topic, w.partition, first, meta)
+	w.lastMeta = meta
+	w.markMu.Unlock()
 	w.marker.Commit()
 	if w.startHeld != nil && !w.confirmStart(first) {
 		// The assignment ended before the coordinator took the start:
@@ -96,6 +115,48 @@ func (w *Worker) fixStart(first int64) {
 		return
 	}
 	w.cfg.Logger.Debug("Partition starts at its first record; committed that position", w.logFields)
+}
+
+// staleCommit is a group commit Sarama did not fetch from: out of range.
+type staleCommit struct {
+	offset   int64
+	metadata string
+}
+
+// tailAbove returns what the completed tail of the stale commit (see
+// StartFromCommit) lists at or above first, the partition's real start,
+// relative to first. A commit at or below first was below the log start:
+// the records its tail lists above first were completed by a previous
+// owner. A commit above first was above the high-water mark (the log was
+// truncated, or the topic recreated): the offsets its tail lists are not
+// those records, and it is ignored.
+func (w *Worker) tailAbove(first int64) frontier.Tail {
+	sc := w.staleCommit
+	w.staleCommit = staleCommit{offset: -1}
+	none := frontier.Tail{Base: first, Bound: first}
+	if sc.offset < 0 {
+		return none
+	}
+	if sc.offset > first {
+		w.ignoreMetadata(sc.offset, "the committed offset is above where fetching starts: its tail does not list these records")
+		return none
+	}
+	tail, err := frontier.DecodeTail(sc.metadata, sc.offset)
+	if err != nil {
+		w.ignoreMetadata(sc.offset, err.Error())
+		return none
+	}
+	above := frontier.Tail{Base: first, Bound: max(tail.Bound, first)}
+	for _, r := range tail.Ranges {
+		if r.To > first {
+			above.Ranges = append(above.Ranges, frontier.Range{From: max(r.From, first), To: r.To})
+		}
+	}
+	if len(above.Ranges) > 0 {
+		w.cfg.Logger.Info("Completed tail found in a commit below the partition's start; the records it lists above the start will not be handled again",
+			w.logFields.Add(watermill.LogFields{"committed": sc.offset, "completed_offsets": above.Len(), "ranges": len(above.Ranges)}))
+	}
+	return above
 }
 
 // confirmStart commits the start again until the coordinator holds it (a
@@ -154,14 +215,20 @@ func (w *Worker) waitReadingClaim(d time.Duration) bool {
 // ConfirmedOffset). Its metadata, when it decodes as a completed tail
 // relative to the offset this assignment starts at, lists records a
 // previous owner completed: they are completed here without being
-// delivered. Metadata that does not is counted, logged and otherwise
-// ignored. Call it before Run.
+// delivered, whether or not this worker writes tails itself. When Sarama
+// did not fetch from the commit (out of range), the first record decides
+// what of the tail still holds (see fixStart). Metadata that does not
+// decode is counted, logged and otherwise ignored. Call it before Run.
 func (w *Worker) StartFromCommit(offset int64, metadata string) {
 	w.SetConfirmed(offset)
-	if !w.cfg.CompletedTail || metadata == "" || (w.start.Resolved && offset < 0) {
+	if metadata == "" || offset < 0 {
 		return
 	}
-	if !w.start.Resolved || offset != w.start.Offset {
+	if !w.start.Resolved {
+		w.staleCommit = staleCommit{offset: offset, metadata: metadata}
+		return
+	}
+	if offset != w.start.Offset {
 		w.ignoreMetadata(offset, "the committed offset is not where fetching starts")
 		return
 	}

@@ -123,6 +123,10 @@ type Worker struct {
 	// inheritedTail is the completed tail read back from the last commit:
 	// records a previous owner completed, not delivered again.
 	inheritedTail frontier.Tail
+	// staleCommit is the group's commit when Sarama did not fetch from it
+	// (out of range): fixStart takes what its tail says above the real
+	// start. Its offset is -1 when there is none.
+	staleCommit staleCommit
 
 	// markMu serializes marking: run marks plain advances at once, the
 	// session's commit loop marks completed tails once per commit interval.
@@ -187,6 +191,7 @@ func New(parent context.Context, cfg *Config, pool *Pool, a Assignment) (*Worker
 		confirmed:     -1,
 		listedHWM:     -1,
 		startPending:  !a.Start.Resolved,
+		staleCommit:   staleCommit{offset: -1},
 		start:         a.Start,
 		firstRecords:  a.FirstRecords,
 	}

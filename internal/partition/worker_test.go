@@ -33,11 +33,25 @@ type markCall struct {
 	reset  bool // ResetOffset rather than MarkOffset
 }
 
-// fakeMarker records the marks and commits a worker makes.
+// fakeMarker records the marks, restarts and commits a worker makes.
 type fakeMarker struct {
-	mu      sync.Mutex
-	marks   []markCall
-	commits int
+	mu       sync.Mutex
+	marks    []markCall
+	restarts []frontier.Tail
+	commits  int
+}
+
+func (m *fakeMarker) Restart(_ int32, start int64, tail frontier.Tail) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tail.Base = start // what the worker says the tail is relative to
+	m.restarts = append(m.restarts, tail)
+}
+
+func (m *fakeMarker) restarted() []frontier.Tail {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.restarts)
 }
 
 func (m *fakeMarker) MarkOffset(_ string, _ int32, offset int64, meta string) {
