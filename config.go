@@ -161,7 +161,12 @@ type SubscriberConfig struct {
 	// By default each commit carries, in its metadata, which records after
 	// the committed offset already completed (see frontier.EncodeTail), and
 	// a member that gets the partition skips them instead of handling them
-	// again. Disabled, commits carry plain offsets and empty metadata.
+	// again. The metadata also carries the partition's leader epoch, which
+	// the next start checks against the log (OffsetForLeaderEpoch, as
+	// Kafka's own consumer does) to find a log truncated under the commit
+	// by an unclean leader election: the start then moves back to where
+	// the log diverged and the tail is not trusted. Disabled, commits carry
+	// plain offsets and empty metadata, and no start is checked.
 	DisableCompletedTail bool
 
 	// TailMetadataBudget bounds the commit metadata in bytes. It must not

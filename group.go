@@ -93,6 +93,9 @@ type groupHandler struct {
 
 	// Per session, set in Setup and read by the claims it starts.
 	committed map[int32]committedOffset
+	// truncated lists the partitions whose log the leader-epoch check
+	// found truncated under the commit (see checkLeaderEpochs).
+	truncated map[int32]bool
 	// pinned closes once the commit of the session's pinned starts
 	// returned (see pinStarts).
 	pinned <-chan struct{}
@@ -138,6 +141,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		return fmt.Errorf("safeack: reading committed offsets for a transactional session: %w", err)
 	}
 	var pinned <-chan struct{} = closedChan
+	var truncated map[int32]bool
 	if err != nil {
 		// Without the tail every record after the committed offset is
 		// redelivered: more repeats, nothing lost. Partitions without a
@@ -145,6 +149,9 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		h.sub.logger.Error("Cannot read committed offsets; completed tails are not skipped this session", err, h.sub.logFields)
 		committed = nil
 	} else {
+		if !h.sub.cfg.DisableCompletedTail {
+			truncated = h.checkLeaderEpochs(sess, committed)
+		}
 		pinned = h.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
 	first := h.sub.fetchFirstRecords(h.client, fetchStarts(claimed, committed))
@@ -153,6 +160,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	}
 	h.mu.Lock()
 	h.committed = committed
+	h.truncated = truncated
 	h.pinned = pinned
 	h.first = first
 	h.workers = make(map[int32]*partition.Worker, len(claimed))
@@ -415,7 +423,14 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		HighWaterMark: claim.HighWaterMarkOffset,
 		RequestCommit: h.commitSoon,
 	}
+	if !h.sub.cfg.DisableCompletedTail {
+		epochs := newEpochSampler(h.client, claim.Topic(), claim.Partition())
+		defer epochs.wait()
+		a.LeaderEpoch = epochs.get
+	}
 	h.mu.Lock()
+	truncated := h.truncated[claim.Partition()]
+	delete(h.truncated, claim.Partition())
 	if ff := h.first[claim.Partition()]; ff != nil && start.Resolved && ff.from == start.Offset {
 		a.FirstRecords = ff.records
 	}
@@ -437,6 +452,9 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	}
 	if tm != nil {
 		tm.bind(w)
+	}
+	if truncated {
+		w.CountLogTruncation()
 	}
 	if c, ok := h.committedOffset(claim.Partition()); ok {
 		w.StartFromCommit(c.offset, c.metadata)

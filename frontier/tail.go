@@ -12,6 +12,9 @@ package frontier
 // prefix of ranges that does and states the bound it covers, instead of
 // dropping everything.
 //
+// Version 2 (tail_epoch.go) adds the leader epoch of the records below the
+// committed offset in front of the same tail.
+//
 // Wire format (version 1):
 //
 //	meta    = "sa1:" kind payload
