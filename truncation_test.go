@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -47,9 +48,14 @@ func leaveTail(t *testing.T, c *kafkatest.Cluster, group, topic string, n int, h
 // handledBy runs a fresh subscriber in group, acking everything, until
 // done holds for the offsets it handled; it returns those and the
 // subscriber's totals for partition 0.
-func handledBy(t *testing.T, c *kafkatest.Cluster, group, topic string, done func(map[int64]int) bool) (map[int64]int, safeack.PartitionTotals) {
+func handledBy(t *testing.T, c *kafkatest.Cluster, group, topic string, done func(map[int64]int) bool, initial ...int64) (map[int64]int, safeack.PartitionTotals) {
 	t.Helper()
-	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		for _, at := range initial {
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = at
+		}
+	})
 	var mu sync.Mutex
 	seen := map[int64]int{}
 	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
@@ -145,35 +151,53 @@ func TestTruncatedLogUnderCommit(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		hold int64 // the record left unanswered: the commit's offset, the tail above it
+		// past, when not 0, is a commit beyond the new leader's log end
+		// (the old leader had more records), written as safeack writes it.
+		past int64
+		sasl bool // the brokers require SASL/PLAIN: the check logs in as Sarama does
 	}{
-		{"completed tail", 5},
-		{"offset alone", -1},
+		{name: "completed tail", hold: 5},
+		{name: "offset alone", hold: -1},
+		{name: "commit past the log end", past: 15},
+		{name: "completed tail over SASL", hold: 5, sasl: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c := kafkatest.Start(t)
+			var opts []kafkatest.Option
+			if tc.sasl {
+				opts = append(opts, kafkatest.WithPlainSuperuser("admin", "admin-secret"))
+			}
+			c := kafkatest.Start(t, opts...)
 			c.RequireEmbedded(t)
 			topic := c.NewTopic(t, 1)
 			group := c.NewGroup(t)
 			const n, diverged = 10, 3
 			produceSequential(t, c, topic, 0, n)
 
-			held := leaveTail(t, c, group, topic, n, tc.hold)
-			epoch, ok := frontier.LeaderEpochOf(held.Metadata)
-			require.True(t, ok, "the commit carries no leader epoch: %q", held.Metadata)
-			tail, err := frontier.DecodeTail(held.Metadata, held.Offset)
-			require.NoError(t, err)
-			if tc.hold >= 0 {
-				require.EqualValues(t, tc.hold, held.Offset)
-				require.Equal(t, []frontier.Range{{From: tc.hold + 1, To: n}}, tail.Ranges)
+			if tc.past != 0 {
+				meta, _, err := frontier.EncodeTailEpoch(tc.past, nil, frontier.DefaultMetadataBudget, 0)
+				require.NoError(t, err)
+				commitRaw(t, c, group, topic, tc.past, meta)
 			} else {
-				require.EqualValues(t, n, held.Offset)
-				require.Empty(t, tail.Ranges)
+				held := leaveTail(t, c, group, topic, n, tc.hold)
+				_, ok := frontier.LeaderEpochOf(held.Metadata)
+				require.True(t, ok, "the commit carries no leader epoch: %q", held.Metadata)
+				tail, err := frontier.DecodeTail(held.Metadata, held.Offset)
+				require.NoError(t, err)
+				if tc.hold >= 0 {
+					require.EqualValues(t, tc.hold, held.Offset)
+					require.Equal(t, []frontier.Range{{From: tc.hold + 1, To: n}}, tail.Ranges)
+				} else {
+					require.EqualValues(t, n, held.Offset)
+					require.Empty(t, tail.Ranges)
+				}
 			}
 
 			bumpLeaderEpoch(t, c, topic)
 			asked := answerEpochEnd(c, topic, diverged, 0)
 
+			// At OffsetNewest (Sarama's default) a commit out of range
+			// falls back to the log end: nothing would be handled.
 			got, totals := handledBy(t, c, group, topic, func(seen map[int64]int) bool {
 				for off := int64(diverged); off < n; off++ {
 					if seen[off] == 0 {
@@ -181,8 +205,8 @@ func TestTruncatedLogUnderCommit(t *testing.T) {
 					}
 				}
 				return true
-			})
-			require.Positive(t, asked.Load(), "the leader was not asked where epoch %d ends", epoch)
+			}, sarama.OffsetNewest)
+			require.Positive(t, asked.Load(), "the leader was not asked where the committed epoch ends")
 			for off := int64(0); off < diverged; off++ {
 				require.Zero(t, got[off], "offset %d, below the divergence, was handled again", off)
 			}
@@ -244,4 +268,3 @@ func TestEpochCheckRefusedTrustsCommit(t *testing.T) {
 	}
 	require.Zero(t, totals.LogTruncations)
 }
-
