@@ -160,6 +160,13 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	}
 	h.mu.Lock()
 	h.committed = committed
+	// A truncation found for an added claim (checkAddedClaim) ended the
+	// last session; it is counted by this one's claim of the partition.
+	for _, p := range claimed {
+		if h.truncated[p] {
+			truncated = withTruncated(truncated, p)
+		}
+	}
 	h.truncated = truncated
 	h.pinned = pinned
 	h.first = first
@@ -285,29 +292,57 @@ func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map
 
 // committedOffset returns what Setup read for partition. A cooperative
 // rebalance can add a claim to a running session without a new Setup; such
-// a partition is read on its own.
-func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) {
+// a partition is read on its own (fromSetup false).
+func (h *groupHandler) committedOffset(partition int32) (c committedOffset, ok, fromSetup bool) {
 	if h.sub.cfg.DisableCompletedTail {
-		return committedOffset{}, false
+		return committedOffset{}, false, false
 	}
 	h.mu.Lock()
-	c, ok := h.committed[partition]
+	c, ok = h.committed[partition]
 	// Setup's read serves the session's first claim of the partition only:
 	// one that comes back later in the session (cooperative) is read again,
 	// for the commit and completed tail its last owner left since.
 	delete(h.committed, partition)
 	h.mu.Unlock()
 	if ok {
-		return c, true
+		return c, true, true
 	}
 	fetched, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
 	if err != nil {
 		h.sub.logger.Error("Cannot read committed metadata; the completed tail is not skipped", err,
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition}))
-		return committedOffset{}, false
+		return committedOffset{}, false, false
 	}
 	c, ok = fetched[partition]
-	return c, ok
+	return c, ok, false
+}
+
+// checkAddedClaim runs the leader-epoch check (see checkLeaderEpochs) for
+// a claim that came without Setup: cooperative rebalancing adds claims to
+// a running session. Its fetch started at the commit already, so a
+// truncation found cannot move it back: the divergence point is committed
+// instead (read back until the coordinator holds it) and it reports true:
+// the claim returns, which ends the session, and the next one starts there.
+func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partition int32, c committedOffset) bool {
+	marks := map[int32]committedOffset{partition: c}
+	if len(h.checkLeaderEpochs(sess, marks)) == 0 {
+		return false
+	}
+	h.mu.Lock()
+	h.truncated = withTruncated(h.truncated, partition)
+	h.mu.Unlock()
+	h.confirmCommitted(sess, marks)
+	h.sub.logger.Info("Ending the session so that the truncated partition starts again where its log diverged",
+		h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "start": marks[partition].offset}))
+	return true
+}
+
+func withTruncated(m map[int32]bool, partition int32) map[int32]bool {
+	if m == nil {
+		m = make(map[int32]bool)
+	}
+	m[partition] = true
+	return m
 }
 
 // Cleanup stops the commit loop and commits what the claims marked.
@@ -412,6 +447,10 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// owner's.
 		return nil
 	}
+	commit, haveCommit, fromSetup := h.committedOffset(claim.Partition())
+	if haveCommit && !fromSetup && h.checkAddedClaim(sess, claim.Partition(), commit) {
+		return nil
+	}
 	start := h.startOf(claim)
 	// Where completed offsets go: the session's marks, or the transaction.
 	a := partition.Assignment{
@@ -456,8 +495,8 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	if truncated {
 		w.CountLogTruncation()
 	}
-	if c, ok := h.committedOffset(claim.Partition()); ok {
-		w.StartFromCommit(c.offset, c.metadata)
+	if haveCommit {
+		w.StartFromCommit(commit.offset, commit.metadata)
 	}
 	h.mu.Lock()
 	h.workers[claim.Partition()] = w

@@ -1,6 +1,7 @@
 package safeack_test
 
 import (
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -95,8 +96,8 @@ func bumpLeaderEpoch(t *testing.T, c *kafkatest.Cluster, topic string) {
 	require.NoError(t, kf.MoveTopicPartition(topic, 0, kf.LeaderFor(topic, 0)))
 }
 
-// answerEpochEnd makes the broker answer OffsetForLeaderEpoch for
-// partition 0 of topic with answer (an end offset, or an error code when
+// answerEpochEnd makes the broker answer OffsetForLeaderEpoch for the
+// partitions of topic with answer (an end offset, or an error code when
 // code is not 0), as a leader would whose log ended the asked-for epoch
 // there. It counts the requests.
 func answerEpochEnd(c *kafkatest.Cluster, topic string, end int64, code int16) *atomic.Int32 {
@@ -119,7 +120,7 @@ func answerEpochEnd(c *kafkatest.Cluster, topic string, end int64, code int16) *
 				if code != 0 {
 					sp.LeaderEpoch, sp.EndOffset = -1, -1
 				}
-				mine = mine || rt.Topic == topic && rp.Partition == 0
+				mine = mine || rt.Topic == topic
 				st.Partitions = append(st.Partitions, sp)
 			}
 			resp.Topics = append(resp.Topics, st)
@@ -267,4 +268,98 @@ func TestEpochCheckRefusedTrustsCommit(t *testing.T) {
 		require.Zero(t, got[off], "offset %d of the completed tail was handled again", off)
 	}
 	require.Zero(t, totals.LogTruncations)
+}
+
+// TestTruncatedLogUnderCooperativeHandover: with cooperative rebalancing a
+// partition handed to another member is added to its running session
+// without Setup, and Sarama fetches it from the commit at once. The check
+// runs for that claim too: finding the log truncated, it commits the
+// divergence point and ends the session, and the next session starts
+// there. Without it, the new member started at the commit and skipped the
+// tail.
+func TestTruncatedLogUnderCooperativeHandover(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	const n, hold, diverged = 10, 5, 3
+	topic := c.NewTopic(t, 2)
+	group := c.NewGroup(t)
+	for p := range int32(2) {
+		recs := make([]kafkatest.Record, n)
+		for i := range recs {
+			recs[i] = kafkatest.Record{Partition: p, Value: []byte{byte(i)}}
+		}
+		c.Produce(t, topic, recs...)
+	}
+	cooperative := func() *sarama.Config {
+		cfg := c.SaramaConfig()
+		cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+		return cfg
+	}
+	var mu sync.Mutex
+	var after bool // the truncation happened: count deliveries
+	seen := map[po]int{}
+	deliver := func(m *message.Message) {
+		k, _ := msgPO(m)
+		mu.Lock()
+		if after {
+			seen[k]++
+		}
+		mu.Unlock()
+	}
+	a := tailSubscriber(t, c.Brokers(), cooperative(), group, nil)
+	t.Cleanup(func() { _ = a.Close() })
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		deliver(m)
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off != hold {
+			m.Ack()
+		}
+	})
+	for p := range int32(2) {
+		waitForTailOn(t, c, group, topic, p, hold, func(tail frontier.Tail) bool {
+			return tail.Contains(hold+1) && tail.Contains(n-1)
+		})
+	}
+
+	kf := c.Kfake()
+	for p := range int32(2) {
+		require.NoError(t, kf.MoveTopicPartition(topic, p, kf.LeaderFor(topic, p)))
+	}
+	asked := answerEpochEnd(c, topic, diverged, 0)
+	mu.Lock()
+	after = true
+	mu.Unlock()
+
+	b := tailSubscriber(t, c.Brokers(), cooperative(), group, nil)
+	t.Cleanup(func() { _ = b.Close() })
+	handleAll(mustSubscribe(t, b, topic), func(m *message.Message) {
+		deliver(m)
+		m.Ack()
+	})
+	ok := kafkatest.Poll(30*time.Second, 20*time.Millisecond, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for p := range int32(2) {
+			all := true
+			for off := int64(diverged); off < n; off++ {
+				all = all && seen[po{p, off}] > 0
+			}
+			if all {
+				return true
+			}
+		}
+		return false
+	})
+	mu.Lock()
+	got := maps.Clone(seen)
+	mu.Unlock()
+	require.True(t, ok, "no partition had its records from the divergence on handled again; handled: %v", got)
+	require.Positive(t, asked.Load())
+	var truncations uint64
+	for _, s := range []*safeack.Subscriber{a, b} {
+		for _, tt := range s.Totals() {
+			truncations += tt.LogTruncations
+		}
+	}
+	require.Positive(t, truncations, "the truncation is counted")
 }
