@@ -81,16 +81,9 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 	if len(epochs) == 0 {
 		return nil
 	}
-	addrs := make([]string, 0, 3)
-	for _, b := range h.client.Brokers() {
-		addrs = append(addrs, b.Addr())
-	}
-	if len(addrs) == 0 {
-		addrs = h.sub.cfg.Brokers
-	}
 	ctx, cancel := context.WithTimeout(sess.Context(), epochCheckTimeout)
 	defer cancel()
-	answers := offsetForLeaderEpoch(ctx, h.client.Config(), addrs, h.sub.topic, epochs)
+	answers := h.epochs.offsetForLeaderEpoch(ctx, h.sub.topic, epochs)
 	for p, epoch := range epochs {
 		c := committed[p]
 		fields := h.sub.logFields.Add(watermill.LogFields{
@@ -134,12 +127,61 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 // errLogTruncated is the error logged with a detected truncation.
 var errLogTruncated = errors.New("safeack: committed offset is past the end of its leader epoch in the log")
 
-// offsetForLeaderEpoch asks the partitions' leaders where each epoch ends,
-// with a franz-go client set up from the Sarama config (Sarama has no
-// OffsetForLeaderEpoch request). Its TLS, SASL PLAIN, SCRAM and OAUTHBEARER
-// settings, proxy and local address are carried over; a SASL mechanism it
-// cannot carry (GSSAPI) makes every answer an error.
-func offsetForLeaderEpoch(ctx context.Context, conf *sarama.Config, addrs []string, topic string, epochs map[int32]int32) map[int32]epochAnswer {
+// epochClient sends the leader-epoch checks of one consumer group: a
+// franz-go client set up from the Sarama config (Sarama has no
+// OffsetForLeaderEpoch request), made at the first check and kept until
+// the group is closed, so that a cooperative rebalance handing over many
+// partitions (each checked by its claim) costs no client per partition.
+type epochClient struct {
+	client sarama.Client
+	seeds  []string
+
+	mu sync.Mutex
+	cl *kgo.Client
+}
+
+// get returns the franz-go client, making it if need be. Its TLS, SASL
+// PLAIN, SCRAM and OAUTHBEARER settings, proxy and local address are
+// carried over from the Sarama config; a SASL mechanism that cannot be
+// (GSSAPI) is an error.
+func (e *epochClient) get() (*kgo.Client, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cl != nil {
+		return e.cl, nil
+	}
+	opts, err := kgoOptions(e.client.Config())
+	if err != nil {
+		return nil, err
+	}
+	addrs := make([]string, 0, 3)
+	for _, b := range e.client.Brokers() {
+		addrs = append(addrs, b.Addr())
+	}
+	if len(addrs) == 0 {
+		addrs = e.seeds
+	}
+	opts = append(opts, kgo.SeedBrokers(addrs...), kgo.RetryTimeout(epochCheckTimeout))
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, err
+	}
+	e.cl = cl
+	return cl, nil
+}
+
+// close closes the franz-go client, if one was made.
+func (e *epochClient) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cl != nil {
+		e.cl.Close()
+		e.cl = nil
+	}
+}
+
+// offsetForLeaderEpoch asks the partitions' leaders where each epoch ends.
+func (e *epochClient) offsetForLeaderEpoch(ctx context.Context, topic string, epochs map[int32]int32) map[int32]epochAnswer {
 	out := make(map[int32]epochAnswer, len(epochs))
 	fail := func(err error) map[int32]epochAnswer {
 		for p := range epochs {
@@ -147,16 +189,10 @@ func offsetForLeaderEpoch(ctx context.Context, conf *sarama.Config, addrs []stri
 		}
 		return out
 	}
-	opts, err := kgoOptions(conf)
+	cl, err := e.get()
 	if err != nil {
 		return fail(err)
 	}
-	opts = append(opts, kgo.SeedBrokers(addrs...), kgo.RetryTimeout(epochCheckTimeout))
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fail(err)
-	}
-	defer cl.Close()
 
 	req := kmsg.NewPtrOffsetForLeaderEpochRequest()
 	req.ReplicaID = -1 // a consumer

@@ -16,6 +16,8 @@ import (
 )
 
 func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client) error {
+	epochs := &epochClient{client: client, seeds: sub.cfg.Brokers}
+	defer epochs.close() // after the group's sessions ended (group.Close below)
 	group, err := sarama.NewConsumerGroupFromClient(sub.cfg.ConsumerGroup, client)
 	if err != nil {
 		return fmt.Errorf("cannot create consumer group: %w", err)
@@ -34,7 +36,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		<-errsDone
 	}()
 
-	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client, group: group, txn: sub.txn}
+	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client, group: group, txn: sub.txn, epochs: epochs}
 	if sub.cfg.Tracer != nil {
 		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
 	}
@@ -85,6 +87,7 @@ type groupHandler struct {
 	client sarama.Client
 	group  sarama.ConsumerGroup
 	txn    *txnCommitter // nil: offsets are committed through the session
+	epochs *epochClient  // sends the leader-epoch checks (see checkLeaderEpochs)
 
 	// hwmListing: a listing of high-water marks runs; hwmListedAt: when
 	// the last one started, in Unix nanoseconds (see listHighWaterMarks).
