@@ -83,7 +83,11 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 	}
 	ctx, cancel := context.WithTimeout(sess.Context(), epochCheckTimeout)
 	defer cancel()
+	began := time.Now()
 	answers := h.epochs.offsetForLeaderEpoch(ctx, h.sub.topic, epochs)
+	h.sub.logger.Debug("Checked the committed leader epochs against the log", h.sub.logFields.Add(watermill.LogFields{
+		"partitions": len(epochs), "took": time.Since(began).String(),
+	}))
 	for p, epoch := range epochs {
 		c := committed[p]
 		fields := h.sub.logFields.Add(watermill.LogFields{
