@@ -161,11 +161,16 @@ type SubscriberConfig struct {
 	// By default each commit carries, in its metadata, which records after
 	// the committed offset already completed (see frontier.EncodeTail), and
 	// a member that gets the partition skips them instead of handling them
-	// again. Disabled, commits carry plain offsets and empty metadata; the
-	// tails that earlier members of the group committed are still read and
-	// their records skipped (reading one is not writing one): a member
-	// with the tail off does not handle again what a member with it on
-	// completed. In transactional mode, outputs stay exactly once either way.
+	// again. The metadata also carries the partition's leader epoch, which
+	// the next start checks against the log (OffsetForLeaderEpoch, as
+	// Kafka's own consumer does) to find a log truncated under the commit
+	// by an unclean leader election: the start then moves back to where
+	// the log diverged and the tail is not trusted. Disabled, commits carry
+	// plain offsets and empty metadata; the tails (and leader epochs) that
+	// earlier members of the group committed are still read, their records
+	// skipped and their epochs checked (reading one is not writing one): a
+	// member with the tail off does not handle again what a member with it
+	// on completed. In transactional mode, outputs stay exactly once either way.
 	DisableCompletedTail bool
 
 	// TailMetadataBudget bounds the commit metadata in bytes. It must not

@@ -16,6 +16,8 @@ import (
 )
 
 func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client) error {
+	epochs := &epochClient{client: client, seeds: sub.cfg.Brokers}
+	defer epochs.close() // after the group's sessions ended (group.Close below)
 	group, err := sarama.NewConsumerGroupFromClient(sub.cfg.ConsumerGroup, client)
 	if err != nil {
 		return fmt.Errorf("cannot create consumer group: %w", err)
@@ -34,7 +36,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		<-errsDone
 	}()
 
-	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client, group: group, txn: sub.txn}
+	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client, group: group, txn: sub.txn, epochs: epochs}
 	if sub.cfg.Tracer != nil {
 		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
 	}
@@ -85,6 +87,7 @@ type groupHandler struct {
 	client sarama.Client
 	group  sarama.ConsumerGroup
 	txn    *txnCommitter // nil: offsets are committed through the session
+	epochs *epochClient  // sends the leader-epoch checks (see checkLeaderEpochs)
 
 	// hwmListing: a listing of high-water marks runs; hwmListedAt: when
 	// the last one started, in Unix nanoseconds (see listHighWaterMarks).
@@ -93,6 +96,9 @@ type groupHandler struct {
 
 	// Per session, set in Setup and read by the claims it starts.
 	committed map[int32]committedOffset
+	// truncated lists the partitions whose log the leader-epoch check
+	// found truncated under the commit (see checkLeaderEpochs).
+	truncated map[int32]bool
 	// pinned closes once the commit of the session's pinned starts
 	// returned (see pinStarts).
 	pinned <-chan struct{}
@@ -138,6 +144,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		return fmt.Errorf("safeack: reading committed offsets for a transactional session: %w", err)
 	}
 	var pinned <-chan struct{} = closedChan
+	var truncated map[int32]bool
 	if err != nil {
 		// Without the tail every record after the committed offset is
 		// redelivered: more repeats, nothing lost. Partitions without a
@@ -145,6 +152,9 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		h.sub.logger.Error("Cannot read committed offsets; completed tails are not skipped this session", err, h.sub.logFields)
 		committed = nil
 	} else {
+		// Epochs earlier members committed are checked even with
+		// DisableCompletedTail (reading is not writing).
+		truncated = h.checkLeaderEpochs(sess, committed)
 		pinned = h.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
 	// Committed tails are read (and their records skipped) even with
@@ -153,6 +163,14 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	first := h.sub.fetchFirstRecords(h.client, fetchStarts(claimed, committed))
 	h.mu.Lock()
 	h.committed = committed
+	// A truncation found for an added claim (checkAddedClaim) ended the
+	// last session; it is counted by this one's claim of the partition.
+	for _, p := range claimed {
+		if h.truncated[p] {
+			truncated = withTruncated(truncated, p)
+		}
+	}
+	h.truncated = truncated
 	h.pinned = pinned
 	h.first = first
 	h.workers = make(map[int32]*partition.Worker, len(claimed))
@@ -277,26 +295,54 @@ func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map
 
 // committedOffset returns what Setup read for partition. A cooperative
 // rebalance can add a claim to a running session without a new Setup; such
-// a partition is read on its own.
-func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) {
+// a partition is read on its own (fromSetup false).
+func (h *groupHandler) committedOffset(partition int32) (c committedOffset, ok, fromSetup bool) {
 	h.mu.Lock()
-	c, ok := h.committed[partition]
+	c, ok = h.committed[partition]
 	// Setup's read serves the session's first claim of the partition only:
 	// one that comes back later in the session (cooperative) is read again,
 	// for the commit and completed tail its last owner left since.
 	delete(h.committed, partition)
 	h.mu.Unlock()
 	if ok {
-		return c, true
+		return c, true, true
 	}
 	fetched, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
 	if err != nil {
 		h.sub.logger.Error("Cannot read committed metadata; the completed tail is not skipped", err,
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition}))
-		return committedOffset{}, false
+		return committedOffset{}, false, false
 	}
 	c, ok = fetched[partition]
-	return c, ok
+	return c, ok, false
+}
+
+// checkAddedClaim runs the leader-epoch check (see checkLeaderEpochs) for
+// a claim that came without Setup: cooperative rebalancing adds claims to
+// a running session. Its fetch started at the commit already, so a
+// truncation found cannot move it back: the divergence point is committed
+// instead (read back until the coordinator holds it) and it reports true:
+// the claim returns, which ends the session, and the next one starts there.
+func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partition int32, c committedOffset) bool {
+	marks := map[int32]committedOffset{partition: c}
+	if len(h.checkLeaderEpochs(sess, marks)) == 0 {
+		return false
+	}
+	h.mu.Lock()
+	h.truncated = withTruncated(h.truncated, partition)
+	h.mu.Unlock()
+	h.confirmCommitted(sess, marks)
+	h.sub.logger.Info("Ending the session so that the truncated partition starts again where its log diverged",
+		h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "start": marks[partition].offset}))
+	return true
+}
+
+func withTruncated(m map[int32]bool, partition int32) map[int32]bool {
+	if m == nil {
+		m = make(map[int32]bool)
+	}
+	m[partition] = true
+	return m
 }
 
 // Cleanup stops the commit loop and commits what the claims marked.
@@ -401,6 +447,10 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// owner's.
 		return nil
 	}
+	commit, haveCommit, fromSetup := h.committedOffset(claim.Partition())
+	if haveCommit && !fromSetup && h.checkAddedClaim(sess, claim.Partition(), commit) {
+		return nil
+	}
 	start := h.startOf(claim)
 	// Where completed offsets go: the session's marks, or the transaction.
 	a := partition.Assignment{
@@ -412,7 +462,14 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		HighWaterMark: claim.HighWaterMarkOffset,
 		RequestCommit: h.commitSoon,
 	}
+	if !h.sub.cfg.DisableCompletedTail {
+		epochs := newEpochSampler(h.client, claim.Topic(), claim.Partition())
+		defer epochs.wait()
+		a.LeaderEpoch = epochs.get
+	}
 	h.mu.Lock()
+	truncated := h.truncated[claim.Partition()]
+	delete(h.truncated, claim.Partition())
 	if ff := h.first[claim.Partition()]; ff != nil && start.Resolved && ff.from == start.Offset {
 		a.FirstRecords = ff.records
 	}
@@ -435,8 +492,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	if tm != nil {
 		tm.bind(w)
 	}
-	if c, ok := h.committedOffset(claim.Partition()); ok {
-		w.StartFromCommit(c.offset, c.metadata)
+	if truncated {
+		w.CountLogTruncation()
+	}
+	if haveCommit {
+		w.StartFromCommit(commit.offset, commit.metadata)
 	}
 	h.mu.Lock()
 	h.workers[claim.Partition()] = w

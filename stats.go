@@ -96,6 +96,12 @@ type PartitionCounters struct {
 	// IgnoredMetadata counts commit metadata found and not trusted
 	// (another client's, corrupt, or relative to another offset).
 	IgnoredMetadata uint64
+	// LogTruncations counts starts at which the partition's log was found
+	// truncated under the group's commit (an unclean leader election: the
+	// committed leader epoch ends below the committed offset). The start
+	// moved back to where the log diverged and the completed tail was
+	// dropped: those records are handled again.
+	LogTruncations uint64
 	// Deferred counts completions deferred with Defer.
 	Deferred uint64
 	// PausedFor sums the time spent paused (PauseAtTailUsage).
@@ -110,6 +116,7 @@ func (c *PartitionCounters) add(o PartitionCounters) {
 	c.SkippedTail += o.SkippedTail
 	c.SkippedRevoked += o.SkippedRevoked
 	c.IgnoredMetadata += o.IgnoredMetadata
+	c.LogTruncations += o.LogTruncations
 	c.Deferred += o.Deferred
 	c.PausedFor += o.PausedFor
 }

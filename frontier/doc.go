@@ -48,7 +48,17 @@
 // minus one where they cannot be zero: an empty, overlapping, adjacent or
 // unordered range cannot be written at all.
 //
-// EncodeTail and AppendTail write it; DecodeTail reads it and trusts
+// Version 2 puts the leader epoch of the records below the committed offset
+// in front of the same tail, for the truncation check a client that cannot
+// set the commit's own epoch field needs (KIP-320; see AppendTailEpoch):
+//
+//	meta    = "sa2:" epoch [ ":" kind payload ]
+//	epoch   = decimal, 0 to 2147483647, no sign, no leading zero
+//
+// "sa2:7" is the epoch alone, with no tail. DecodeTail reads both versions.
+//
+// EncodeTail and AppendTail write version 1, AppendTailEpoch version 2;
+// DecodeTail reads them and trusts
 // nothing else: another client's metadata (ErrForeignMetadata), a tail
 // relative to another offset (ErrBaseMismatch) and anything malformed
 // (ErrCorruptMetadata) yield an empty Tail.

@@ -51,8 +51,11 @@ func tailDecode(meta string, base int64) (Tail, error) {
 	if !ok {
 		return Tail{}, fmt.Errorf("%w: %s", ErrForeignMetadata, tailSnippet(meta))
 	}
+	if ver == "2" {
+		return tailDecodeV2(meta, base)
+	}
 	if ver != "1" {
-		return Tail{}, tailCorrupt("unknown version %q (this build reads version 1)", ver)
+		return Tail{}, tailCorrupt("unknown version %q (this build reads versions 1 and 2)", ver)
 	}
 	if rest == "" {
 		return Tail{}, tailCorrupt("missing encoding letter")

@@ -580,7 +580,11 @@ func TestDecodeTailCorrupt(t *testing.T) {
 	tests := []struct {
 		name, meta, msg string
 	}{
-		{"unknown version", "sa2:" + valid[4:], `unknown version "2"`},
+		{"unknown version", "sa3:" + valid[4:], `unknown version "3"`},
+		{"version 2 without epoch", "sa2:" + valid[4:], "bad leader epoch"},
+		{"version 2 epoch with leading zero", "sa2:07:" + valid[4:], "bad leader epoch"},
+		{"version 2 epoch over int32", "sa2:2147483648:" + valid[4:], "bad leader epoch"},
+		{"version 2 missing encoding", "sa2:7:", "missing encoding"},
 		{"version with leading zero", "sa01:" + valid[4:], `unknown version "01"`},
 		{"missing encoding", "sa1:", "missing encoding"},
 		{"unknown encoding", "sa1:x" + valid[5:], `unknown encoding 'x'`},

@@ -98,6 +98,7 @@ type Collector struct {
 
 	assignments, offered, completed, redeliveries *prometheus.Desc
 	unmarshalFailures, skipped, ignoredMetadata   *prometheus.Desc
+	logTruncations                                *prometheus.Desc
 	deferred, pausedSeconds                       *prometheus.Desc
 }
 
@@ -143,6 +144,7 @@ func NewCollector(sub *safeack.Subscriber, opts ...Option) *Collector {
 		unmarshalFailures: desc("unmarshal_failures_total", "Unmarshal attempts the unmarshaler rejected.", tp...),
 		skipped:           desc("skipped_records_total", "Records whose handler was not run: reason=\"tail\" when the commit metadata said a previous owner completed them, reason=\"revoked\" when their assignment had ended.", "topic", "partition", "reason"),
 		ignoredMetadata:   desc("ignored_metadata_total", "Commit metadata found and not trusted (another client's, corrupt, or relative to another offset).", tp...),
+		logTruncations:    desc("log_truncations_total", "Starts at which the log was found truncated under the group's commit (unclean leader election); the start moved back to the divergence and the completed tail was handled again.", tp...),
 		deferred:          desc("deferred_completions_total", "Completions deferred with safeack.Defer.", tp...),
 		pausedSeconds:     desc("paused_seconds_total", "Time spent paused for the completed tail to shrink.", tp...),
 	}
@@ -158,7 +160,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.stuck, c.paused, c.tailBytes, c.tailTruncated,
 		c.assignedAt,
 		c.assignments, c.offered, c.completed, c.redeliveries,
-		c.unmarshalFailures, c.skipped, c.ignoredMetadata,
+		c.unmarshalFailures, c.skipped, c.ignoredMetadata, c.logTruncations,
 		c.deferred, c.pausedSeconds,
 	} {
 		ch <- d
@@ -214,6 +216,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.skipped, float64(t.SkippedTail), "tail")
 		counter(c.skipped, float64(t.SkippedRevoked), "revoked")
 		counter(c.ignoredMetadata, float64(t.IgnoredMetadata))
+		counter(c.logTruncations, float64(t.LogTruncations))
 		counter(c.deferred, float64(t.Deferred))
 		counter(c.pausedSeconds, t.PausedFor.Seconds())
 	}

@@ -215,6 +215,7 @@ func want(help map[string]string, stats []safeack.PartitionStats, totals []safea
 		c("skipped_records_total", float64(t.SkippedTail), "reason", "tail")
 		c("skipped_records_total", float64(t.SkippedRevoked), "reason", "revoked")
 		c("ignored_metadata_total", float64(t.IgnoredMetadata))
+		c("log_truncations_total", float64(t.LogTruncations))
 		c("deferred_completions_total", float64(t.Deferred))
 		c("paused_seconds_total", t.PausedFor.Seconds())
 	}
@@ -232,7 +233,7 @@ var allNames = []string{
 	"safeack_tail_metadata_bytes", "safeack_tail_truncated", "safeack_assigned_timestamp_seconds",
 	"safeack_assignments_total", "safeack_offered_records_total", "safeack_completed_records_total",
 	"safeack_redeliveries_total", "safeack_unmarshal_failures_total", "safeack_skipped_records_total",
-	"safeack_ignored_metadata_total", "safeack_deferred_completions_total", "safeack_paused_seconds_total",
+	"safeack_ignored_metadata_total", "safeack_log_truncations_total", "safeack_deferred_completions_total", "safeack_paused_seconds_total",
 }
 
 // helpTexts gathers the collector for the help text of each family it

@@ -93,6 +93,12 @@ type Assignment struct {
 	// RequestCommit asks for a commit soon: called when every record taken
 	// is complete and none waits.
 	RequestCommit func()
+	// LeaderEpoch, when set and the completed tail is on, returns the
+	// partition's leader epoch as the client's metadata names it now, or
+	// -1 when unknown. Each mark carries it in its metadata
+	// (frontier.AppendTailEpoch), for the next start to check the log
+	// against (OffsetForLeaderEpoch, as Kafka's consumer does).
+	LeaderEpoch func() int32
 	// StartCommitted reads back whether the group's coordinator holds
 	// offset for the partition. When set, a start fixed at the first record
 	// (see Start) is committed again until it does, before anything is

@@ -224,6 +224,11 @@ func (w *Worker) StartFromCommit(offset int64, metadata string) {
 	if metadata == "" || offset < 0 {
 		return
 	}
+	if _, epochOnly := frontier.LeaderEpochOf(metadata); epochOnly {
+		if t, err := frontier.DecodeTail(metadata, max(offset, 0)); err == nil && len(t.Ranges) == 0 {
+			return // the leader epoch alone (checked by the subscriber): no tail
+		}
+	}
 	if !w.start.Resolved {
 		w.staleCommit = staleCommit{offset: offset, metadata: metadata}
 		return
@@ -240,6 +245,15 @@ func (w *Worker) StartFromCommit(offset int64, metadata string) {
 	w.inheritedTail = tail
 	w.cfg.Logger.Info("Completed tail found in commit metadata; these records will not be handled again",
 		w.logFields.Add(watermill.LogFields{"completed_offsets": tail.Len(), "ranges": len(tail.Ranges)}))
+}
+
+// CountLogTruncation counts a start the subscriber moved back because the
+// partition's log was truncated under the group's commit. Call it before
+// Run.
+func (w *Worker) CountLogTruncation() {
+	w.mu.Lock()
+	w.counters.logTruncations++
+	w.mu.Unlock()
 }
 
 // ignoreMetadata counts and logs commit metadata that is not trusted.

@@ -50,7 +50,7 @@ func (w *Worker) markIfAdvanced(force bool) (marked, allDone bool) {
 
 	var meta string
 	if tailOn {
-		meta = w.encodeTail(safe)
+		meta = w.encodeTail(safe, w.leaderEpochNow())
 	}
 	switch {
 	case w.marker == nil:
@@ -72,16 +72,17 @@ func (w *Worker) markIfAdvanced(force bool) (marked, allDone bool) {
 }
 
 // encodeTail encodes the completed ranges in rangeBuf relative to safe,
-// within the metadata budget, and updates the pause state. An empty tail
-// costs nothing and is not counted as an encode. Callers hold markMu.
-func (w *Worker) encodeTail(safe int64) string {
+// within the metadata budget, with the leader epoch in front (see
+// leaderEpochNow), and updates the pause state. An empty tail costs nothing
+// and is not counted as an encode. Callers hold markMu.
+func (w *Worker) encodeTail(safe int64, epoch int32) string {
 	var buf []byte
 	cut, encoded := false, len(w.rangeBuf) > 0
 	budget := w.cfg.TailBudget
 	if encoded {
 		var bound int64
 		var err error
-		buf, bound, err = frontier.AppendTail(w.tailBuf[:0], safe, w.rangeBuf, budget)
+		buf, bound, err = frontier.AppendTailEpoch(w.tailBuf[:0], safe, w.rangeBuf, budget, epoch)
 		if err != nil {
 			// The tracker's ranges are valid by construction; if not, commit
 			// plain offsets rather than anything doubtful.
@@ -105,7 +106,42 @@ func (w *Worker) encodeTail(safe int64) string {
 	if resumed {
 		w.wakeRun() // run may take records again
 	}
+	if !encoded {
+		return w.epochOnly(safe, epoch)
+	}
 	return string(buf)
+}
+
+// leaderEpochNow is the leader epoch to commit beside the offset being
+// marked: the partition's leader epoch in the client's metadata now, after
+// every record below the offset was fetched, so at least the epoch of the
+// leader each was fetched from (see Assignment.LeaderEpoch). Unknown now,
+// the last one known is kept: it is lower, which can only make the next
+// start's check handle records again. Callers hold markMu.
+func (w *Worker) leaderEpochNow() int32 {
+	if w.leaderEpoch == nil {
+		return frontier.NoLeaderEpoch
+	}
+	if e := w.leaderEpoch(); e >= 0 {
+		w.epoch = e
+	}
+	return w.epoch
+}
+
+// epochOnly is the metadata of a mark without a tail: the leader epoch
+// alone, built once per epoch. Callers hold markMu.
+func (w *Worker) epochOnly(safe int64, epoch int32) string {
+	if epoch < 0 {
+		return ""
+	}
+	if epoch != w.epochMetaOf || w.epochMeta == "" {
+		meta, _, err := frontier.EncodeTailEpoch(safe, nil, w.cfg.TailBudget, epoch)
+		if err != nil {
+			return ""
+		}
+		w.epochMeta, w.epochMetaOf = meta, epoch
+	}
+	return w.epochMeta
 }
 
 // tailCheckDueLocked is PauseAtTailUsage between commits: run asks it after

@@ -15,6 +15,7 @@ type Counters struct {
 	UnmarshalFailures           uint64
 	SkippedTail, SkippedRevoked uint64
 	IgnoredMetadata             uint64
+	LogTruncations              uint64
 	Deferred                    uint64
 	PausedFor                   time.Duration
 }
@@ -73,6 +74,7 @@ func (w *Worker) Stats() Stats {
 			SkippedTail:       w.counters.skippedTail,
 			SkippedRevoked:    w.counters.skippedRevoked,
 			IgnoredMetadata:   w.counters.ignoredMetadata,
+			LogTruncations:    w.counters.logTruncations,
 			Deferred:          w.counters.deferred,
 			PausedFor:         pausedFor,
 		},

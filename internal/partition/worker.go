@@ -135,6 +135,13 @@ type Worker struct {
 	tailBuf  []byte
 	rangeBuf []frontier.Range
 	lastMeta string
+	// leaderEpoch reads the partition's leader epoch (nil: not known);
+	// epoch is the last one read, epochMeta the epoch-only metadata of
+	// epochMetaOf. Under markMu.
+	leaderEpoch func() int32
+	epoch       int32
+	epochMeta   string
+	epochMetaOf int32
 	// requestCommit asks the session to commit soon; nil without a group.
 	requestCommit func()
 	pausedAt      time.Time
@@ -151,6 +158,7 @@ type counters struct {
 	skippedRevoked    uint64
 	skippedTail       uint64
 	ignoredMetadata   uint64
+	logTruncations    uint64
 	deferred          uint64
 	tailEncodes       uint64
 }
@@ -178,6 +186,8 @@ func New(parent context.Context, cfg *Config, pool *Pool, a Assignment) (*Worker
 		pauser:        a.Pauser,
 		hwm:           a.HighWaterMark,
 		requestCommit: a.RequestCommit,
+		leaderEpoch:   a.LeaderEpoch,
+		epoch:         frontier.NoLeaderEpoch,
 		startHeld:     a.StartCommitted,
 		logFields:     cfg.LogFields.Add(watermill.LogFields{"kafka_partition": a.Partition, "kafka_initial_offset": a.Start.Offset}),
 		ctx:           ctx,

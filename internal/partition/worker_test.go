@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,6 +142,8 @@ type rigOptions struct {
 	startCommitted func(int64) bool
 	// requestCommit becomes Assignment.RequestCommit.
 	requestCommit func()
+	// leaderEpoch becomes Assignment.LeaderEpoch.
+	leaderEpoch func() int32
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -173,6 +176,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	}
 	a.StartCommitted = o.startCommitted
 	a.RequestCommit = o.requestCommit
+	a.LeaderEpoch = o.leaderEpoch
 	if o.noMarker {
 		a.Marker = nil
 	}
@@ -341,6 +345,47 @@ func TestWorkerWritesCompletedTail(t *testing.T) {
 	st := next.w.Stats()
 	require.Equal(t, uint64(2), st.Counters.SkippedTail)
 	require.Equal(t, int64(0), st.ConfirmedOffset)
+}
+
+// TestWorkerMarksLeaderEpoch: every mark carries the leader epoch read at
+// the mark, with the tail or alone; an epoch unknown at a mark keeps the
+// last one known; the next owner reads the tail behind the epoch, and
+// metadata with the epoch alone is no tail and nothing ignored.
+func TestWorkerMarksLeaderEpoch(t *testing.T) {
+	var epoch atomic.Int32
+	epoch.Store(4)
+	tailOn := func(c *Config) { c.CompletedTail, c.TailBudget = true, frontier.DefaultMetadataBudget }
+	r := newRig(t, rigOptions{maxInFlight: 10, config: tailOn, leaderEpoch: epoch.Load})
+	r.sendN(3)
+	msgs := map[int64]*message.Message{}
+	for range 3 {
+		m := r.receive()
+		msgs[offsetOf(m)] = m
+	}
+	msgs[0].Ack()
+	waitUntil(t, "the prefix marked", func() bool { return r.marker.last().offset == 1 })
+	require.Equal(t, "sa2:4", r.marker.last().meta, "a mark without a tail carries the epoch alone")
+
+	epoch.Store(-1) // the leader unknown at the next mark
+	msgs[2].Ack()
+	waitUntil(t, "two completions", func() bool { return r.w.Stats().Counters.Completed == 2 })
+	r.w.MarkTail()
+	mk := r.marker.last()
+	require.Equal(t, int64(1), mk.offset)
+	got, ok := frontier.LeaderEpochOf(mk.meta)
+	require.True(t, ok)
+	require.Equal(t, int32(4), got, "an unknown epoch keeps the last one known")
+	tail, err := frontier.DecodeTail(mk.meta, 1)
+	require.NoError(t, err)
+	require.Equal(t, []frontier.Range{{From: 2, To: 3}}, tail.Ranges)
+
+	for _, meta := range []string{mk.meta, "sa2:4"} {
+		next := newRig(t, rigOptions{maxInFlight: 10, config: tailOn, start: Start{Offset: 1, Resolved: true},
+			beforeRun: func(w *Worker) { w.StartFromCommit(1, meta) }})
+		next.claim <- records(1, 2)[0]
+		require.Equal(t, int64(1), offsetOf(next.receive()))
+		require.Zero(t, next.w.Stats().Counters.IgnoredMetadata, "metadata %q", meta)
+	}
 }
 
 // TestWorkerIgnoresForeignMetadata: metadata that is not a tail relative

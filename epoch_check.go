@@ -1,0 +1,358 @@
+package safeack
+
+// The leader-epoch check of committed positions (KIP-320, as Kafka's own
+// consumer does it).
+//
+// An unclean leader election, or a follower that became leader behind the
+// old one, truncates a partition's log: offsets the group committed, or
+// listed as completed in a tail, then name other records, produced after
+// the truncation. Trusting the commit would skip those records. Each mark
+// carries the partition's leader epoch in its metadata (frontier
+// AppendTailEpoch; Sarama's OffsetCommit has the field, but Sarama commits
+// back whatever epoch it read). On start, Setup asks the partition leader
+// where that epoch ends in its log (OffsetForLeaderEpoch); an end below the
+// committed offset means the log diverged there: the start moves back to
+// that end and the completed tail is dropped, so every record the log now
+// holds from there on is handled.
+//
+// The epoch committed is the one the client's metadata names when the
+// offset is marked (read beside the commit path, see epochSampler), not that
+// of the last record's batch: Sarama drops batch epochs. Every record below
+// the offset was fetched before, from a leader whose epoch the metadata
+// named then, and metadata epochs only grow, so the epoch committed is at
+// least that leader's, unless it was read before the fetch (the sampler's
+// read can be up to epochSampleGap old): then it may be lower, which can
+// only make the check see a divergence that is not there, and the records
+// since that epoch's end are handled again. From the record's own epoch up
+// to its fetch leader's, any epoch answers alike (Kafka's log matching: such
+// an epoch ends, in a log that holds the record, past it). What the check
+// cannot see is a truncation while the partition was assigned, between the
+// fetch of a record and the commit after it: the epoch committed may then
+// be the new leader's already. Sarama's consumer does not see that one
+// either (it sends no LastFetchedEpoch and reads no diverging epoch).
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/oauth"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/safeack/safeack/frontier"
+)
+
+// epochCheckTimeout bounds the leader-epoch check of one session's start:
+// it runs in Setup, which the whole group waits for.
+const epochCheckTimeout = 5 * time.Second
+
+// epochAnswer is what the partition leader says of a committed epoch.
+type epochAnswer struct {
+	endOffset int64 // where the epoch ends in the leader's log; -1 unknown
+	err       error // the check could not run for this partition
+}
+
+// checkLeaderEpochs validates the committed positions that carry a leader
+// epoch, before Sarama starts the claims: a position whose epoch ends below
+// its offset in the log now is moved back to that end (not below the log
+// start), without its tail, and noted in truncated. A check that cannot run
+// leaves the position as it was, with a log line.
+func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset) (truncated map[int32]bool) {
+	epochs := make(map[int32]int32)
+	for p, c := range committed {
+		if c.offset < 0 {
+			continue
+		}
+		if e, ok := frontier.LeaderEpochOf(c.metadata); ok {
+			epochs[p] = e
+		}
+	}
+	if len(epochs) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(sess.Context(), epochCheckTimeout)
+	defer cancel()
+	began := time.Now()
+	answers := h.epochs.offsetForLeaderEpoch(ctx, h.sub.topic, epochs)
+	h.sub.logger.Debug("Checked the committed leader epochs against the log", h.sub.logFields.Add(watermill.LogFields{
+		"partitions": len(epochs), "took": time.Since(began).String(),
+	}))
+	for p, epoch := range epochs {
+		c := committed[p]
+		fields := h.sub.logFields.Add(watermill.LogFields{
+			"kafka_partition": p, "committed": c.offset, "committed_leader_epoch": epoch,
+		})
+		a, ok := answers[p]
+		switch {
+		case !ok || a.err != nil:
+			if ok {
+				fields["err"] = a.err.Error()
+			}
+			h.sub.logger.Info("Cannot check the committed position against the log's leader epochs; trusting it as it is", fields)
+			continue
+		case a.endOffset < 0:
+			h.sub.logger.Info("The partition leader knows no end for the committed leader epoch; trusting the committed position as it is", fields)
+			continue
+		case a.endOffset >= c.offset:
+			continue
+		}
+		start := a.endOffset
+		if first, err := h.client.GetOffset(h.sub.topic, p, sarama.OffsetOldest); err == nil && first > start {
+			start = first // a start below the log's would fall back to Offsets.Initial
+		}
+		tail, _ := frontier.DecodeTail(c.metadata, c.offset)
+		sess.ResetOffset(h.sub.topic, p, start, "")
+		committed[p] = committedOffset{offset: start}
+		if truncated == nil {
+			truncated = make(map[int32]bool)
+		}
+		truncated[p] = true
+		h.sub.logger.Error("The partition's log was truncated under the group's commit (unclean leader election?); "+
+			"starting again where it diverged, and handling the completed tail's records again",
+			errLogTruncated, fields.Add(watermill.LogFields{
+				"kafka_topic": h.sub.topic, "epoch_end_offset": a.endOffset, "start": start,
+				"dropped_tail_offsets": tail.Len(),
+			}))
+	}
+	return truncated
+}
+
+// errLogTruncated is the error logged with a detected truncation.
+var errLogTruncated = errors.New("safeack: committed offset is past the end of its leader epoch in the log")
+
+// epochClient sends the leader-epoch checks of one consumer group: a
+// franz-go client set up from the Sarama config (Sarama has no
+// OffsetForLeaderEpoch request), made at the first check and kept until
+// the group is closed, so that a cooperative rebalance handing over many
+// partitions (each checked by its claim) costs no client per partition.
+type epochClient struct {
+	client sarama.Client
+	seeds  []string
+
+	mu sync.Mutex
+	cl *kgo.Client
+}
+
+// get returns the franz-go client, making it if need be. Its TLS, SASL
+// PLAIN, SCRAM and OAUTHBEARER settings, proxy and local address are
+// carried over from the Sarama config; a SASL mechanism that cannot be
+// (GSSAPI) is an error.
+func (e *epochClient) get() (*kgo.Client, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cl != nil {
+		return e.cl, nil
+	}
+	opts, err := kgoOptions(e.client.Config())
+	if err != nil {
+		return nil, err
+	}
+	addrs := make([]string, 0, 3)
+	for _, b := range e.client.Brokers() {
+		addrs = append(addrs, b.Addr())
+	}
+	if len(addrs) == 0 {
+		addrs = e.seeds
+	}
+	opts = append(opts, kgo.SeedBrokers(addrs...), kgo.RetryTimeout(epochCheckTimeout))
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, err
+	}
+	e.cl = cl
+	return cl, nil
+}
+
+// close closes the franz-go client, if one was made.
+func (e *epochClient) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cl != nil {
+		e.cl.Close()
+		e.cl = nil
+	}
+}
+
+// offsetForLeaderEpoch asks the partitions' leaders where each epoch ends.
+func (e *epochClient) offsetForLeaderEpoch(ctx context.Context, topic string, epochs map[int32]int32) map[int32]epochAnswer {
+	out := make(map[int32]epochAnswer, len(epochs))
+	fail := func(err error) map[int32]epochAnswer {
+		for p := range epochs {
+			out[p] = epochAnswer{endOffset: -1, err: err}
+		}
+		return out
+	}
+	cl, err := e.get()
+	if err != nil {
+		return fail(err)
+	}
+
+	req := kmsg.NewPtrOffsetForLeaderEpochRequest()
+	req.ReplicaID = -1 // a consumer
+	rt := kmsg.NewOffsetForLeaderEpochRequestTopic()
+	rt.Topic = topic
+	for p, e := range epochs {
+		rp := kmsg.NewOffsetForLeaderEpochRequestTopicPartition()
+		rp.Partition = p
+		rp.CurrentLeaderEpoch = -1 // no fencing: the answer is read, nothing is fetched
+		rp.LeaderEpoch = e
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fail(fmt.Errorf("OffsetForLeaderEpoch: %w", err))
+	}
+	for _, t := range resp.Topics {
+		if t.Topic != topic {
+			continue
+		}
+		for _, rp := range t.Partitions {
+			if _, asked := epochs[rp.Partition]; !asked {
+				continue
+			}
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				out[rp.Partition] = epochAnswer{endOffset: -1, err: fmt.Errorf("OffsetForLeaderEpoch: %w", err)}
+				continue
+			}
+			end := rp.EndOffset
+			if rp.LeaderEpoch < 0 {
+				end = -1 // the leader knows no epoch at or below the one asked for
+			}
+			out[rp.Partition] = epochAnswer{endOffset: end}
+		}
+	}
+	return out
+}
+
+// kgoOptions carries the connection settings of a Sarama config over to a
+// franz-go client.
+func kgoOptions(conf *sarama.Config) ([]kgo.Opt, error) {
+	opts := []kgo.Opt{kgo.DialTimeout(conf.Net.DialTimeout)}
+	if conf.ClientID != "" {
+		opts = append(opts, kgo.ClientID(conf.ClientID))
+	}
+	var tlsConf *tls.Config
+	if conf.Net.TLS.Enable {
+		tlsConf = &tls.Config{}
+		if conf.Net.TLS.Config != nil {
+			tlsConf = conf.Net.TLS.Config.Clone()
+		}
+	}
+	if conf.Net.Proxy.Enable || conf.Net.LocalAddr != nil || conf.Net.KeepAlive != 0 {
+		d := &net.Dialer{Timeout: conf.Net.DialTimeout, KeepAlive: conf.Net.KeepAlive, LocalAddr: conf.Net.LocalAddr}
+		opts = append(opts, kgo.Dialer(func(ctx context.Context, network, host string) (net.Conn, error) {
+			var conn net.Conn
+			var err error
+			if conf.Net.Proxy.Enable && conf.Net.Proxy.Dialer != nil {
+				conn, err = conf.Net.Proxy.Dialer.Dial(network, host)
+			} else {
+				conn, err = d.DialContext(ctx, network, host)
+			}
+			if err != nil || tlsConf == nil {
+				return conn, err
+			}
+			c := tlsConf.Clone()
+			if c.ServerName == "" {
+				c.ServerName, _, _ = net.SplitHostPort(host)
+			}
+			tc := tls.Client(conn, c)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			return tc, nil
+		}))
+	} else if tlsConf != nil {
+		opts = append(opts, kgo.DialTLSConfig(tlsConf))
+	}
+	if !conf.Net.SASL.Enable {
+		return opts, nil
+	}
+	s := conf.Net.SASL
+	switch s.Mechanism {
+	case "", sarama.SASLTypePlaintext:
+		opts = append(opts, kgo.SASL(plain.Auth{Zid: s.AuthIdentity, User: s.User, Pass: s.Password}.AsMechanism()))
+	case sarama.SASLTypeSCRAMSHA256:
+		opts = append(opts, kgo.SASL(scram.Auth{Zid: s.SCRAMAuthzID, User: s.User, Pass: s.Password}.AsSha256Mechanism()))
+	case sarama.SASLTypeSCRAMSHA512:
+		opts = append(opts, kgo.SASL(scram.Auth{Zid: s.SCRAMAuthzID, User: s.User, Pass: s.Password}.AsSha512Mechanism()))
+	case sarama.SASLTypeOAuth:
+		if s.TokenProvider == nil {
+			return nil, errors.New("SASL OAUTHBEARER without a token provider")
+		}
+		provider := s.TokenProvider
+		opts = append(opts, kgo.SASL(oauth.Oauth(func(context.Context) (oauth.Auth, error) {
+			tok, err := provider.Token()
+			if err != nil {
+				return oauth.Auth{}, err
+			}
+			return oauth.Auth{Token: tok.Token, Extensions: tok.Extensions}, nil
+		})))
+	default:
+		return nil, fmt.Errorf("SASL mechanism %s is not supported by the leader-epoch check", s.Mechanism)
+	}
+	return opts, nil
+}
+
+// epochSampler reads a partition's leader epoch from the client's metadata
+// for the worker's marks without ever blocking them: Sarama refreshes the
+// metadata, which can take seconds, when the leader is unknown. The value
+// returned is the last read, which started no later than the call, so at
+// most the epoch the metadata names at the call: older can only make a
+// check find a divergence that is not there (records handled again),
+// never miss one that is. A new read starts at most every epochSampleGap.
+type epochSampler struct {
+	client    sarama.Client
+	topic     string
+	partition int32
+
+	epoch   atomic.Int32
+	reading atomic.Bool
+	readAt  atomic.Int64 // Unix nanoseconds of the last read's start
+	wg      sync.WaitGroup
+}
+
+const epochSampleGap = 100 * time.Millisecond
+
+// newEpochSampler reads the epoch once at once: the claim exists, so its
+// leader is known and the read does not wait.
+func newEpochSampler(client sarama.Client, topic string, partition int32) *epochSampler {
+	s := &epochSampler{client: client, topic: topic, partition: partition}
+	s.epoch.Store(frontier.NoLeaderEpoch)
+	s.read()
+	return s
+}
+
+func (s *epochSampler) read() {
+	s.readAt.Store(time.Now().UnixNano())
+	if _, e, err := s.client.LeaderAndEpoch(s.topic, s.partition); err == nil && e >= 0 {
+		s.epoch.Store(e)
+	}
+}
+
+// get returns the last epoch read and starts a new read in the background
+// when the last one is older than epochSampleGap.
+func (s *epochSampler) get() int32 {
+	if time.Now().UnixNano()-s.readAt.Load() >= int64(epochSampleGap) && s.reading.CompareAndSwap(false, true) {
+		s.wg.Go(func() {
+			defer s.reading.Store(false)
+			s.read()
+		})
+	}
+	return s.epoch.Load()
+}
+
+// wait waits for a read in progress.
+func (s *epochSampler) wait() { s.wg.Wait() }

@@ -1,0 +1,365 @@
+package safeack_test
+
+import (
+	"maps"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// leaveTail runs a subscriber in group over the n records of partition 0
+// of topic, acking every record but hold (none when hold < 0), and closes
+// it: the group's commit is then hold (or n) with the completed tail
+// behind it and the leader epoch the records were read at. It returns what
+// the coordinator holds.
+func leaveTail(t *testing.T, c *kafkatest.Cluster, group, topic string, n int, hold int64) kafkatest.CommittedOffset {
+	t.Helper()
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		cfg.DrainTimeout = 200 * time.Millisecond
+	})
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off != hold {
+			m.Ack()
+		}
+	})
+	want := uint64(n)
+	if hold >= 0 {
+		want--
+	}
+	kafkatest.WaitFor(t, 10*time.Second, "every record but the held one acked", func() bool {
+		st, ok := statsOf(sub, topic, 0)
+		return ok && st.Completed == want
+	})
+	require.NoError(t, sub.Close())
+	return c.CommittedOffsets(t, group, topic)[0]
+}
+
+// handledBy runs a fresh subscriber in group, acking everything, until
+// done holds for the offsets it handled; it returns those and the
+// subscriber's totals for partition 0.
+func handledBy(t *testing.T, c *kafkatest.Cluster, group, topic string, done func(map[int64]int) bool, initial ...int64) (map[int64]int, safeack.PartitionTotals) {
+	t.Helper()
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		for _, at := range initial {
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = at
+		}
+	})
+	var mu sync.Mutex
+	seen := map[int64]int{}
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
+		mu.Lock()
+		seen[off]++
+		mu.Unlock()
+		m.Ack()
+	})
+	snapshot := func() map[int64]int {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make(map[int64]int, len(seen))
+		for k, v := range seen {
+			out[k] = v
+		}
+		return out
+	}
+	ok := kafkatest.Poll(10*time.Second, 20*time.Millisecond, func() bool { return done(snapshot()) })
+	got := snapshot()
+	require.True(t, ok, "the records expected were not handled; handled: %v", got)
+	var totals safeack.PartitionTotals
+	for _, tt := range sub.Totals() {
+		if tt.Topic == topic && tt.Partition == 0 {
+			totals = tt
+		}
+	}
+	require.NoError(t, sub.Close())
+	return got, totals
+}
+
+// bumpLeaderEpoch moves partition 0 of topic to the broker that leads it:
+// a new leader epoch, as a leader election gives, over the same log.
+func bumpLeaderEpoch(t *testing.T, c *kafkatest.Cluster, topic string) {
+	t.Helper()
+	kf := c.Kfake()
+	require.NoError(t, kf.MoveTopicPartition(topic, 0, kf.LeaderFor(topic, 0)))
+}
+
+// answerEpochEnd makes the broker answer OffsetForLeaderEpoch for the
+// partitions of topic with answer (an end offset, or an error code when
+// code is not 0), as a leader would whose log ended the asked-for epoch
+// there. It counts the requests.
+func answerEpochEnd(c *kafkatest.Cluster, topic string, end int64, code int16) *atomic.Int32 {
+	var asked atomic.Int32
+	kf := c.Kfake()
+	kf.ControlKey(int16(kmsg.OffsetForLeaderEpoch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		oreq := req.(*kmsg.OffsetForLeaderEpochRequest)
+		resp := oreq.ResponseKind().(*kmsg.OffsetForLeaderEpochResponse)
+		mine := false
+		for _, rt := range oreq.Topics {
+			st := kmsg.NewOffsetForLeaderEpochResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetForLeaderEpochResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = code
+				sp.LeaderEpoch = rp.LeaderEpoch
+				sp.EndOffset = end
+				if code != 0 {
+					sp.LeaderEpoch, sp.EndOffset = -1, -1
+				}
+				mine = mine || rt.Topic == topic
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		if !mine {
+			return nil, nil, false
+		}
+		asked.Add(1)
+		return resp, nil, true
+	})
+	return &asked
+}
+
+// TestTruncatedLogUnderCommit: an unclean leader election truncates the
+// partition under the group's commit, and the new leader is given new
+// records at the offsets it lost. The next start asks the leader where the
+// committed leader epoch ends, finds it below the committed offset, starts
+// again there and drops the completed tail: every record at a reused offset
+// is handled. Before the check, the start trusted the commit: the reused
+// offsets below it were never handled, and those the tail listed were
+// skipped as "already completed".
+//
+// kfake cannot truncate a log, so the new leader is played by answering
+// OffsetForLeaderEpoch as it would (the asked-for epoch ends at offset 3);
+// the records kfake still holds at 3 and above stand for the ones written
+// after the election. The leader epoch is bumped first, as an election does.
+func TestTruncatedLogUnderCommit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		hold int64 // the record left unanswered: the commit's offset, the tail above it
+		// past, when not 0, is a commit beyond the new leader's log end
+		// (the old leader had more records), written as safeack writes it.
+		past int64
+		sasl bool // the brokers require SASL/PLAIN: the check logs in as Sarama does
+	}{
+		{name: "completed tail", hold: 5},
+		{name: "offset alone", hold: -1},
+		{name: "commit past the log end", past: 15},
+		{name: "completed tail over SASL", hold: 5, sasl: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var opts []kafkatest.Option
+			if tc.sasl {
+				opts = append(opts, kafkatest.WithPlainSuperuser("admin", "admin-secret"))
+			}
+			c := kafkatest.Start(t, opts...)
+			c.RequireEmbedded(t)
+			topic := c.NewTopic(t, 1)
+			group := c.NewGroup(t)
+			const n, diverged = 10, 3
+			produceSequential(t, c, topic, 0, n)
+
+			if tc.past != 0 {
+				meta, _, err := frontier.EncodeTailEpoch(tc.past, nil, frontier.DefaultMetadataBudget, 0)
+				require.NoError(t, err)
+				commitRaw(t, c, group, topic, tc.past, meta)
+			} else {
+				held := leaveTail(t, c, group, topic, n, tc.hold)
+				_, ok := frontier.LeaderEpochOf(held.Metadata)
+				require.True(t, ok, "the commit carries no leader epoch: %q", held.Metadata)
+				tail, err := frontier.DecodeTail(held.Metadata, held.Offset)
+				require.NoError(t, err)
+				if tc.hold >= 0 {
+					require.EqualValues(t, tc.hold, held.Offset)
+					require.Equal(t, []frontier.Range{{From: tc.hold + 1, To: n}}, tail.Ranges)
+				} else {
+					require.EqualValues(t, n, held.Offset)
+					require.Empty(t, tail.Ranges)
+				}
+			}
+
+			bumpLeaderEpoch(t, c, topic)
+			asked := answerEpochEnd(c, topic, diverged, 0)
+
+			// At OffsetNewest (Sarama's default) a commit out of range
+			// falls back to the log end: nothing would be handled.
+			got, totals := handledBy(t, c, group, topic, func(seen map[int64]int) bool {
+				for off := int64(diverged); off < n; off++ {
+					if seen[off] == 0 {
+						return false
+					}
+				}
+				return true
+			}, sarama.OffsetNewest)
+			require.Positive(t, asked.Load(), "the leader was not asked where the committed epoch ends")
+			for off := int64(0); off < diverged; off++ {
+				require.Zero(t, got[off], "offset %d, below the divergence, was handled again", off)
+			}
+			require.EqualValues(t, 1, totals.LogTruncations, "the truncation is counted")
+			require.Zero(t, totals.SkippedTail, "nothing is skipped from a dropped tail")
+		})
+	}
+}
+
+// TestLeaderChangeKeepsTail: a clean leader election (a new epoch, the log
+// unchanged, new records in the new epoch) is no truncation: the real
+// OffsetForLeaderEpoch answer ends the committed epoch past the committed
+// offset, and the completed tail is skipped as before.
+func TestLeaderChangeKeepsTail(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	const n = 10
+	produceSequential(t, c, topic, 0, n)
+	held := leaveTail(t, c, group, topic, n, 5)
+	_, ok := frontier.LeaderEpochOf(held.Metadata)
+	require.True(t, ok, "the commit carries no leader epoch: %q", held.Metadata)
+
+	bumpLeaderEpoch(t, c, topic)
+	produceSequential(t, c, topic, 0, 3) // offsets 10..12, in the new epoch
+
+	got, totals := handledBy(t, c, group, topic, func(seen map[int64]int) bool {
+		return seen[5] > 0 && seen[10] > 0 && seen[11] > 0 && seen[12] > 0
+	})
+	for off := int64(6); off < n; off++ {
+		require.Zero(t, got[off], "offset %d of the completed tail was handled again", off)
+	}
+	require.Zero(t, totals.LogTruncations)
+	require.EqualValues(t, n-6, totals.SkippedTail)
+}
+
+// TestEpochCheckRefusedTrustsCommit: a leader that refuses the check (an
+// ACL, an old broker) does not hold the start up: the commit and its tail
+// are trusted as before the check existed, and the refusal is logged.
+func TestEpochCheckRefusedTrustsCommit(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	const n = 10
+	produceSequential(t, c, topic, 0, n)
+	leaveTail(t, c, group, topic, n, 5)
+	asked := answerEpochEnd(c, topic, -1, kerr.TopicAuthorizationFailed.Code)
+
+	began := time.Now()
+	got, totals := handledBy(t, c, group, topic, func(seen map[int64]int) bool { return seen[5] > 0 })
+	require.Less(t, time.Since(began), 8*time.Second, "the refused check held the start up")
+	require.Positive(t, asked.Load())
+	for off := int64(6); off < n; off++ {
+		require.Zero(t, got[off], "offset %d of the completed tail was handled again", off)
+	}
+	require.Zero(t, totals.LogTruncations)
+}
+
+// TestTruncatedLogUnderCooperativeHandover: with cooperative rebalancing a
+// partition handed to another member is added to its running session
+// without Setup, and Sarama fetches it from the commit at once. The check
+// runs for that claim too: finding the log truncated, it commits the
+// divergence point and ends the session, and the next session starts
+// there. Without it, the new member started at the commit and skipped the
+// tail.
+func TestTruncatedLogUnderCooperativeHandover(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	const n, hold, diverged = 10, 5, 3
+	topic := c.NewTopic(t, 2)
+	group := c.NewGroup(t)
+	for p := range int32(2) {
+		recs := make([]kafkatest.Record, n)
+		for i := range recs {
+			recs[i] = kafkatest.Record{Partition: p, Value: []byte{byte(i)}}
+		}
+		c.Produce(t, topic, recs...)
+	}
+	cooperative := func() *sarama.Config {
+		cfg := c.SaramaConfig()
+		cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+		return cfg
+	}
+	var mu sync.Mutex
+	var after bool // the truncation happened: count deliveries
+	seen := map[po]int{}
+	deliver := func(m *message.Message) {
+		k, _ := msgPO(m)
+		mu.Lock()
+		if after {
+			seen[k]++
+		}
+		mu.Unlock()
+	}
+	a := tailSubscriber(t, c.Brokers(), cooperative(), group, nil)
+	t.Cleanup(func() { _ = a.Close() })
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		deliver(m)
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off != hold {
+			m.Ack()
+		}
+	})
+	for p := range int32(2) {
+		waitForTailOn(t, c, group, topic, p, hold, func(tail frontier.Tail) bool {
+			return tail.Contains(hold+1) && tail.Contains(n-1)
+		})
+	}
+
+	kf := c.Kfake()
+	for p := range int32(2) {
+		require.NoError(t, kf.MoveTopicPartition(topic, p, kf.LeaderFor(topic, p)))
+	}
+	asked := answerEpochEnd(c, topic, diverged, 0)
+	mu.Lock()
+	after = true
+	mu.Unlock()
+
+	b := tailSubscriber(t, c.Brokers(), cooperative(), group, nil)
+	t.Cleanup(func() { _ = b.Close() })
+	handleAll(mustSubscribe(t, b, topic), func(m *message.Message) {
+		deliver(m)
+		m.Ack()
+	})
+	ok := kafkatest.Poll(30*time.Second, 20*time.Millisecond, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for p := range int32(2) {
+			all := true
+			for off := int64(diverged); off < n; off++ {
+				all = all && seen[po{p, off}] > 0
+			}
+			if all {
+				return true
+			}
+		}
+		return false
+	})
+	mu.Lock()
+	got := maps.Clone(seen)
+	mu.Unlock()
+	require.True(t, ok, "no partition had its records from the divergence on handled again; handled: %v", got)
+	require.Positive(t, asked.Load())
+	var truncations uint64
+	for _, s := range []*safeack.Subscriber{a, b} {
+		for _, tt := range s.Totals() {
+			truncations += tt.LogTruncations
+		}
+	}
+	require.Positive(t, truncations, "the truncation is counted")
+}
