@@ -95,7 +95,9 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 // Subscribe starts consuming topic and returns the channel its messages
 // arrive on. Up to MaxInFlight messages may be unacked at once. The channel
 // closes when ctx is cancelled or the Subscriber is closed, after the
-// partitions drained.
+// partitions drained, and when another consumer with the same
+// Consumer.Group.InstanceId fenced the subscription's group member (see
+// ErrInstanceFenced; Ready then reports it).
 //
 // Subscribe connects before it returns: it fails when no broker can be
 // reached within the time the Sarama config allows (Net.DialTimeout,
