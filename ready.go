@@ -120,6 +120,20 @@ func (r *readiness) check() (<-chan struct{}, error) {
 	return r.changed, &notReadyError{msg: ErrNotReady.Error() + ": " + strings.Join(why, "; "), errs: errs}
 }
 
+// closedErr is what Ready reports after Close: ErrSubscriberClosed, and
+// the fencing that ended a subscription before (a Watermill Router closes
+// its subscribers once their channels closed).
+func (r *readiness) closedErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, st := range r.subs {
+		if st.phase == phaseFenced {
+			return fmt.Errorf("%w after topic %q: %w", ErrSubscriberClosed, st.topic, st.err)
+		}
+	}
+	return ErrSubscriberClosed
+}
+
 // notReadyError is what Ready reports: ErrNotReady, and the errors that
 // ended subscriptions for good (ErrInstanceFenced).
 type notReadyError struct {
@@ -140,8 +154,10 @@ func (e *notReadyError) Unwrap() []error { return e.errs }
 // during a rebalance), or connecting again after the error that ended its
 // connection. A subscription fenced by another consumer with its
 // Consumer.Group.InstanceId has ended for good: Ready reports it, wrapping
-// ErrInstanceFenced as well, until Close. Before the first Subscribe it
-// reports ErrNotReady, and after Close ErrSubscriberClosed.
+// ErrInstanceFenced as well, and still after Close beside
+// ErrSubscriberClosed (a Watermill Router closes its subscribers once
+// their channels closed). Before the first Subscribe it reports
+// ErrNotReady, and after Close ErrSubscriberClosed.
 //
 // Ready does no I/O: it reports what the consumer last saw. With a
 // ConsumerGroup, a broker that went away shows once Sarama notices (a
@@ -153,7 +169,7 @@ func (e *notReadyError) Unwrap() []error { return e.errs }
 // itself fails when the first connection cannot be made.
 func (s *Subscriber) Ready() error {
 	if s.closed.Load() {
-		return ErrSubscriberClosed
+		return s.ready.closedErr()
 	}
 	_, err := s.ready.check()
 	return err
@@ -168,7 +184,7 @@ func (s *Subscriber) Ready() error {
 func (s *Subscriber) WaitReady(ctx context.Context) error {
 	for {
 		if s.closed.Load() {
-			return ErrSubscriberClosed
+			return s.ready.closedErr()
 		}
 		changed, err := s.ready.check()
 		if err == nil || errors.Is(err, ErrInstanceFenced) {

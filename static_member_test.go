@@ -3,6 +3,7 @@ package safeack_test
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -229,6 +230,7 @@ func testStaticMemberFenced(t *testing.T, busy bool) {
 	<-doneB
 	require.NoError(t, a.Close())
 	require.ErrorIs(t, a.Ready(), safeack.ErrSubscriberClosed)
+	require.ErrorIs(t, a.Ready(), safeack.ErrInstanceFenced, "Ready after Close forgot the fencing")
 
 	// At the broker: no commit from A's member after it learnt of the
 	// fence (before it logged it; at most the refused one that told it,
@@ -256,4 +258,58 @@ func testStaticMemberFenced(t *testing.T, busy bool) {
 		require.Positive(t, fromAAfterJoin, "A was not committing when B joined: the commit path is not tested")
 	}
 
+}
+
+// In transactional mode too, the fenced member stops: its transactions
+// stop (a TxnOffsetCommit from it would be refused anyway, aborting its
+// outputs), it does not rejoin, and the outputs are exactly once.
+func TestTxnStaticMemberFenced(t *testing.T) {
+	c := kafkatest.Start(t)
+	session := time.Second
+	if !c.Embedded() {
+		session = kafkatest.RealSessionTimeout
+	}
+	r := newTxnRig(t, c, 2, 2000)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	ids := r.inputIDs()
+	var att attempts
+	static := func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = "twin"
+		cfg.OverwriteSaramaConfig.Consumer.Group.Session.Timeout = session
+		cfg.OverwriteSaramaConfig.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+	}
+
+	// A stops after a while, until it is fenced, so that there is work
+	// left for B.
+	gate := make(chan struct{})
+	var handled atomic.Int32
+	a, pubA := r.subscriber(t, "txn-twin-a", static)
+	work := transform(&att, 2*time.Millisecond)
+	runRouter(t, r, a, pubA, func(msg *message.Message) ([]*message.Message, error) {
+		if handled.Add(1) > 600 {
+			select {
+			case <-gate:
+			case <-msg.Context().Done():
+				return nil, msg.Context().Err()
+			}
+		}
+		return work(msg)
+	})
+	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 200 })
+
+	b, pubB := r.subscriber(t, "txn-twin-b", static)
+	runRouter(t, r, b, pubB, transform(&att, 2*time.Millisecond))
+	kafkatest.WaitFor(t, mwWait, "A to report the fencing", func() bool {
+		return errors.Is(a.Ready(), safeack.ErrInstanceFenced)
+	})
+	committedA := pubA.Stats().Committed
+	close(gate) // A's held handlers finish: their outputs must not show
+	for end := time.Now().Add(2*session + 3*time.Second); time.Now().Before(end); {
+		require.NoError(t, b.Ready(), "B lost its membership: A came back")
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
+	require.Equal(t, committedA, pubA.Stats().Committed, "A committed a transaction after it was fenced")
+	require.ErrorIs(t, a.Ready(), safeack.ErrInstanceFenced)
+	t.Logf("A: %+v; B: %+v", pubA.Stats(), pubB.Stats())
 }
