@@ -86,11 +86,12 @@ func (l errorLog) count(target error) int {
 // from each other for as long as both run. Every commit at the broker
 // covers only acked records.
 func TestStaticMemberFenced(t *testing.T) {
-	t.Run("idle", func(t *testing.T) { testStaticMemberFenced(t, false) })
-	t.Run("busy", func(t *testing.T) { testStaticMemberFenced(t, true) })
+	t.Run("idle", func(t *testing.T) { testStaticMemberFenced(t, false, false) })
+	t.Run("busy", func(t *testing.T) { testStaticMemberFenced(t, true, false) })
+	t.Run("busy-cooperative", func(t *testing.T) { testStaticMemberFenced(t, true, true) })
 }
 
-func testStaticMemberFenced(t *testing.T, busy bool) {
+func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 	c := kafkatest.Start(t)
 	session := time.Second
 	if !c.Embedded() {
@@ -113,6 +114,9 @@ func testStaticMemberFenced(t *testing.T, busy bool) {
 			sc.Consumer.Group.Heartbeat.Interval = 900 * time.Millisecond
 		}
 		sc.Consumer.Group.InstanceId = "twin"
+		if cooperative {
+			sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+		}
 		sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
 			Brokers:               c.Brokers(),
 			OverwriteSaramaConfig: sc,
