@@ -1,6 +1,7 @@
 package safeack_test
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -316,4 +317,52 @@ func TestTxnStaticMemberFenced(t *testing.T) {
 	require.Equal(t, committedA, pubA.Stats().Committed, "A committed a transaction after it was fenced")
 	require.ErrorIs(t, a.Ready(), safeack.ErrInstanceFenced)
 	t.Logf("A: %+v; B: %+v", pubA.Stats(), pubB.Stats())
+}
+
+// A Subscriber with a Consumer.Group.InstanceId holds one subscription at
+// a time: a second one would be a second group member with the same
+// instance id, and the two would fence each other. The second Subscribe
+// fails with ErrInvalidConfig and changes nothing; once the first
+// subscription ended, the instance id is free again.
+func TestStaticMemberOneSubscriptionAtATime(t *testing.T) {
+	c := kafkatest.Start(t)
+	topic1, topic2 := c.NewTopic(t, 1), c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = "only"
+	})
+	ctx1, cancel1 := context.WithCancel(t.Context())
+	msgs1, err := sub.Subscribe(ctx1, topic1)
+	require.NoError(t, err)
+	require.NoError(t, sub.WaitReady(t.Context()))
+
+	_, err = sub.Subscribe(t.Context(), topic2)
+	require.ErrorIs(t, err, safeack.ErrInvalidConfig)
+	require.Contains(t, err.Error(), `"only"`)
+	require.Contains(t, err.Error(), topic1)
+
+	// The first subscription goes on.
+	c.ProduceN(t, topic1, 1, 3, nil)
+	for range 3 {
+		select {
+		case m := <-msgs1:
+			m.Ack()
+		case <-time.After(mwWait):
+			t.Fatal("the first subscription stopped delivering")
+		}
+	}
+	require.NoError(t, sub.Ready())
+
+	cancel1()
+	for range msgs1 {
+	}
+	msgs2, err := sub.Subscribe(t.Context(), topic2)
+	require.NoError(t, err, "the instance id was not released when the first subscription ended")
+	c.ProduceN(t, topic2, 1, 1, nil)
+	select {
+	case m := <-msgs2:
+		m.Ack()
+	case <-time.After(mwWait):
+		t.Fatal("the second subscription delivered nothing")
+	}
 }
