@@ -27,7 +27,8 @@ const (
 	// consumer group, connected.
 	phaseConsuming
 	// phaseFenced: the group member was fenced (ErrInstanceFenced); the
-	// subscription has ended and stays reported until Close.
+	// subscription has ended, and Ready reports it from then on (after
+	// Close too).
 	phaseFenced
 )
 
@@ -178,9 +179,9 @@ func (s *Subscriber) Ready() error {
 // WaitReady blocks until Ready reports nil and returns nil, or until ctx
 // ends or the Subscriber is closed, and then returns the error Ready
 // reports (joined with ctx's error). It returns at once what Ready reports
-// when a subscription was fenced (ErrInstanceFenced): that never mends. Use it to start serving only once the
-// subscriptions have their assignments, after router.Running() or after
-// Subscribe.
+// when a subscription was fenced (ErrInstanceFenced): that never mends.
+// Use it to start serving only once the subscriptions have their
+// assignments, after router.Running() or after Subscribe.
 func (s *Subscriber) WaitReady(ctx context.Context) error {
 	for {
 		if s.closed.Load() {
