@@ -36,7 +36,8 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		<-errsDone
 	}()
 
-	var handler sarama.ConsumerGroupHandler = &groupHandler{sub: sub, ctx: ctx, client: client, group: group, txn: sub.txn, epochs: epochs}
+	gh := &groupHandler{sub: sub, ctx: ctx, client: client, group: group, txn: sub.txn, epochs: epochs}
+	var handler sarama.ConsumerGroupHandler = gh
 	if sub.cfg.Tracer != nil {
 		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
 	}
@@ -44,6 +45,11 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 	for ctx.Err() == nil {
 		// Consume returns at every rebalance; calling it again rejoins.
 		err := group.Consume(ctx, []string{sub.topic}, handler)
+		if fencedCause(err) || gh.fenced.Load() {
+			// Another consumer has this member's instance id: rejoining
+			// would fence it in turn (see ErrInstanceFenced).
+			return sub.fenced()
+		}
 		if err == nil {
 			rejoin.reset()
 			continue
@@ -94,6 +100,10 @@ type groupHandler struct {
 	hwmListing  atomic.Bool
 	hwmListedAt atomic.Int64
 
+	// fenced is set by Cleanup when the coordinator fenced the session's
+	// member (see ErrInstanceFenced).
+	fenced atomic.Bool
+
 	// Per session, set in Setup and read by the claims it starts.
 	committed map[int32]committedOffset
 	// truncated lists the partitions whose log the leader-epoch check
@@ -118,6 +128,7 @@ type groupHandler struct {
 // (one OffsetFetch per session), pins the start of those without a commit
 // (see pinStarts) and starts the session's commit loop.
 func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	sess = guardSession(sess)
 	claimed := sess.Claims()[h.sub.topic]
 	h.sub.logger.Debug("Consumer group session started", h.sub.logFields.Add(watermill.LogFields{
 		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(claimed),
@@ -347,6 +358,7 @@ func withTruncated(m map[int32]bool, partition int32) map[int32]bool {
 
 // Cleanup stops the commit loop and commits what the claims marked.
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
+	sess = guardSession(sess)
 	h.sub.subscriber.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
 	close(h.stop)
 	<-h.done
@@ -354,6 +366,11 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	pinned := h.pinned
 	h.mu.Unlock()
 	<-pinned
+	if sessionFenced(sess.Context()) {
+		// The records are the fencing member's now: nothing more is
+		// committed (sess and the transactions refuse to).
+		h.fenced.Store(true)
+	}
 	if h.txn != nil {
 		h.txn.finishSession()
 		return nil
@@ -395,7 +412,7 @@ func (h *groupHandler) confirmCommitted(sess sarama.ConsumerGroupSession, marks 
 	ctx, cancel := context.WithTimeout(context.Background(), h.sub.finalCommitWait())
 	defer cancel()
 	var pace backoff.Doubling
-	for {
+	for !sessionFenced(sess.Context()) {
 		// One attempt each round: fetchCommitted's own retries would
 		// overrun the bound while the coordinator is away.
 		held, err := fetchCommittedOnce(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
@@ -434,6 +451,7 @@ func (sub *subscription) finalCommitWait() time.Duration {
 
 // ConsumeClaim runs one partition until it is revoked.
 func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	sess = guardSession(sess)
 	// Nothing is taken from the claim, handed out or shown in Stats before
 	// the session's pinned starts are committed; Sarama made the claim
 	// (resolving its start, starting its fetch) meanwhile.

@@ -26,6 +26,10 @@ const (
 	// phaseConsuming: in a group session with its assignment; without a
 	// consumer group, connected.
 	phaseConsuming
+	// phaseFenced: the group member was fenced (ErrInstanceFenced); the
+	// subscription has ended, and Ready reports it from then on (after
+	// Close too).
+	phaseFenced
 )
 
 type subStatus struct {
@@ -59,9 +63,14 @@ func (r *readiness) set(sub *subscription, p phase, err error) {
 	r.notifyLocked()
 }
 
+// remove forgets an ended subscription, except a fenced one: Ready keeps
+// telling why it ended.
 func (r *readiness) remove(sub *subscription) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if st := r.subs[sub]; st != nil && st.phase == phaseFenced {
+		return
+	}
 	delete(r.subs, sub)
 	r.notifyLocked()
 }
@@ -95,8 +104,12 @@ func (r *readiness) check() (<-chan struct{}, error) {
 	}
 	slices.SortFunc(waiting, func(a, b *subStatus) int { return cmp.Compare(a.topic, b.topic) })
 	var why []string
+	errs := []error{ErrNotReady}
 	for _, st := range waiting {
 		switch {
+		case st.phase == phaseFenced:
+			why = append(why, fmt.Sprintf("topic %q: stopped: %v", st.topic, st.err))
+			errs = append(errs, st.err)
 		case st.phase == phaseJoining:
 			why = append(why, fmt.Sprintf("topic %q: joining consumer group %q", st.topic, st.group))
 		case st.err != nil:
@@ -105,8 +118,32 @@ func (r *readiness) check() (<-chan struct{}, error) {
 			why = append(why, fmt.Sprintf("topic %q: connecting", st.topic))
 		}
 	}
-	return r.changed, fmt.Errorf("%w: %s", ErrNotReady, strings.Join(why, "; "))
+	return r.changed, &notReadyError{msg: ErrNotReady.Error() + ": " + strings.Join(why, "; "), errs: errs}
 }
+
+// closedErr is what Ready reports after Close: ErrSubscriberClosed, and
+// the fencing that ended a subscription before (a Watermill Router closes
+// its subscribers once their channels closed).
+func (r *readiness) closedErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, st := range r.subs {
+		if st.phase == phaseFenced {
+			return fmt.Errorf("%w after topic %q: %w", ErrSubscriberClosed, st.topic, st.err)
+		}
+	}
+	return ErrSubscriberClosed
+}
+
+// notReadyError is what Ready reports: ErrNotReady, and the errors that
+// ended subscriptions for good (ErrInstanceFenced).
+type notReadyError struct {
+	msg  string
+	errs []error
+}
+
+func (e *notReadyError) Error() string   { return e.msg }
+func (e *notReadyError) Unwrap() []error { return e.errs }
 
 // Ready reports whether the Subscriber is consuming, for readiness probes.
 // It returns nil when every subscription (every Subscribe call not yet
@@ -116,8 +153,12 @@ func (r *readiness) check() (<-chan struct{}, error) {
 // has partitions. Otherwise it returns an error wrapping ErrNotReady that
 // says, per topic, what the subscription is doing: joining the group (also
 // during a rebalance), or connecting again after the error that ended its
-// connection. Before the first Subscribe it reports ErrNotReady, and after
-// Close ErrSubscriberClosed.
+// connection. A subscription fenced by another consumer with its
+// Consumer.Group.InstanceId has ended for good: Ready reports it, wrapping
+// ErrInstanceFenced as well, and still after Close beside
+// ErrSubscriberClosed (a Watermill Router closes its subscribers once
+// their channels closed). Before the first Subscribe it reports
+// ErrNotReady, and after Close ErrSubscriberClosed.
 //
 // Ready does no I/O: it reports what the consumer last saw. With a
 // ConsumerGroup, a broker that went away shows once Sarama notices (a
@@ -129,7 +170,7 @@ func (r *readiness) check() (<-chan struct{}, error) {
 // itself fails when the first connection cannot be made.
 func (s *Subscriber) Ready() error {
 	if s.closed.Load() {
-		return ErrSubscriberClosed
+		return s.ready.closedErr()
 	}
 	_, err := s.ready.check()
 	return err
@@ -137,17 +178,18 @@ func (s *Subscriber) Ready() error {
 
 // WaitReady blocks until Ready reports nil and returns nil, or until ctx
 // ends or the Subscriber is closed, and then returns the error Ready
-// reports (joined with ctx's error). Use it to start serving only once the
-// subscriptions have their assignments, after router.Running() or after
-// Subscribe.
+// reports (joined with ctx's error). It returns at once what Ready reports
+// when a subscription was fenced (ErrInstanceFenced): that never mends.
+// Use it to start serving only once the subscriptions have their
+// assignments, after router.Running() or after Subscribe.
 func (s *Subscriber) WaitReady(ctx context.Context) error {
 	for {
 		if s.closed.Load() {
-			return ErrSubscriberClosed
+			return s.ready.closedErr()
 		}
 		changed, err := s.ready.check()
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, ErrInstanceFenced) {
+			return err // a fenced subscription never becomes ready
 		}
 		select {
 		case <-changed:

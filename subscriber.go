@@ -37,6 +37,11 @@ type Subscriber struct {
 	// waits for it in subs) or not at all.
 	lifecycle sync.Mutex
 	subs      sync.WaitGroup
+	// instanceTopic is the topic of the live subscription that holds the
+	// static member (Consumer.Group.InstanceId), if any; under lifecycle.
+	// Every subscription is a group member of its own, and two members
+	// with one instance id fence each other (see ErrInstanceFenced).
+	instanceTopic string
 
 	// txn makes the subscriptions commit through Kafka transactions (see
 	// NewTxnPublisher); subscribed tells NewTxnPublisher it is too late.
@@ -82,7 +87,9 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 // Subscribe starts consuming topic and returns the channel its messages
 // arrive on. Up to MaxInFlight messages may be unacked at once. The channel
 // closes when ctx is cancelled or the Subscriber is closed, after the
-// partitions drained.
+// partitions drained, and when another consumer with the same
+// Consumer.Group.InstanceId fenced the subscription's group member (see
+// ErrInstanceFenced; Ready then reports it).
 //
 // Subscribe connects before it returns: it fails when no broker can be
 // reached within the time the Sarama config allows (Net.DialTimeout,
@@ -92,6 +99,12 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 // connected, a subscription whose connection fails reconnects every
 // ReconnectRetrySleep until ctx ends or the Subscriber is closed; Ready
 // tells whether it is consuming.
+//
+// With a Consumer.Group.InstanceId (static membership), a Subscriber holds
+// one subscription at a time: each subscription is a group member of its
+// own, and two members with one instance id fence each other. Subscribe
+// then fails with ErrInvalidConfig while another subscription of the
+// Subscriber runs.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if s.closed.Load() {
 		return nil, ErrSubscriberClosed
@@ -99,6 +112,15 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if topic == "" {
 		return nil, errors.New("safeack: empty topic")
 	}
+	if err := s.holdInstance(topic); err != nil {
+		return nil, err
+	}
+	held := true
+	defer func() {
+		if held {
+			s.releaseInstance()
+		}
+	}()
 	s.subscribed.Store(true)
 	output := make(chan *message.Message)
 	sub := &subscription{
@@ -162,8 +184,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	} else {
 		s.ready.set(sub, phaseJoining, nil)
 	}
+	held = false // released when the subscription ends
 	go func() {
 		defer s.subs.Done()
+		defer s.releaseInstance()
 		sub.run(ctx, client)
 		if sub.txn != nil {
 			sub.txn.close()
@@ -172,6 +196,37 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		close(sub.output)
 	}()
 	return sub.output, nil
+}
+
+// holdInstance reserves the static member for a subscription to topic, when
+// the config names one (Consumer.Group.InstanceId with a ConsumerGroup). A
+// second live subscription of this Subscriber would join as a second
+// member with the same instance id, and the coordinator would fence the
+// first: it is refused.
+func (s *Subscriber) holdInstance(topic string) error {
+	id := s.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId
+	if id == "" || s.cfg.ConsumerGroup == "" {
+		return nil
+	}
+	s.lifecycle.Lock()
+	defer s.lifecycle.Unlock()
+	if s.instanceTopic != "" {
+		return fmt.Errorf("%w: Consumer.Group.InstanceId %q is held by this Subscriber's subscription to %q; "+
+			"each subscription is a group member of its own and two members cannot share an instance id "+
+			"(subscribe to %q with another Subscriber and its own InstanceId)", ErrInvalidConfig, id, s.instanceTopic, topic)
+	}
+	s.instanceTopic = topic
+	return nil
+}
+
+// releaseInstance frees what holdInstance reserved.
+func (s *Subscriber) releaseInstance() {
+	if s.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId == "" || s.cfg.ConsumerGroup == "" {
+		return
+	}
+	s.lifecycle.Lock()
+	s.instanceTopic = ""
+	s.lifecycle.Unlock()
 }
 
 // Close stops every subscription: partitions stop handing out messages,

@@ -103,6 +103,9 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 		}
 		err := sub.consumeOnce(ctx, client)
 		client = nil
+		if errors.Is(err, ErrInstanceFenced) {
+			return // logged and reported by fenced; a reconnect would rejoin
+		}
 		if sub.stopping(ctx) {
 			return
 		}

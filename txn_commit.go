@@ -65,6 +65,9 @@ type txnCommitter struct {
 	committing  bool
 	ackedInTxn  uint64 // deliveries taken while committing, for TxnStats
 	sessionOpen bool
+	// sessCtx is the open session's context: its cause tells a fenced
+	// member (see sessionFenced).
+	sessCtx context.Context
 }
 
 // txnMark is a partition's completed prefix and tail, as a worker marks it.
@@ -218,7 +221,7 @@ func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed 
 	c.epoch++
 	c.resetLocked()
 	c.covered = covered
-	c.group, c.endSession, c.sessionOpen = md, end, true
+	c.group, c.endSession, c.sessionOpen, c.sessCtx = md, end, true, sess.Context()
 	c.mu.Unlock()
 }
 
@@ -235,7 +238,7 @@ func (c *txnCommitter) finishSession() {
 	c.mu.Lock()
 	c.epoch++
 	c.resetLocked()
-	c.group, c.endSession, c.sessionOpen = nil, nil, false
+	c.group, c.endSession, c.sessionOpen, c.sessCtx = nil, nil, false, nil
 	c.mu.Unlock()
 }
 
@@ -372,7 +375,9 @@ func (c *txnCommitter) commit() {
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
 	c.mu.Lock()
-	if !c.sessionOpen {
+	if !c.sessionOpen || sessionFenced(c.sessCtx) {
+		// A fenced member's positions are not its to commit: its
+		// TxnOffsetCommit would be refused, aborting the outputs anyway.
 		c.mu.Unlock()
 		return
 	}

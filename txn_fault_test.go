@@ -102,7 +102,8 @@ func TestTxnFencedByTransactionalID(t *testing.T) {
 		// the retry goroutines of a failed batch write it (transitionTo,
 		// :249): fenced produce requests to several partitions trip the
 		// race detector inside Sarama, in about two runs of three. The
-		// test runs in the suite without -race.
+		// test runs in the suite without -race. Reported upstream-ready,
+		// with a reproducer: docs/upstream/sarama-txnmgr-race.md.
 		t.Skip("a data race inside Sarama's transaction manager when a producer is fenced mid-produce (run without -race)")
 	}
 	r := newTxnRig(t, c, 2, 3000)

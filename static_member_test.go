@@ -1,0 +1,368 @@
+package safeack_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// errorLog is a logger that keeps the Error lines, with when they were
+// logged, and passes everything on to next.
+type errorLog struct {
+	next watermill.LoggerAdapter
+	mu   *sync.Mutex
+	errs *[]loggedError
+}
+
+type loggedError struct {
+	at  time.Time
+	msg string
+	err error
+}
+
+func newErrorLog() errorLog {
+	return errorLog{next: testLogger(), mu: new(sync.Mutex), errs: new([]loggedError)}
+}
+
+func (l errorLog) Error(msg string, err error, fields watermill.LogFields) {
+	l.mu.Lock()
+	*l.errs = append(*l.errs, loggedError{at: time.Now(), msg: msg, err: err})
+	l.mu.Unlock()
+	l.next.Error(msg, err, fields)
+}
+func (l errorLog) Info(msg string, fields watermill.LogFields)  { l.next.Info(msg, fields) }
+func (l errorLog) Debug(msg string, fields watermill.LogFields) { l.next.Debug(msg, fields) }
+func (l errorLog) Trace(msg string, fields watermill.LogFields) { l.next.Trace(msg, fields) }
+func (l errorLog) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return errorLog{next: l.next.With(fields), mu: l.mu, errs: l.errs}
+}
+
+// first returns the first Error logged whose error is target.
+func (l errorLog) first(target error) (loggedError, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range *l.errs {
+		if errors.Is(e.err, target) {
+			return e, true
+		}
+	}
+	return loggedError{}, false
+}
+
+// count returns how many Errors were logged whose error is target.
+func (l errorLog) count(target error) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, e := range *l.errs {
+		if errors.Is(e.err, target) {
+			n++
+		}
+	}
+	return n
+}
+
+// Two live Subscribers with one Consumer.Group.InstanceId (a copy of a
+// deployment started beside the running one, say): the newer one takes the
+// older one's member (static membership, KIP-345) and its partitions; the
+// coordinator fences the older one (FENCED_INSTANCE_ID) at its next
+// heartbeat ("idle": nothing to commit) or commit ("busy": acking while the
+// newer one joins). The older subscription then stops for good: it hands
+// nothing more out, commits nothing more (the ack of a record it held
+// across the fence changes nothing: the newer one handles it again), closes
+// its channel, logs the fencing as an Error and Ready reports
+// ErrInstanceFenced. It does not rejoin: a rejoin under a new member id
+// would fence the newer one in turn, and the two would take the partitions
+// from each other for as long as both run. Every commit at the broker
+// covers only acked records.
+func TestStaticMemberFenced(t *testing.T) {
+	t.Run("idle", func(t *testing.T) { testStaticMemberFenced(t, false, false) })
+	t.Run("busy", func(t *testing.T) { testStaticMemberFenced(t, true, false) })
+	t.Run("busy-cooperative", func(t *testing.T) { testStaticMemberFenced(t, true, true) })
+}
+
+func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
+	c := kafkatest.Start(t)
+	session := time.Second
+	if !c.Embedded() {
+		session = kafkatest.RealSessionTimeout // the broker's minimum by default
+	}
+	const partitions = 2
+	topic := c.NewTopic(t, partitions)
+	group := c.NewGroup(t)
+	acks := newAckLog()
+	watch := newCommitWatch(t, c, group, topic, acks)
+	c.ProduceN(t, topic, partitions, partitions*20, nil)
+
+	member := func(logger watermill.LoggerAdapter) *safeack.Subscriber {
+		sc := c.SaramaConfig()
+		sc.Consumer.Return.Errors = true
+		sc.Consumer.Group.Session.Timeout = session
+		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+		if busy {
+			// The commits, every 50 ms, meet the fence first.
+			sc.Consumer.Group.Heartbeat.Interval = 900 * time.Millisecond
+		}
+		sc.Consumer.Group.InstanceId = "twin"
+		if cooperative {
+			sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+		}
+		sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+			Brokers:               c.Brokers(),
+			OverwriteSaramaConfig: sc,
+			ConsumerGroup:         group,
+			Ordering:              safeack.Unordered,
+			MaxInFlight:           4,
+			ReconnectRetrySleep:   100 * time.Millisecond,
+			DrainTimeout:          300 * time.Millisecond,
+			CommitInterval:        50 * time.Millisecond,
+		}, logger)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
+		return sub
+	}
+
+	// A holds offset 5 of partition 0 and acks everything else, slowly
+	// from offset 20 on.
+	logA := newErrorLog()
+	a := member(logA)
+	var heldMu sync.Mutex
+	var held *message.Message
+	var handedAfterFence []po
+	var fencedAt time.Time
+	doneA := handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		k, _ := msgPO(m)
+		heldMu.Lock()
+		if !fencedAt.IsZero() {
+			handedAfterFence = append(handedAfterFence, k)
+		}
+		if k == (po{0, 5}) && held == nil {
+			held = m
+			heldMu.Unlock()
+			return
+		}
+		heldMu.Unlock()
+		if k.o >= 20 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		acks.ack(m)
+	})
+	kafkatest.WaitFor(t, mwWait, "A to ack all but its held record", func() bool {
+		return len(acks.missing(c, topic)) == 1
+	})
+	watch.waitCommitted(t, map[int32]int64{0: 5, 1: 20}, mwWait)
+	var memberA string // on the embedded broker, where commits are observed
+	if watch.log != nil {
+		for _, oc := range watch.log.Commits() {
+			if oc.Group == group {
+				memberA = oc.MemberID
+			}
+		}
+		require.NotEmpty(t, memberA)
+	}
+	if busy {
+		// About 2 s of work for A: it is acking and committing when B
+		// joins.
+		c.ProduceN(t, topic, partitions, 800, nil)
+		kafkatest.WaitFor(t, mwWait, "A to ack some of the new records", func() bool {
+			return len(acks.missing(c, topic)) < 790
+		})
+	}
+
+	// B joins with the same instance id. It keeps the partitions: long
+	// enough for A to have rejoined and taken them back if it were going
+	// to (its rejoin window is two session timeouts, then a new client
+	// joins under a new member id).
+	joinedB := time.Now()
+	b := member(testLogger())
+	doneB := handleAll(mustSubscribe(t, b, topic), acks.ack)
+	require.NoError(t, b.WaitReady(t.Context()))
+	kafkatest.WaitFor(t, mwWait, "B to own the partitions", func() bool {
+		return len(ownedPartitions(b, topic)) == partitions
+	})
+	for end := time.Now().Add(2*session + 3*time.Second); time.Now().Before(end); {
+		require.NoError(t, b.Ready(), "B lost its membership: A came back")
+		require.Len(t, ownedPartitions(b, topic), partitions, "B lost partitions: A came back")
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// A reported the fencing, closed its channel, owns nothing.
+	err := a.Ready()
+	require.ErrorIs(t, err, safeack.ErrInstanceFenced)
+	require.ErrorIs(t, err, safeack.ErrNotReady)
+	require.ErrorIs(t, err, sarama.ErrFencedInstancedId)
+	require.Contains(t, err.Error(), `"twin"`)
+	require.ErrorIs(t, a.WaitReady(t.Context()), safeack.ErrInstanceFenced, "WaitReady waits for a fenced subscription")
+	heldMu.Lock()
+	fencedAt = time.Now()
+	heldMu.Unlock()
+	logged, ok := logA.first(safeack.ErrInstanceFenced)
+	require.True(t, ok, "A logged no Error wrapping ErrInstanceFenced")
+	require.Equal(t, 1, logA.count(safeack.ErrInstanceFenced), "the fencing is logged once")
+	select {
+	case <-doneA:
+	case <-time.After(mwWait):
+		t.Fatal("A's message channel did not close after the fencing")
+	}
+	require.Empty(t, ownedPartitions(a, topic), "A still shows partitions in Stats")
+
+	// A's held record, acked now, changes nothing: B handles it again, and
+	// everything else.
+	heldMu.Lock()
+	require.NotNil(t, held)
+	acks.ackLate(held)
+	heldMu.Unlock()
+	c.ProduceN(t, topic, partitions, partitions*10, nil)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	require.Equal(t, 1, acks.count(po{0, 5}), "the record A held was not handled again by B")
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	heldMu.Lock()
+	require.Empty(t, handedAfterFence, "A handed records out after it reported the fencing")
+	heldMu.Unlock()
+
+	require.NoError(t, b.Close())
+	<-doneB
+	require.NoError(t, a.Close())
+	require.ErrorIs(t, a.Ready(), safeack.ErrSubscriberClosed)
+	require.ErrorIs(t, a.Ready(), safeack.ErrInstanceFenced, "Ready after Close forgot the fencing")
+
+	// At the broker: no commit from A's member after it learnt of the
+	// fence (before it logged it; at most the refused one that told it,
+	// per path), and every commit of the group covers acked records only
+	// (polled on a real broker, where requests cannot be observed).
+	require.Positive(t, watch.check(t))
+	require.Empty(t, acks.badMessages())
+	if watch.log == nil {
+		return
+	}
+	var fromAAfterJoin int
+	for _, oc := range watch.log.Commits() {
+		if oc.Group != group || oc.MemberID != memberA {
+			continue
+		}
+		require.False(t, oc.At.After(logged.at), "A committed after it logged the fencing: %+v", oc)
+		if oc.At.After(joinedB) {
+			fromAAfterJoin++
+		}
+	}
+	t.Logf("A's commit requests after B joined: %d; fencing logged %v after B joined: %v",
+		fromAAfterJoin, logged.at.Sub(joinedB), logged.err)
+	require.LessOrEqual(t, fromAAfterJoin, 2, "A kept committing after B took its member")
+	if busy {
+		require.Positive(t, fromAAfterJoin, "A was not committing when B joined: the commit path is not tested")
+	}
+
+}
+
+// In transactional mode too, the fenced member stops: its transactions
+// stop (a TxnOffsetCommit from it would be refused anyway, aborting its
+// outputs), it does not rejoin, and the outputs are exactly once.
+func TestTxnStaticMemberFenced(t *testing.T) {
+	c := kafkatest.Start(t)
+	session := time.Second
+	if !c.Embedded() {
+		session = kafkatest.RealSessionTimeout
+	}
+	r := newTxnRig(t, c, 2, 2000)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	ids := r.inputIDs()
+	var att attempts
+	static := func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = "twin"
+		cfg.OverwriteSaramaConfig.Consumer.Group.Session.Timeout = session
+		cfg.OverwriteSaramaConfig.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+	}
+
+	// A stops after a while, until it is fenced, so that there is work
+	// left for B.
+	gate := make(chan struct{})
+	var handled atomic.Int32
+	a, pubA := r.subscriber(t, "txn-twin-a", static)
+	work := transform(&att, 2*time.Millisecond)
+	runRouter(t, r, a, pubA, func(msg *message.Message) ([]*message.Message, error) {
+		if handled.Add(1) > 600 {
+			select {
+			case <-gate:
+			case <-msg.Context().Done():
+				return nil, msg.Context().Err()
+			}
+		}
+		return work(msg)
+	})
+	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 200 })
+
+	b, pubB := r.subscriber(t, "txn-twin-b", static)
+	runRouter(t, r, b, pubB, transform(&att, 2*time.Millisecond))
+	kafkatest.WaitFor(t, mwWait, "A to report the fencing", func() bool {
+		return errors.Is(a.Ready(), safeack.ErrInstanceFenced)
+	})
+	committedA := pubA.Stats().Committed
+	close(gate) // A's held handlers finish: their outputs must not show
+	for end := time.Now().Add(2*session + 3*time.Second); time.Now().Before(end); {
+		require.NoError(t, b.Ready(), "B lost its membership: A came back")
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
+	require.Equal(t, committedA, pubA.Stats().Committed, "A committed a transaction after it was fenced")
+	require.ErrorIs(t, a.Ready(), safeack.ErrInstanceFenced)
+	t.Logf("A: %+v; B: %+v", pubA.Stats(), pubB.Stats())
+}
+
+// A Subscriber with a Consumer.Group.InstanceId holds one subscription at
+// a time: a second one would be a second group member with the same
+// instance id, and the two would fence each other. The second Subscribe
+// fails with ErrInvalidConfig and changes nothing; once the first
+// subscription ended, the instance id is free again.
+func TestStaticMemberOneSubscriptionAtATime(t *testing.T) {
+	c := kafkatest.Start(t)
+	topic1, topic2 := c.NewTopic(t, 1), c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = "only"
+	})
+	ctx1, cancel1 := context.WithCancel(t.Context())
+	msgs1, err := sub.Subscribe(ctx1, topic1)
+	require.NoError(t, err)
+	require.NoError(t, sub.WaitReady(t.Context()))
+
+	_, err = sub.Subscribe(t.Context(), topic2)
+	require.ErrorIs(t, err, safeack.ErrInvalidConfig)
+	require.Contains(t, err.Error(), `"only"`)
+	require.Contains(t, err.Error(), topic1)
+
+	// The first subscription goes on.
+	c.ProduceN(t, topic1, 1, 3, nil)
+	for range 3 {
+		select {
+		case m := <-msgs1:
+			m.Ack()
+		case <-time.After(mwWait):
+			t.Fatal("the first subscription stopped delivering")
+		}
+	}
+	require.NoError(t, sub.Ready())
+
+	cancel1()
+	for range msgs1 {
+	}
+	msgs2, err := sub.Subscribe(t.Context(), topic2)
+	require.NoError(t, err, "the instance id was not released when the first subscription ended")
+	c.ProduceN(t, topic2, 1, 1, nil)
+	select {
+	case m := <-msgs2:
+		m.Ack()
+	case <-time.After(mwWait):
+		t.Fatal("the second subscription delivered nothing")
+	}
+}
