@@ -404,7 +404,14 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// owner's.
 		return nil
 	}
-	start := h.startOf(claim)
+	messages := claim.Messages()
+	estimateAt := claim.InitialOffset()
+	if h.backfillFromStart(claim) {
+		done := make(chan struct{})
+		defer close(done)
+		messages, estimateAt = h.backfill(claim, done), sarama.OffsetOldest
+	}
+	start := h.startOf(claim, estimateAt)
 	// Where completed offsets go: the session's marks, or the transaction.
 	a := partition.Assignment{
 		Topic:         claim.Topic(),
@@ -451,7 +458,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		delete(h.workers, claim.Partition())
 		h.mu.Unlock()
 	}()
-	w.Run(claim.Messages(), h.sub.subscriber.closing)
+	w.Run(messages, h.sub.subscriber.closing)
 	if tm != nil {
 		return nil // the drain's transaction carried the final position
 	}
@@ -481,11 +488,14 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 // expose the offset it then resolved, so the first record fixes the start
 // (see fixStart) and, until one arrives, Stats shows the broker's current
 // answer for the sentinel.
-func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) partition.Start {
+//
+// A claim read from its log start (see backfill) starts at a sentinel too;
+// estimateAt is the sentinel its records come from.
+func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim, estimateAt int64) partition.Start {
 	if off := claim.InitialOffset(); off >= 0 {
 		return partition.Start{Offset: off, Resolved: true}
 	}
-	estimate, err := h.client.GetOffset(claim.Topic(), claim.Partition(), claim.InitialOffset())
+	estimate, err := h.client.GetOffset(claim.Topic(), claim.Partition(), estimateAt)
 	if err != nil {
 		h.sub.logger.Debug("Cannot read the partition's start offset; Stats shows 0 until the first record",
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": claim.Partition(), "err": err.Error()}))
