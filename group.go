@@ -277,10 +277,10 @@ func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map
 
 // committedOffset returns what Setup read for partition. A cooperative
 // rebalance can add a claim to a running session without a new Setup; such
-// a partition is read on its own.
-func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) {
+// a partition is read on its own. A failed read is logged and returned.
+func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool, error) {
 	if h.sub.cfg.DisableCompletedTail {
-		return committedOffset{}, false
+		return committedOffset{}, false, nil
 	}
 	h.mu.Lock()
 	c, ok := h.committed[partition]
@@ -290,16 +290,16 @@ func (h *groupHandler) committedOffset(partition int32) (committedOffset, bool) 
 	delete(h.committed, partition)
 	h.mu.Unlock()
 	if ok {
-		return c, true
+		return c, true, nil
 	}
 	fetched, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
 	if err != nil {
 		h.sub.logger.Error("Cannot read committed metadata; the completed tail is not skipped", err,
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition}))
-		return committedOffset{}, false
+		return committedOffset{}, false, err
 	}
 	c, ok = fetched[partition]
-	return c, ok
+	return c, ok, nil
 }
 
 // Cleanup stops the commit loop and commits what the claims marked.
@@ -430,7 +430,8 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	h.mu.Unlock()
 	var tm *txnMarker
 	if h.txn != nil {
-		tm = h.txn.newMarker()
+		tm = h.txn.newMarker(claim.Partition())
+		defer tm.release()
 		a.Marker, a.Deliveries = tm, tm
 	} else {
 		a.StartCommitted = func(offset int64) bool {
@@ -445,7 +446,17 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	if tm != nil {
 		tm.bind(w)
 	}
-	if c, ok := h.committedOffset(claim.Partition()); ok {
+	c, ok, err := h.committedOffset(claim.Partition())
+	if err != nil && tm != nil {
+		// Without the completed tail, its records would be handled, and
+		// their outputs written, again: end the session, whose next Setup
+		// reads the commits again.
+		return fmt.Errorf("safeack: reading the committed offset of a transactional claim: %w", err)
+	}
+	if ok {
+		if tm != nil {
+			tm.startFrom(c)
+		}
 		w.StartFromCommit(c.offset, c.metadata)
 	}
 	h.mu.Lock()

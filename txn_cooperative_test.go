@@ -1,0 +1,171 @@
+package safeack_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// txnMember is one running member of a transactional router.
+type txnMember struct {
+	sub  *safeack.Subscriber
+	pub  *safeack.TxnPublisher
+	stop func()
+}
+
+// Transactional routing with cooperative-sticky balancing, members joining
+// and leaving while records keep coming: each revocation commits the
+// revoked partitions' outputs and positions in a transaction before it
+// completes, while the member's other partitions go on. A read_committed
+// reader sees exactly one output per input, none of a failed delivery, and
+// the group's offsets end at the input's end; no transaction is aborted
+// (an abort would end the member's whole session).
+func TestTxnCooperativeExactlyOnce(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := newTxnRig(t, c, 6, 600)
+	var att attempts
+	handler := func(msg *message.Message) ([]*message.Message, error) {
+		n := att.next(msg)
+		randomDelay(3 * time.Millisecond)
+		if rand.N(20) == 0 {
+			return nil, errors.New("transient failure") // nacked, redelivered: its outputs must never show
+		}
+		return []*message.Message{outputOf(msg, n)}, nil
+	}
+	start := func(id string) *txnMember {
+		sub, pub := r.subscriber(t, id, func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+				sarama.NewBalanceStrategyCooperativeSticky(),
+			}
+			if c.Embedded() {
+				shortSessions(cfg.OverwriteSaramaConfig)
+			}
+		})
+		return &txnMember{sub: sub, pub: pub, stop: runRouter(t, r, sub, pub, handler)}
+	}
+	owned := func(ms ...*txnMember) []int {
+		n := make([]int, len(ms))
+		for i, m := range ms {
+			n[i] = len(ownedPartitions(m.sub, r.in))
+		}
+		return n
+	}
+	spread := func(what string, ms ...*txnMember) {
+		t.Helper()
+		kafkatest.WaitFor(t, 30*time.Second, what, func() bool {
+			total := 0
+			for _, n := range owned(ms...) {
+				if n == 0 {
+					return false
+				}
+				total += n
+			}
+			return total == r.parts
+		})
+	}
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	stopProducing, produced := produceSteadily(t, c, r.in)
+
+	// Every change of membership happens while records come in and
+	// handlers run: revocations find records in flight. Between changes,
+	// outputs keep coming.
+	seen := 0
+	progress := func() {
+		t.Helper()
+		kafkatest.WaitFor(t, 30*time.Second, "outputs between membership changes", func() bool {
+			rd.mu.Lock()
+			defer rd.mu.Unlock()
+			return rd.records >= seen+300
+		})
+		rd.mu.Lock()
+		seen = rd.records
+		rd.mu.Unlock()
+	}
+	a := start("txn-coop-a")
+	spread("member a to own every partition", a)
+	progress()
+	b := start("txn-coop-b")
+	spread("members a and b to share the partitions", a, b)
+	progress()
+	d := start("txn-coop-d")
+	spread("members a, b and d to share the partitions", a, b, d)
+	progress()
+	a.stop()
+	spread("members b and d to take a's partitions", b, d)
+	progress()
+	b.stop()
+	spread("member d to take every partition", d)
+	progress()
+	stopProducing()
+	r.inputs = append(r.inputs, produced()...)
+	t.Logf("%d inputs", len(r.inputs))
+
+	r.requireExactlyOnce(t, rd, r.inputIDs(), 90*time.Second, 30*time.Second)
+	var total safeack.TxnStats
+	for _, m := range []*txnMember{a, b, d} {
+		st := m.pub.Stats()
+		total.Committed += st.Committed
+		total.Aborted += st.Aborted
+		total.Retried += st.Retried
+		total.Outputs += st.Outputs
+	}
+	t.Logf("transactions of all members: %+v", total)
+	require.Zero(t, total.Aborted, "a transaction was aborted")
+	require.Equal(t, uint64(len(r.inputs)), total.Outputs)
+}
+
+// produceSteadily writes about a thousand records a second to topic, spread
+// over its partitions, until stop is called; produced then returns them.
+func produceSteadily(t *testing.T, c *kafkatest.Cluster, topic string) (stop func(), produced func() []kafkatest.Produced) {
+	t.Helper()
+	cfg := c.SaramaConfig()
+	cfg.Producer.Partitioner = sarama.NewRoundRobinPartitioner
+	cfg.Producer.Return.Successes = true
+	p, err := sarama.NewSyncProducer(c.Brokers(), cfg)
+	require.NoError(t, err)
+	quit, done := make(chan struct{}), make(chan struct{})
+	var out []kafkatest.Produced
+	var sendErr error
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			batch := make([]*sarama.ProducerMessage, 10)
+			for j := range batch {
+				batch[j] = &sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder(fmt.Sprintf("steady-%d-%d", i, j))}
+			}
+			if err := p.SendMessages(batch); err != nil {
+				sendErr = err
+				return
+			}
+			for _, m := range batch {
+				out = append(out, kafkatest.Produced{Topic: topic, Partition: m.Partition, Offset: m.Offset})
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			close(quit)
+			<-done
+			require.NoError(t, p.Close())
+			require.NoError(t, sendErr, "producing steadily")
+		})
+	}
+	t.Cleanup(stop)
+	return stop, func() []kafkatest.Produced { <-done; return out }
+}
