@@ -58,19 +58,19 @@ type txnCommitter struct {
 
 	// client is the producer's connection, and answers Publish's
 	// question whether an output's topic exists.
-	client   sarama.Client
-	topics   lockedMap[string, outputTopic] // what the cluster says of each output topic
+	client sarama.Client
+	topics lockedMap[string, outputTopic] // what the cluster says of each output topic
 	// cooperative: the group balances cooperatively, so a session's
 	// generation moves on while its transactions run (see commit).
 	cooperative bool
-	commitMu sync.Mutex                     // one transaction at a time; guards producer
-	producer sarama.SyncProducer
+	commitMu    sync.Mutex // one transaction at a time; guards producer
+	producer    sarama.SyncProducer
 
 	mu          sync.Mutex
 	epoch       uint64
-	pending     map[int32][]pendingOutputs // of acked deliveries, not yet covered by a committed position
-	marks       map[int32]txnMark          // latest position per partition since the last snapshot
-	covered     map[int32]coverage         // what the group's committed position covers, per partition
+	pending     map[int32][]pendingOutputs  // of acked deliveries, not yet covered by a committed position
+	marks       map[int32]txnMark           // latest position per partition since the last snapshot
+	covered     map[int32]coverage          // what the group's committed position covers, per partition
 	sess        sarama.ConsumerGroupSession // the current session: its generation and member id fence the offsets
 	owners      map[int32]*txnMarker        // the marker of each partition's current assignment
 	endSession  func()                      // ends the current session's assignments
