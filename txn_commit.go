@@ -58,13 +58,13 @@ type txnCommitter struct {
 
 	// client is the producer's connection, and answers Publish's
 	// question whether an output's topic exists.
-	client sarama.Client
-	topics lockedMap[string, outputTopic] // what the cluster says of each output topic
+	client   sarama.Client
+	topics   lockedMap[string, outputTopic] // what the cluster says of each output topic
+	commitMu sync.Mutex                     // one transaction at a time; guards producer
+	producer sarama.SyncProducer
 	// cooperative: the group balances cooperatively, so a session's
 	// generation moves on while its transactions run (see commit).
 	cooperative bool
-	commitMu    sync.Mutex // one transaction at a time; guards producer
-	producer    sarama.SyncProducer
 
 	mu          sync.Mutex
 	epoch       uint64
