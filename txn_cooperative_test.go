@@ -169,3 +169,44 @@ func produceSteadily(t *testing.T, c *kafkatest.Cluster, topic string) (stop fun
 	t.Cleanup(stop)
 	return stop, func() []kafkatest.Produced { <-done; return out }
 }
+
+// A partition added to the input after Subscribe, with transactional
+// routing, cooperative-sticky balancing and OffsetNewest (Sarama's
+// default): the records written to it before the group noticed it are
+// handled too, each output exactly once, its start committed in a
+// transaction. Before, they were skipped (the claim started at the end).
+func TestTxnCooperativeNewPartition(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := &txnRig{c: c, parts: 2, in: c.NewTopic(t, 1), out: c.NewTopic(t, 2), group: c.NewGroup(t)}
+	sub, pub := r.subscriber(t, "txn-coop-new", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+			sarama.NewBalanceStrategyCooperativeSticky(),
+		}
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
+		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 500 * time.Millisecond
+	})
+	var att attempts
+	runRouter(t, r, sub, pub, func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{outputOf(msg, att.next(msg))}, nil
+	})
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	kafkatest.WaitFor(t, 15*time.Second, "the member to commit the start of partition 0", func() bool {
+		co, ok := c.CommittedOffsets(t, r.group, r.in)[0]
+		return ok && co.Offset == 0
+	})
+	r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, 20, nil)...)
+
+	c.AddPartitions(t, r.in, 2)
+	// Produced before the group notices the partition, most likely.
+	r.inputs = append(r.inputs, c.Produce(t, r.in, records(1, 10)...)...)
+	kafkatest.WaitFor(t, 15*time.Second, "the member to own the new partition", func() bool {
+		_, ok := statsOf(sub, r.in, 1)
+		return ok
+	})
+	r.inputs = append(r.inputs, c.Produce(t, r.in, records(1, 5)...)...)
+
+	r.requireExactlyOnce(t, rd, r.inputIDs(), 30*time.Second, 30*time.Second)
+	st := pub.Stats()
+	require.Zero(t, st.Aborted, "a transaction was aborted")
+	t.Logf("transactions: %+v", st)
+}
