@@ -16,6 +16,14 @@ import (
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
+// cooperative gives cfg cooperative-sticky balancing, with a strategy of its
+// own (strategies keep state).
+func cooperative(cfg *safeack.SubscriberConfig) {
+	cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+		sarama.NewBalanceStrategyCooperativeSticky(),
+	}
+}
+
 // txnMember is one running member of a transactional router.
 type txnMember struct {
 	sub  *safeack.Subscriber
@@ -44,9 +52,7 @@ func TestTxnCooperativeExactlyOnce(t *testing.T) {
 	}
 	start := func(id string) *txnMember {
 		sub, pub := r.subscriber(t, id, func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
-			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
-				sarama.NewBalanceStrategyCooperativeSticky(),
-			}
+			cooperative(cfg)
 			if c.Embedded() {
 				shortSessions(cfg.OverwriteSaramaConfig)
 			}
@@ -179,9 +185,7 @@ func TestTxnCooperativeNewPartition(t *testing.T) {
 	c := kafkatest.Start(t)
 	r := &txnRig{c: c, parts: 2, in: c.NewTopic(t, 1), out: c.NewTopic(t, 2), group: c.NewGroup(t)}
 	sub, pub := r.subscriber(t, "txn-coop-new", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
-		cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
-			sarama.NewBalanceStrategyCooperativeSticky(),
-		}
+		cooperative(cfg)
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
 		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 500 * time.Millisecond
 	})
