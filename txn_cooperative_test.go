@@ -214,3 +214,78 @@ func TestTxnCooperativeNewPartition(t *testing.T) {
 	require.Zero(t, st.Aborted, "a transaction was aborted")
 	t.Logf("transactions: %+v", st)
 }
+
+// A record whose completion was deferred (safeack.Defer) on a partition
+// that a cooperative rebalance revokes, resolved only after its drain gave
+// up: the session goes on, and when the partition comes back to the same
+// member its new assignment's transactions must not carry the old
+// delivery's output, since the record was handled again by the member it
+// went to. One output per input, the moved record's from its second
+// delivery.
+func TestTxnCooperativeDeferredResolvedAfterRevoke(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := newTxnRig(t, c, 2, 200)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	held := map[string]bool{"0@10": true, "1@10": true}
+	var att attempts
+	var mu sync.Mutex
+	deferred := map[string]*safeack.Completion{}
+	coop := func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		cooperative(cfg)
+		cfg.DrainTimeout = 200 * time.Millisecond
+		if c.Embedded() {
+			shortSessions(cfg.OverwriteSaramaConfig)
+		}
+	}
+	subA, pubA := r.subscriber(t, "txn-coop-deferred-a", coop)
+	plain := transform(&att, time.Millisecond)
+	runRouter(t, r, subA, pubA, func(msg *message.Message) ([]*message.Message, error) {
+		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
+		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
+		id := fmt.Sprintf("%d@%d", p, o)
+		if !held[id] {
+			return plain(msg)
+		}
+		n := att.next(msg)
+		comp, err := safeack.Defer(msg)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		deferred[id] = comp
+		mu.Unlock()
+		return []*message.Message{outputOf(msg, n)}, nil
+	})
+	ids := r.inputIDs()
+	kafkatest.WaitFor(t, 60*time.Second, "every record but the held ones to have its output", func() bool {
+		return rd.seen(ids) == len(ids)-len(held)
+	})
+
+	subB, pubB := r.subscriber(t, "txn-coop-deferred-b", coop)
+	stopB := runRouter(t, r, subB, pubB, plain)
+	var moved string
+	kafkatest.WaitFor(t, 30*time.Second, "a partition to move to member b and its held record to be handled there", func() bool {
+		for p := range ownedPartitions(subB, r.in) {
+			moved = fmt.Sprintf("%d@10", p)
+			return len(ownedPartitions(subA, r.in)) == 1 && rd.seen([]string{moved}) == 1
+		}
+		return false
+	})
+	mu.Lock()
+	for _, comp := range deferred {
+		comp.Done() // the moved one's drain gave up on it long ago
+	}
+	mu.Unlock()
+	stopB()
+	kafkatest.WaitFor(t, 30*time.Second, "member a to take the partition back", func() bool {
+		return len(ownedPartitions(subA, r.in)) == 2
+	})
+	// New records, so that the new assignment commits positions past the
+	// moved record.
+	r.inputs = append(r.inputs, c.ProduceN(t, r.in, r.parts, 100, nil)...)
+	r.requireExactlyOnce(t, rd, r.inputIDs(), 60*time.Second, 30*time.Second)
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	require.Equal(t, "2", headerOf(rd.byID[moved][0], hdrAttempt), "output of the moved record from the delivery whose drain gave up")
+	t.Logf("moved %s; member a: %+v; member b: %+v", moved, pubA.Stats(), pubB.Stats())
+}
