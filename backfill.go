@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/internal/backoff"
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // backfillFromStart reports whether a claim must be read from its
@@ -37,6 +38,19 @@ func (h *groupHandler) backfillFromStart(claim sarama.ConsumerGroupClaim) bool {
 	return !ok || c.offset < 0
 }
 
+// logStart resolves where a backfilled claim starts: its partition's log
+// start now. When it cannot be listed, the first record fixes the start
+// (Stats shows 0 until then).
+func (h *groupHandler) logStart(claim sarama.ConsumerGroupClaim) partition.Start {
+	off, err := h.client.GetOffset(claim.Topic(), claim.Partition(), sarama.OffsetOldest)
+	if err != nil {
+		h.sub.logger.Debug("Cannot list the start of a partition added after Subscribe; it starts at its first record",
+			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": claim.Partition(), "err": err.Error()}))
+		return partition.Start{}
+	}
+	return partition.Start{Offset: off, Resolved: true}
+}
+
 // backfill returns the records of claim's partition from its log start on,
 // for a claim that Sarama fetches from the end (see backfillFromStart).
 // Records come from a partition consumer of its own, started at
@@ -47,9 +61,11 @@ func (h *groupHandler) backfillFromStart(claim sarama.ConsumerGroupClaim) bool {
 // claim's records after the last one delivered follow. The returned
 // channel closes when the claim does, or when done closes.
 //
-// The first record it delivers fixes the worker's start, which is
-// committed before anything is handed out (partition.Worker.fixStart), as
-// for any claim that starts at a sentinel.
+// The worker's start is the log start as ConsumeClaim listed it (see
+// logStart), committed before anything is handed out (Assignment.PinStart),
+// so that a next owner resumes there even if this claim ends before its
+// first record; if it could not be listed, the first record delivered
+// fixes it, as for any claim that starts at a sentinel.
 func (h *groupHandler) backfill(claim sarama.ConsumerGroupClaim, done <-chan struct{}) <-chan *sarama.ConsumerMessage {
 	out := make(chan *sarama.ConsumerMessage, cap(claim.Messages()))
 	go func() {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -77,4 +78,45 @@ func ackedOn(l *ackLog, p int32) int {
 		}
 	}
 	return n
+}
+
+// A partition added to the topic after Subscribe, empty when a cooperative
+// rebalance gives it to a member at OffsetNewest: the member commits its
+// start (the log start) at once, not at its first record, so that records
+// produced after the member left and before the next one takes the
+// partition are handled by that one, although to it (subscribed after the
+// partition was added) OffsetNewest means the end.
+func TestNewPartitionStartCommittedBeforeFirstRecord(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	configure := func(cfg *safeack.SubscriberConfig) {
+		cooperative(cfg)
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
+		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 500 * time.Millisecond
+		cfg.DrainTimeout = 200 * time.Millisecond
+	}
+	acks := newAckLog()
+	sub1 := newTestSubscriber(t, c, group, configure)
+	handleAll(mustSubscribe(t, sub1, topic), acks.ack)
+	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own partition 0", func() bool {
+		_, ok := statsOf(sub1, topic, 0)
+		return ok
+	})
+	c.AddPartitions(t, topic, 2)
+	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own the new partition", func() bool {
+		_, ok := statsOf(sub1, topic, 1)
+		return ok
+	})
+	kafkatest.WaitFor(t, 10*time.Second, "the start of the empty new partition to be committed", func() bool {
+		co, ok := c.CommittedOffsets(t, group, topic)[1]
+		return ok && co.Offset == 0
+	})
+	require.NoError(t, sub1.Close())
+
+	c.Produce(t, topic, records(1, 5)...)
+	sub2 := newTestSubscriber(t, c, group, configure)
+	handleAll(mustSubscribe(t, sub2, topic), acks.ack)
+	acks.waitAllAckedFrom(t, c, topic, 1, 0, nil, 15*time.Second)
 }

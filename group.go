@@ -405,13 +405,16 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		return nil
 	}
 	messages := claim.Messages()
-	estimateAt := claim.InitialOffset()
-	if h.backfillFromStart(claim) {
+	var start partition.Start
+	backfill := h.backfillFromStart(claim)
+	if backfill {
 		done := make(chan struct{})
 		defer close(done)
-		messages, estimateAt = h.backfill(claim, done), sarama.OffsetOldest
+		messages = h.backfill(claim, done)
+		start = h.logStart(claim)
+	} else {
+		start = h.startOf(claim)
 	}
-	start := h.startOf(claim, estimateAt)
 	// Where completed offsets go: the session's marks, or the transaction.
 	a := partition.Assignment{
 		Topic:         claim.Topic(),
@@ -421,9 +424,13 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		Pauser:        h.group,
 		HighWaterMark: claim.HighWaterMarkOffset,
 		RequestCommit: h.commitSoon,
+		// A backfilled claim's start is resolved here, without a commit:
+		// the worker commits it before anything is handed out, as Setup
+		// does for the session's first claims (pinStarts).
+		PinStart: backfill && start.Resolved,
 	}
 	h.mu.Lock()
-	if ff := h.first[claim.Partition()]; ff != nil && start.Resolved && ff.from == start.Offset {
+	if ff := h.first[claim.Partition()]; ff != nil && !backfill && start.Resolved && ff.from == start.Offset {
 		a.FirstRecords = ff.records
 	}
 	delete(h.first, claim.Partition()) // for the session's first claim of the partition only
@@ -499,14 +506,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 // expose the offset it then resolved, so the first record fixes the start
 // (see fixStart) and, until one arrives, Stats shows the broker's current
 // answer for the sentinel.
-//
-// A claim read from its log start (see backfill) starts at a sentinel too;
-// estimateAt is the sentinel its records come from.
-func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim, estimateAt int64) partition.Start {
+func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) partition.Start {
 	if off := claim.InitialOffset(); off >= 0 {
 		return partition.Start{Offset: off, Resolved: true}
 	}
-	estimate, err := h.client.GetOffset(claim.Topic(), claim.Partition(), estimateAt)
+	estimate, err := h.client.GetOffset(claim.Topic(), claim.Partition(), claim.InitialOffset())
 	if err != nil {
 		h.sub.logger.Debug("Cannot read the partition's start offset; Stats shows 0 until the first record",
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": claim.Partition(), "err": err.Error()}))
