@@ -358,8 +358,8 @@ func (l *ackLog) waitAllAckedFrom(t *testing.T, c *kafkatest.Cluster, topic stri
 // With eager balancing the new partition comes in a new session, whose Setup
 // commits its start before fetching. With cooperative-sticky it is added to
 // the running session without Setup and Sarama fetches it from its end: the
-// subscriber reads it from its log start beside the claim until it has
-// caught up with it, and the first record fixes (and commits) the start.
+// subscriber commits the log start when the claim begins and reads the
+// partition from there beside the claim until it has caught up with it.
 // Before, there, the records produced before the group noticed the
 // partition were skipped ('Should be zero, but was 10').
 func TestStartPositionNewPartition(t *testing.T) {
