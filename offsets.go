@@ -36,7 +36,9 @@ func fetchCommitted(client sarama.Client, group, topic string, partitions []int3
 		if errors.Is(err, sarama.ErrUnstableOffsetCommit) {
 			// A transaction holds the offsets until its markers are
 			// written: wait for it rather than for the coordinator.
-			time.Sleep(pace.Next())
+			if attempt < conf.Metadata.Retry.Max {
+				time.Sleep(pace.Next())
+			}
 			continue
 		}
 		if rerr := client.RefreshCoordinator(group); rerr != nil {
@@ -54,8 +56,10 @@ func fetchCommittedOnce(client sarama.Client, group, topic string, partitions []
 	req := sarama.NewOffsetFetchRequest(client.Config().Version, group, map[string][]int32{topic: partitions})
 	// As Sarama's offset manager: a read_committed consumer (transactional
 	// mode) waits for offsets a transaction still holds (KIP-447) rather
-	// than reading the commit before them, whose completed tail lists less
-	// than the claim, started at the stable offset, must skip.
+	// than reading the commit before them. Sarama starts the claim at the
+	// stable offset; at an unchanged offset the older commit's completed
+	// tail can list fewer records than the newer one, and the records
+	// between would be handled, and their outputs written, again.
 	req.RequireStable = client.Config().Consumer.IsolationLevel == sarama.ReadCommitted && req.Version >= 7
 	resp, err := coordinator.FetchOffset(req)
 	if err != nil {

@@ -121,8 +121,9 @@ var _ message.Publisher = (*TxnPublisher)(nil)
 // rebalancing (sarama.NewBalanceStrategyCooperativeSticky) are both
 // supported: a partition revoked by a cooperative rebalance commits its
 // outputs and final position in a transaction before the revocation
-// completes, while the member's other partitions go on. A nil logger disables logging. Invalid configuration gives an
-// error wrapping ErrInvalidConfig that names the field.
+// completes, while the member's other partitions go on. A nil logger
+// disables logging. Invalid configuration gives an error wrapping
+// ErrInvalidConfig that names the field.
 func NewTxnPublisher(sub *Subscriber, config TxnConfig, logger watermill.LoggerAdapter) (*TxnPublisher, error) {
 	if sub == nil {
 		return nil, fieldError("sub", "nil Subscriber")
