@@ -228,7 +228,7 @@ func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed 
 	c.mu.Unlock()
 }
 
-// groupMetadata is what fences the offsets of a transaction: the session's
+// groupMetadataLocked is what fences the offsets of a transaction: the session's
 // generation and member id now. Callers hold mu.
 func (c *txnCommitter) groupMetadataLocked() *sarama.ConsumerGroupMetadata {
 	md := &sarama.ConsumerGroupMetadata{
