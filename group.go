@@ -306,8 +306,9 @@ func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map
 
 // committedOffset returns what Setup read for partition. A cooperative
 // rebalance can add a claim to a running session without a new Setup; such
-// a partition is read on its own (fromSetup false).
-func (h *groupHandler) committedOffset(partition int32) (c committedOffset, ok, fromSetup bool) {
+// a partition is read on its own (fromSetup false). A failed read is
+// logged and returned.
+func (h *groupHandler) committedOffset(partition int32) (c committedOffset, ok, fromSetup bool, err error) {
 	h.mu.Lock()
 	c, ok = h.committed[partition]
 	// Setup's read serves the session's first claim of the partition only:
@@ -316,16 +317,16 @@ func (h *groupHandler) committedOffset(partition int32) (c committedOffset, ok, 
 	delete(h.committed, partition)
 	h.mu.Unlock()
 	if ok {
-		return c, true, true
+		return c, true, true, nil
 	}
 	fetched, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
 	if err != nil {
 		h.sub.logger.Error("Cannot read committed metadata; the completed tail is not skipped", err,
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition}))
-		return committedOffset{}, false, false
+		return committedOffset{}, false, false, err
 	}
 	c, ok = fetched[partition]
-	return c, ok, false
+	return c, ok, false, nil
 }
 
 // checkAddedClaim runs the leader-epoch check (see checkLeaderEpochs) for
@@ -465,11 +466,27 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// owner's.
 		return nil
 	}
-	commit, haveCommit, fromSetup := h.committedOffset(claim.Partition())
+	commit, haveCommit, fromSetup, err := h.committedOffset(claim.Partition())
+	if err != nil && h.txn != nil {
+		// Without the completed tail, its records would be handled, and
+		// their outputs written, again: end the session, whose next Setup
+		// reads the commits again.
+		return fmt.Errorf("safeack: reading the committed offset of a transactional claim: %w", err)
+	}
 	if haveCommit && !fromSetup && h.checkAddedClaim(sess, claim.Partition(), commit) {
 		return nil
 	}
-	start := h.startOf(claim)
+	messages := claim.Messages()
+	var start partition.Start
+	backfill := h.backfillFromStart(claim)
+	if backfill {
+		done := make(chan struct{})
+		defer close(done)
+		messages = h.backfill(claim, done)
+		start = h.logStart(claim)
+	} else {
+		start = h.startOf(claim)
+	}
 	// Where completed offsets go: the session's marks, or the transaction.
 	a := partition.Assignment{
 		Topic:         claim.Topic(),
@@ -479,6 +496,10 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		Pauser:        h.group,
 		HighWaterMark: claim.HighWaterMarkOffset,
 		RequestCommit: h.commitSoon,
+		// A backfilled claim's start is resolved here, without a commit:
+		// the worker commits it before anything is handed out, as Setup
+		// does for the session's first claims (pinStarts).
+		PinStart: backfill && start.Resolved,
 	}
 	if !h.sub.cfg.DisableCompletedTail {
 		epochs := newEpochSampler(h.client, claim.Topic(), claim.Partition())
@@ -488,14 +509,15 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	h.mu.Lock()
 	truncated := h.truncated[claim.Partition()]
 	delete(h.truncated, claim.Partition())
-	if ff := h.first[claim.Partition()]; ff != nil && start.Resolved && ff.from == start.Offset {
+	if ff := h.first[claim.Partition()]; ff != nil && !backfill && start.Resolved && ff.from == start.Offset {
 		a.FirstRecords = ff.records
 	}
 	delete(h.first, claim.Partition()) // for the session's first claim of the partition only
 	h.mu.Unlock()
 	var tm *txnMarker
 	if h.txn != nil {
-		tm = h.txn.newMarker()
+		tm = h.txn.newMarker(claim.Partition())
+		defer tm.release()
 		a.Marker, a.Deliveries = tm, tm
 	} else {
 		a.StartCommitted = func(offset int64) bool {
@@ -514,6 +536,9 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		w.CountLogTruncation()
 	}
 	if haveCommit {
+		if tm != nil {
+			tm.startFrom(commit)
+		}
 		w.StartFromCommit(commit.offset, commit.metadata)
 	}
 	h.mu.Lock()
@@ -526,7 +551,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		delete(h.workers, claim.Partition())
 		h.mu.Unlock()
 	}()
-	w.Run(claim.Messages(), h.sub.subscriber.closing)
+	w.Run(messages, h.sub.subscriber.closing)
 	if tm != nil {
 		return nil // the drain's transaction carried the final position
 	}

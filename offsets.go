@@ -1,10 +1,14 @@
 package safeack
 
 import (
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/safeack/safeack/internal/backoff"
 )
 
 // committedOffset is what the group coordinator holds for one partition.
@@ -22,12 +26,21 @@ func fetchCommitted(client sarama.Client, group, topic string, partitions []int3
 	}
 	conf := client.Config()
 	var lastErr error
+	var pace backoff.Doubling
 	for attempt := 0; attempt <= conf.Metadata.Retry.Max; attempt++ {
 		out, err := fetchCommittedOnce(client, group, topic, partitions)
 		if err == nil {
 			return out, nil
 		}
 		lastErr = err
+		if errors.Is(err, sarama.ErrUnstableOffsetCommit) {
+			// A transaction holds the offsets until its markers are
+			// written: wait for it rather than for the coordinator.
+			if attempt < conf.Metadata.Retry.Max {
+				time.Sleep(pace.Next())
+			}
+			continue
+		}
 		if rerr := client.RefreshCoordinator(group); rerr != nil {
 			lastErr = fmt.Errorf("%w (refreshing coordinator: %v)", err, rerr)
 		}
@@ -41,6 +54,13 @@ func fetchCommittedOnce(client sarama.Client, group, topic string, partitions []
 		return nil, fmt.Errorf("finding the coordinator of group %q: %w", group, err)
 	}
 	req := sarama.NewOffsetFetchRequest(client.Config().Version, group, map[string][]int32{topic: partitions})
+	// As Sarama's offset manager: a read_committed consumer (transactional
+	// mode) waits for offsets a transaction still holds (KIP-447) rather
+	// than reading the commit before them. Sarama starts the claim at the
+	// stable offset; at an unchanged offset the older commit's completed
+	// tail can list fewer records than the newer one, and the records
+	// between would be handled, and their outputs written, again.
+	req.RequireStable = client.Config().Consumer.IsolationLevel == sarama.ReadCommitted && req.Version >= 7
 	resp, err := coordinator.FetchOffset(req)
 	if err != nil {
 		return nil, fmt.Errorf("fetching committed offsets: %w", err)

@@ -115,11 +115,15 @@ var _ message.Publisher = (*TxnPublisher)(nil)
 // outputs, and never through the consumer group's own OffsetCommit (except
 // the start position of a partition the group has never committed, which
 // carries no output). It must be called before sub.Subscribe. sub must
-// have a ConsumerGroup and use eager rebalancing (Sarama's default); its
-// consumer reads with IsolationLevel ReadCommitted from then on (so that a
-// new owner of a partition waits for its previous owner's open transaction,
-// KIP-447). A nil logger disables logging. Invalid configuration gives an
-// error wrapping ErrInvalidConfig that names the field.
+// have a ConsumerGroup; its consumer reads with IsolationLevel
+// ReadCommitted from then on (so that a new owner of a partition waits for
+// its previous owner's open transaction, KIP-447). Eager and cooperative
+// rebalancing (sarama.NewBalanceStrategyCooperativeSticky) are both
+// supported: a partition revoked by a cooperative rebalance commits its
+// outputs and final position in a transaction before the revocation
+// completes, while the member's other partitions go on. A nil logger
+// disables logging. Invalid configuration gives an error wrapping
+// ErrInvalidConfig that names the field.
 func NewTxnPublisher(sub *Subscriber, config TxnConfig, logger watermill.LoggerAdapter) (*TxnPublisher, error) {
 	if sub == nil {
 		return nil, fieldError("sub", "nil Subscriber")
@@ -139,8 +143,6 @@ func NewTxnPublisher(sub *Subscriber, config TxnConfig, logger watermill.LoggerA
 		return nil, fieldError("SubscriberConfig.ConsumerGroup", "required in transactional mode: the offsets committed with the outputs are the group's")
 	case !sc.Version.IsAtLeast(sarama.V2_5_0_0):
 		return nil, fieldError("SubscriberConfig.OverwriteSaramaConfig.Version", "%s: transactional mode needs 2.5.0 or later (KIP-447: offsets fenced by generation and member id, stable offset fetches)", sc.Version)
-	case usesCooperative(sc):
-		return nil, fieldError("SubscriberConfig.OverwriteSaramaConfig.Consumer.Group.Rebalance", "transactional mode supports eager rebalancing only (range, roundrobin, sticky)")
 	}
 	if config.CommitInterval == 0 {
 		config.CommitInterval = DefaultTxnCommitInterval
@@ -348,6 +350,11 @@ func (p *TxnPublisher) Close() error { return nil }
 type TxnStats struct {
 	// Committed and Aborted count transactions.
 	Committed, Aborted uint64
+	// Retried counts transactions tried again because the coordinator
+	// refused their offsets for a generation that had just moved on
+	// (cooperative rebalancing only; the second try commits the same
+	// outputs and positions with the new generation).
+	Retried uint64
 	// Outputs counts the output records written in committed transactions.
 	Outputs uint64
 	// AckedDuringCommit counts acked deliveries (with or without outputs)

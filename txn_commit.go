@@ -42,6 +42,14 @@ import (
 // transaction is committed in Cleanup), and those of a session whose
 // transaction aborted, whose workers are then ended so that the session
 // restarts from the committed offsets and redelivers what was discarded.
+// Within a session, each partition's positions and outputs belong to its
+// current assignment (owners): a cooperative rebalance revokes and adds
+// partitions without ending the session, and what an ended assignment
+// would still record (a handler acked after the drain gave up) is dropped.
+//
+// Positions are committed with the session's generation and member id as
+// they are when the transaction adds them: a cooperative session keeps
+// its member id across rebalances, and its generation moves on with each.
 type txnCommitter struct {
 	pub      *TxnPublisher
 	sub      *subscription
@@ -54,20 +62,21 @@ type txnCommitter struct {
 	topics   lockedMap[string, outputTopic] // what the cluster says of each output topic
 	commitMu sync.Mutex                     // one transaction at a time; guards producer
 	producer sarama.SyncProducer
+	// cooperative: the group balances cooperatively, so a session's
+	// generation moves on while its transactions run (see commit).
+	cooperative bool
 
 	mu          sync.Mutex
 	epoch       uint64
-	pending     map[int32][]pendingOutputs // of acked deliveries, not yet covered by a committed position
-	marks       map[int32]txnMark          // latest position per partition since the last snapshot
-	covered     map[int32]coverage         // what the group's committed position covers, per partition
-	group       *sarama.ConsumerGroupMetadata
-	endSession  func() // ends the current session's assignments
+	pending     map[int32][]pendingOutputs  // of acked deliveries, not yet covered by a committed position
+	marks       map[int32]txnMark           // latest position per partition since the last snapshot
+	covered     map[int32]coverage          // what the group's committed position covers, per partition
+	sess        sarama.ConsumerGroupSession // the current session: its generation and member id fence the offsets
+	owners      map[int32]*txnMarker        // the marker of each partition's current assignment
+	endSession  func()                      // ends the current session's assignments
 	committing  bool
 	ackedInTxn  uint64 // deliveries taken while committing, for TxnStats
 	sessionOpen bool
-	// sessCtx is the open session's context: its cause tells a fenced
-	// member (see sessionFenced).
-	sessCtx context.Context
 }
 
 // txnMark is a partition's completed prefix and tail, as a worker marks it.
@@ -75,6 +84,7 @@ type txnMark struct {
 	offset   int64
 	metadata string
 	w        *partition.Worker
+	m        *txnMarker // the assignment that recorded it
 }
 
 // pendingOutputs are the outputs of one acked record.
@@ -133,10 +143,11 @@ func (c coverage) coversRange(from, to int64) bool {
 
 func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error) {
 	c := &txnCommitter{
-		pub:      pub,
-		sub:      sub,
-		id:       pub.cfg.TransactionalID + "-" + sub.topic,
-		interval: pub.cfg.CommitInterval,
+		pub:         pub,
+		sub:         sub,
+		id:          pub.cfg.TransactionalID + "-" + sub.topic,
+		interval:    pub.cfg.CommitInterval,
+		cooperative: usesCooperative(sub.cfg.OverwriteSaramaConfig),
 	}
 	cfg := *pub.pcfg
 	cfg.Producer.Transaction.ID = c.id
@@ -205,14 +216,6 @@ func (c *txnCommitter) close() {
 // what the group had committed when the session started; end ends the
 // session's assignments.
 func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset, end func()) {
-	md := &sarama.ConsumerGroupMetadata{
-		GroupID:      c.sub.cfg.ConsumerGroup,
-		GenerationID: sess.GenerationID(),
-		MemberID:     sess.MemberID(),
-	}
-	if id := c.sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId; id != "" {
-		md.GroupInstanceID = &id
-	}
 	covered := make(map[int32]coverage, len(committed))
 	for p, co := range committed {
 		covered[p] = coverageOf(co.offset, co.metadata)
@@ -221,13 +224,28 @@ func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed 
 	c.epoch++
 	c.resetLocked()
 	c.covered = covered
-	c.group, c.endSession, c.sessionOpen, c.sessCtx = md, end, true, sess.Context()
+	c.sess, c.endSession, c.sessionOpen = sess, end, true
 	c.mu.Unlock()
+}
+
+// groupMetadataLocked is what fences the offsets of a transaction: the session's
+// generation and member id now. Callers hold mu.
+func (c *txnCommitter) groupMetadataLocked() *sarama.ConsumerGroupMetadata {
+	md := &sarama.ConsumerGroupMetadata{
+		GroupID:      c.sub.cfg.ConsumerGroup,
+		GenerationID: c.sess.GenerationID(),
+		MemberID:     c.sess.MemberID(),
+	}
+	if id := c.sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId; id != "" {
+		md.GroupInstanceID = &id
+	}
+	return md
 }
 
 // resetLocked drops what the epoch buffered. Callers hold mu.
 func (c *txnCommitter) resetLocked() {
 	c.pending, c.marks, c.covered = make(map[int32][]pendingOutputs), make(map[int32]txnMark), make(map[int32]coverage)
+	c.owners = make(map[int32]*txnMarker)
 }
 
 // finishSession commits what the session's drained partitions completed and
@@ -238,16 +256,55 @@ func (c *txnCommitter) finishSession() {
 	c.mu.Lock()
 	c.epoch++
 	c.resetLocked()
-	c.group, c.endSession, c.sessionOpen, c.sessCtx = nil, nil, false, nil
+	c.sess, c.endSession, c.sessionOpen = nil, nil, false
 	c.mu.Unlock()
 }
 
-// newMarker returns the marker of a partition worker of the current
-// session; bind it to the worker before the worker runs.
-func (c *txnCommitter) newMarker() *txnMarker {
+// newMarker returns the marker of a new assignment of partition in the
+// current session, which from then on owns the partition's positions and
+// outputs; bind it to the worker before the worker runs.
+func (c *txnCommitter) newMarker(partition int32) *txnMarker {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return &txnMarker{c: c, epoch: c.epoch}
+	m := &txnMarker{c: c, epoch: c.epoch, partition: partition}
+	if c.owners != nil {
+		c.owners[partition] = m
+	}
+	return m
+}
+
+// startFrom takes what the group has committed on the marker's partition as
+// the assignment starts: what a position must keep covering (see
+// takeCoveredLocked). Setup read it for the session's first assignments; a
+// partition a cooperative rebalance adds, or gives back, is read on its
+// own, and a previous owner may have committed further since.
+func (m *txnMarker) startFrom(co committedOffset) {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m.liveLocked() {
+		c.covered[m.partition] = coverageOf(co.offset, co.metadata)
+	}
+}
+
+// release ends the marker's assignment, after its drain committed its final
+// position: what is left of it (outputs of handlers acked after the drain
+// gave up, whose records are the next owner's) is dropped, and whatever it
+// would still record is too. The session may go on (a cooperative
+// revocation) and take the partition back later, with a new assignment that
+// starts from the group's commit.
+func (m *txnMarker) release() {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !m.liveLocked() {
+		return
+	}
+	p := m.partition
+	delete(c.owners, p)
+	delete(c.marks, p)
+	delete(c.pending, p)
+	delete(c.covered, p)
 }
 
 // txnMarker is the partition.Marker of a partition in transactional mode:
@@ -255,9 +312,16 @@ func (c *txnCommitter) newMarker() *txnMarker {
 // As the worker's partition.DeliveryHooks, it buffers each delivery's
 // outputs and moves those of acked deliveries into the next transaction.
 type txnMarker struct {
-	c     *txnCommitter
-	epoch uint64
-	w     *partition.Worker
+	c         *txnCommitter
+	epoch     uint64
+	partition int32
+	w         *partition.Worker
+}
+
+// liveLocked reports whether the marker's assignment is current: its
+// session's epoch, and not ended. Callers hold c.mu.
+func (m *txnMarker) liveLocked() bool {
+	return m.epoch == m.c.epoch && m.c.owners[m.partition] == m
 }
 
 var (
@@ -307,12 +371,12 @@ func (m *txnMarker) Restart(partition int32, start int64, tail frontier.Tail) {
 func (m *txnMarker) record(partition int32, offset int64, metadata string) {
 	c := m.c
 	c.mu.Lock()
-	if m.epoch != c.epoch {
+	if !m.liveLocked() || partition != m.partition {
 		c.mu.Unlock()
 		m.stale()
 		return
 	}
-	c.marks[partition] = txnMark{offset: offset, metadata: metadata, w: m.w}
+	c.marks[partition] = txnMark{offset: offset, metadata: metadata, w: m.w, m: m}
 	c.mu.Unlock()
 }
 
@@ -345,7 +409,7 @@ func (m *txnMarker) Acked(rec *sarama.ConsumerMessage, _ *message.Message, state
 	outs := d.take()
 	c := m.c
 	c.mu.Lock()
-	if m.epoch != c.epoch {
+	if !m.liveLocked() {
 		c.mu.Unlock()
 		m.stale()
 		return
@@ -375,7 +439,7 @@ func (c *txnCommitter) commit() {
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
 	c.mu.Lock()
-	if !c.sessionOpen || sessionFenced(c.sessCtx) {
+	if !c.sessionOpen || sessionFenced(c.sess.Context()) {
 		// A fenced member's positions are not its to commit: its
 		// TxnOffsetCommit would be refused, aborting the outputs anyway.
 		c.mu.Unlock()
@@ -386,7 +450,7 @@ func (c *txnCommitter) commit() {
 		return // outputs wait for a position that covers them
 	}
 	outputs, marks, next := c.takeCoveredLocked()
-	group, epoch := c.group, c.epoch
+	epoch := c.epoch
 	c.committing = true
 	c.mu.Unlock()
 	if len(marks) == 0 {
@@ -397,7 +461,10 @@ func (c *txnCommitter) commit() {
 	}
 
 	start := time.Now()
-	err := c.runTxn(outputs, marks, group)
+	used, err := c.runTxn(outputs, marks)
+	if err != nil && c.cooperative {
+		err = c.retryInNextGeneration(outputs, marks, used, err)
+	}
 	took := time.Since(start)
 
 	c.mu.Lock()
@@ -412,9 +479,9 @@ func (c *txnCommitter) commit() {
 		return
 	}
 	c.mu.Lock()
-	if c.epoch == epoch {
-		for p, cov := range next {
-			c.covered[p] = cov
+	for p, cov := range next {
+		if mk := marks[p]; mk.m != nil && mk.m.liveLocked() {
+			c.covered[p] = cov // an assignment ended meanwhile starts from the group's commit when it comes back
 		}
 	}
 	c.mu.Unlock()
@@ -464,36 +531,146 @@ func (c *txnCommitter) takeCoveredLocked() ([]*sarama.ProducerMessage, map[int32
 	return outputs, marks, next
 }
 
-// runTxn writes one transaction. Callers hold commitMu.
-func (c *txnCommitter) runTxn(outputs []*sarama.ProducerMessage, marks map[int32]txnMark, group *sarama.ConsumerGroupMetadata) error {
+// runTxn writes one transaction, and returns the group metadata its
+// offsets were committed with: the session's generation and member id as
+// they are once the outputs are written, just before the offsets go to the
+// coordinator (at CommitTxn). Callers hold commitMu.
+func (c *txnCommitter) runTxn(outputs []*sarama.ProducerMessage, marks map[int32]txnMark) (*sarama.ConsumerGroupMetadata, error) {
+	return c.runTxnAs(outputs, marks, nil)
+}
+
+// runTxnAs is runTxn with the offsets committed as group, or as the
+// session is now when group is nil.
+func (c *txnCommitter) runTxnAs(outputs []*sarama.ProducerMessage, marks map[int32]txnMark, group *sarama.ConsumerGroupMetadata) (*sarama.ConsumerGroupMetadata, error) {
 	if err := c.ensureProducer(); err != nil {
-		return err
+		return group, err
 	}
 	p := c.producer
 	if err := p.BeginTxn(); err != nil {
-		return fmt.Errorf("beginning a transaction: %w", err)
+		return group, fmt.Errorf("beginning a transaction: %w", err)
 	}
 	if len(outputs) > 0 {
 		for _, round := range c.outputRounds(outputs) {
 			if err := p.SendMessages(round); err != nil {
-				return fmt.Errorf("writing %d outputs: %w", len(round), produceError(err))
+				return group, fmt.Errorf("writing %d outputs: %w", len(round), produceError(err))
 			}
 		}
 	}
 	if len(marks) > 0 {
+		if group == nil {
+			c.mu.Lock()
+			if c.sess == nil {
+				c.mu.Unlock()
+				return nil, errors.New("the consumer group session ended")
+			}
+			group = c.groupMetadataLocked()
+			c.mu.Unlock()
+		}
 		offsets := make([]*sarama.PartitionOffsetMetadata, 0, len(marks))
 		for part, mk := range marks {
 			meta := mk.metadata
 			offsets = append(offsets, &sarama.PartitionOffsetMetadata{Partition: part, Offset: mk.offset, Metadata: &meta, LeaderEpoch: -1})
 		}
 		if err := p.AddOffsetsToTxnWithGroupMetadata(map[string][]*sarama.PartitionOffsetMetadata{c.sub.topic: offsets}, group); err != nil {
-			return fmt.Errorf("adding offsets: %w", err)
+			return group, fmt.Errorf("adding offsets: %w", err)
 		}
 	}
 	if err := p.CommitTxn(); err != nil {
-		return fmt.Errorf("committing: %w", err)
+		return group, fmt.Errorf("committing: %w", err)
 	}
-	return nil
+	return group, nil
+}
+
+// generationRetries bounds how often one transaction is tried again in a
+// new generation (see retryInNextGeneration).
+const generationRetries = 3
+
+// retryInNextGeneration tries a transaction again, once the session's
+// generation has moved on, when the coordinator refused its offsets for
+// the generation they carried (ILLEGAL_GENERATION). With cooperative
+// balancing the session goes on across rebalances, and the coordinator
+// moves to the next generation when every member has rejoined, before
+// Sarama learns the new one (at SyncGroup): a transaction committed in
+// between carries the old one. The member keeps its partitions (a revoked
+// one is handed on only after its claim's drain, which waits for commitMu,
+// committed), so the same outputs and positions are committed with the
+// new generation, after aborting the refused transaction. A member id that
+// changed means the member was dropped from the group and its partitions
+// may have moved on: the transaction stays refused (see abort).
+// Callers hold commitMu.
+func (c *txnCommitter) retryInNextGeneration(outputs []*sarama.ProducerMessage, marks map[int32]txnMark,
+	used *sarama.ConsumerGroupMetadata, err error) error {
+	for range generationRetries {
+		if used == nil || !errors.Is(err, sarama.ErrIllegalGeneration) {
+			return err
+		}
+		next, ok := c.awaitGeneration(used)
+		if !ok {
+			return err
+		}
+		c.abortOpen()
+		c.sub.logger.Info("Transaction refused for a generation that moved on; committing it again with the new one",
+			c.sub.logFields.Add(watermill.LogFields{"transactional_id": c.id, "generation": used.GenerationID, "next_generation": next.GenerationID}))
+		c.pub.count(func(s *TxnStats) { s.Retried++ })
+		used, err = c.runTxnAs(outputs, marks, next)
+	}
+	return err
+}
+
+// awaitGeneration waits, up to Rebalance.Timeout, for the session to move
+// past the generation used with the same member id, and returns the group
+// metadata to commit with then. It reports false when the member id
+// changed, or the session ended, first.
+func (c *txnCommitter) awaitGeneration(used *sarama.ConsumerGroupMetadata) (*sarama.ConsumerGroupMetadata, bool) {
+	c.mu.Lock()
+	sess := c.sess
+	c.mu.Unlock()
+	if sess == nil {
+		return nil, false
+	}
+	deadline := time.NewTimer(c.sub.cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		// Generation first: Sarama stores the member id before it, so a
+		// new generation comes with its member id.
+		gen, member := sess.GenerationID(), sess.MemberID()
+		if member != used.MemberID {
+			return nil, false
+		}
+		if gen != used.GenerationID {
+			next := *used
+			next.GenerationID = gen
+			return &next, true
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return nil, false
+		case <-sess.Context().Done():
+			return nil, false
+		}
+	}
+}
+
+// abortOpen aborts the producer's open transaction when it allows it, and
+// otherwise closes the producer (its successor's InitProducerId, sent by
+// ensureProducer, aborts what it left open). Callers hold commitMu.
+func (c *txnCommitter) abortOpen() {
+	p := c.producer
+	if p == nil {
+		return
+	}
+	st := p.TxnStatus()
+	aborted := false
+	if st&sarama.ProducerTxnFlagFatalError == 0 && st&(sarama.ProducerTxnFlagInTransaction|sarama.ProducerTxnFlagAbortableError) != 0 {
+		aborted = p.AbortTxn() == nil
+	}
+	if !aborted && p.TxnStatus()&sarama.ProducerTxnFlagReady == 0 {
+		_ = p.Close()
+		c.producer = nil
+	}
 }
 
 // abort ends a failed transaction: aborted when the producer allows it,
@@ -503,17 +680,7 @@ func (c *txnCommitter) runTxn(outputs []*sarama.ProducerMessage, marks map[int32
 // the records whose outputs were discarded are handled again. Callers hold
 // commitMu.
 func (c *txnCommitter) abort(epoch uint64, cause error) {
-	if p := c.producer; p != nil {
-		st := p.TxnStatus()
-		aborted := false
-		if st&sarama.ProducerTxnFlagFatalError == 0 && st&(sarama.ProducerTxnFlagInTransaction|sarama.ProducerTxnFlagAbortableError) != 0 {
-			aborted = p.AbortTxn() == nil
-		}
-		if !aborted && p.TxnStatus()&sarama.ProducerTxnFlagReady == 0 {
-			_ = p.Close()
-			c.producer = nil
-		}
-	}
+	c.abortOpen()
 	c.mu.Lock()
 	var end func()
 	if c.epoch == epoch {

@@ -23,11 +23,12 @@ import (
 
 // Environment of the transactional router child process.
 const (
-	envTxnChild    = "SAFEACK_TEST_TXN_CHILD" // "1" in the child
-	envTxnChildIn  = "SAFEACK_TEST_TXN_IN"
-	envTxnChildOut = "SAFEACK_TEST_TXN_OUT"
-	envTxnChildGrp = "SAFEACK_TEST_TXN_GROUP"
-	envTxnChildID  = "SAFEACK_TEST_TXN_ID"
+	envTxnChild     = "SAFEACK_TEST_TXN_CHILD" // "1" in the child
+	envTxnChildIn   = "SAFEACK_TEST_TXN_IN"
+	envTxnChildOut  = "SAFEACK_TEST_TXN_OUT"
+	envTxnChildGrp  = "SAFEACK_TEST_TXN_GROUP"
+	envTxnChildID   = "SAFEACK_TEST_TXN_ID"
+	envTxnChildCoop = "SAFEACK_TEST_TXN_COOP" // "1": cooperative-sticky balancing
 )
 
 // TestHelperTxnRouterProcess is not a test: TestTxnRouterSIGKILL re-executes
@@ -44,6 +45,9 @@ func TestHelperTxnRouterProcess(t *testing.T) {
 		cfg.MaxInFlight = 8 // slow enough that the kill lands mid-stream on a fast broker too
 		if c.Embedded() {
 			shortSessions(cfg.OverwriteSaramaConfig)
+		}
+		if os.Getenv(envTxnChildCoop) == "1" {
+			cooperative(cfg)
 		}
 	})
 	go func() {
@@ -112,6 +116,13 @@ func TestTxnRouterSIGKILL(t *testing.T) {
 // returned by stats.
 func startTxnChild(t *testing.T, c *kafkatest.Cluster, r *txnRig, txnID string) (cmd *exec.Cmd, stats func() (committed, aborted uint64)) {
 	t.Helper()
+	return startTxnChildBalanced(t, c, r, txnID, false)
+}
+
+// startTxnChildBalanced is startTxnChild with cooperative-sticky balancing
+// when coop is set.
+func startTxnChildBalanced(t *testing.T, c *kafkatest.Cluster, r *txnRig, txnID string, coop bool) (cmd *exec.Cmd, stats func() (committed, aborted uint64)) {
+	t.Helper()
 	cmd = exec.Command(os.Args[0], "-test.run=^TestHelperTxnRouterProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(),
 		envTxnChild+"=1",
@@ -121,6 +132,9 @@ func startTxnChild(t *testing.T, c *kafkatest.Cluster, r *txnRig, txnID string) 
 		envTxnChildGrp+"="+r.group,
 		envTxnChildID+"="+txnID,
 	)
+	if coop {
+		cmd.Env = append(cmd.Env, envTxnChildCoop+"=1")
+	}
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
@@ -163,13 +177,24 @@ func startTxnChild(t *testing.T, c *kafkatest.Cluster, r *txnRig, txnID string) 
 // and open work. Its next transactions carry its old generation and member
 // id: the coordinator rejects their offsets (KIP-447) and they abort, so a
 // read_committed reader still sees exactly one output per input.
-func TestTxnZombieFencedByGeneration(t *testing.T) {
+func TestTxnZombieFencedByGeneration(t *testing.T) { txnZombieFencedByGeneration(t, false) }
+
+// TestTxnZombieFencedByGenerationCooperative is
+// TestTxnZombieFencedByGeneration with cooperative-sticky balancing, where a
+// session outlives rebalances and its transactions take the generation it
+// has when they commit: the zombie's session still has the generation and
+// member id the group dropped, and a transaction refused for them is not
+// tried again (only one refused for a generation its own session moved
+// past is), so it aborts.
+func TestTxnZombieFencedByGenerationCooperative(t *testing.T) { txnZombieFencedByGeneration(t, true) }
+
+func txnZombieFencedByGeneration(t *testing.T, coop bool) {
 	c := kafkatest.Start(t)
 	r := newTxnRig(t, c, 4, 4000)
 	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
 	ids := r.inputIDs()
 
-	zombie, zombieStats := startTxnChild(t, c, r, "txn-zombie-old")
+	zombie, zombieStats := startTxnChildBalanced(t, c, r, "txn-zombie-old", coop)
 	kafkatest.WaitFor(t, 90*time.Second, "the first member's outputs", func() bool { return rd.seen(ids) >= 500 })
 	require.NoError(t, zombie.Process.Signal(syscall.SIGSTOP))
 	stopped := rd.seen(ids)
@@ -179,6 +204,9 @@ func TestTxnZombieFencedByGeneration(t *testing.T) {
 	sub, pub := r.subscriber(t, "txn-zombie-new", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
 		if c.Embedded() {
 			shortSessions(cfg.OverwriteSaramaConfig)
+		}
+		if coop {
+			cooperative(cfg)
 		}
 	})
 	var att attempts

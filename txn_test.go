@@ -462,9 +462,6 @@ func TestTxnConfigErrors(t *testing.T) {
 		{"interval below 1 ms", mk(nil), safeack.TxnConfig{TransactionalID: "x", CommitInterval: time.Microsecond}, "CommitInterval"},
 		{"no group", mk(func(cfg *safeack.SubscriberConfig) { cfg.ConsumerGroup = "" }), safeack.TxnConfig{TransactionalID: "x"}, "ConsumerGroup"},
 		{"old version", mk(func(cfg *safeack.SubscriberConfig) { cfg.OverwriteSaramaConfig.Version = sarama.V2_4_0_0 }), safeack.TxnConfig{TransactionalID: "x"}, "Version"},
-		{"cooperative", mk(func(cfg *safeack.SubscriberConfig) {
-			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
-		}), safeack.TxnConfig{TransactionalID: "x"}, "Rebalance"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := safeack.NewTxnPublisher(tc.sub, tc.cfg, nil)

@@ -102,7 +102,8 @@
 //     failing, while a producer writes (on a real broker with
 //     SAFEACK_CHAOS_RESTART, the broker is restarted halfway); a last
 //     member drains, and a read_committed reader must see exactly one
-//     output per input record.
+//     output per input record. TestTxnRouterChaosCooperative runs the
+//     same with cooperative-sticky balancing.
 //
 // Running it:
 //

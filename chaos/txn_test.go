@@ -29,7 +29,7 @@ import (
 
 // Environment of a transactional router process of TestTxnRouterChaos.
 const (
-	envTxnChild = "SAFEACK_CHAOS_TXN_CHILD" // "in,out,group,transactional id"
+	envTxnChild = "SAFEACK_CHAOS_TXN_CHILD" // "in,out,group,transactional id,balance" (balance: eager or cooperative)
 )
 
 const txnIDHeader = "input"
@@ -43,12 +43,15 @@ type txnRouterMember struct {
 }
 
 // startTxnRouter starts a member consuming in, writing one output per input
-// (its id in a header) to out, as transactional id txnID. Handlers take up
-// to 5 ms and fail one delivery in twenty (redelivered: their outputs must
-// never show).
-func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string) (*txnRouterMember, error) {
+// (its id in a header) to out, as transactional id txnID, with eager or
+// cooperative-sticky balancing. Handlers take up to 5 ms and fail one
+// delivery in twenty (redelivered: their outputs must never show).
+func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string, coop bool) (*txnRouterMember, error) {
 	sc := c.SaramaConfig()
 	sc.Consumer.Return.Errors = true
+	if coop {
+		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+	}
 	if c.Embedded() {
 		sc.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
 		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
@@ -111,8 +114,9 @@ func (m *txnRouterMember) stop() error {
 	return errors.Join(err, <-m.done)
 }
 
-// TestTxnChaosChild is not a test: TestTxnRouterChaos runs it as a
-// transactional router process that it SIGKILLs.
+// TestTxnChaosChild is not a test: TestTxnRouterChaos and
+// TestTxnRouterChaosCooperative run it as a transactional router process
+// that they SIGKILL.
 func TestTxnChaosChild(t *testing.T) {
 	spec := os.Getenv(envTxnChild)
 	if spec == "" {
@@ -124,7 +128,7 @@ func TestTxnChaosChild(t *testing.T) {
 		_, _ = io.Copy(io.Discard, os.Stdin) // the parent holds it open
 		os.Exit(3)
 	}()
-	if _, err := startTxnRouter(c, f[0], f[1], f[2], f[3]); err != nil {
+	if _, err := startTxnRouter(c, f[0], f[1], f[2], f[3], f[4] == balanceName(true)); err != nil {
 		fmt.Fprintln(os.Stderr, "txn child:", err)
 		os.Exit(2)
 	}
@@ -149,8 +153,26 @@ type txnSlot struct {
 // member drains the input, and a read_committed reader of the output
 // must see exactly one output per input record (by the input's
 // partition@offset carried in a header): none missing, none twice, nothing
-// of an aborted transaction or a failed delivery.
-func TestTxnRouterChaos(t *testing.T) {
+// of an aborted transaction or a failed delivery. Eager balancing (Sarama's
+// default); TestTxnRouterChaosCooperative runs the same with
+// cooperative-sticky.
+func TestTxnRouterChaos(t *testing.T) { txnRouterChaos(t, false) }
+
+// TestTxnRouterChaosCooperative is TestTxnRouterChaos with cooperative-sticky
+// balancing: a member joining or leaving revokes only the partitions that
+// move, each committing its outputs and position in a transaction before
+// its revocation completes, while the other partitions go on.
+func TestTxnRouterChaosCooperative(t *testing.T) { txnRouterChaos(t, true) }
+
+// balanceName names the balancing of a transactional chaos run.
+func balanceName(coop bool) string {
+	if coop {
+		return "cooperative"
+	}
+	return "eager"
+}
+
+func txnRouterChaos(t *testing.T, coop bool) {
 	// On a real broker with a restart command (SAFEACK_CHAOS_RESTART), the
 	// broker is restarted once, halfway through; the scenario then runs
 	// alone, as TestBrokerRestart does, and otherwise beside the others.
@@ -164,9 +186,13 @@ func TestTxnRouterChaos(t *testing.T) {
 	c := kafkatest.Start(t)
 	const parts = 4
 	in, out, group := c.NewTopic(t, parts), c.NewTopic(t, parts), c.NewGroup(t)
-	rng := rand.New(rand.NewPCG(seed, 15))
+	stream := uint64(15)
+	if coop {
+		stream = 16
+	}
+	rng := rand.New(rand.NewPCG(seed, stream))
 	var err error
-	t.Logf("seed %d", seed)
+	t.Logf("seed %d, %s balancing", seed, balanceName(coop))
 
 	// The producer: a record every millisecond or so, until stopped.
 	var produced atomic.Int64
@@ -207,7 +233,7 @@ func TestTxnRouterChaos(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestTxnChaosChild$", "-test.count=1")
 		cmd.Env = append(os.Environ(),
 			kafkatest.EnvBrokers+"="+strings.Join(c.Brokers(), ","),
-			envTxnChild+"="+strings.Join([]string{in, out, group, s.id}, ","),
+			envTxnChild+"="+strings.Join([]string{in, out, group, s.id, balanceName(coop)}, ","),
 		)
 		stdin, err := cmd.StdinPipe()
 		require.NoError(t, err)
@@ -221,7 +247,9 @@ func TestTxnRouterChaos(t *testing.T) {
 		_ = s.stdin.Close()
 		s.child = nil
 	}
-	slots := []*txnSlot{{id: "chaos-txn-a"}, {id: "chaos-txn-b"}, {id: "chaos-txn-inner"}}
+	// Transactional ids are per balancing: the two runs go side by side.
+	b := balanceName(coop)
+	slots := []*txnSlot{{id: "chaos-txn-a-" + b}, {id: "chaos-txn-b-" + b}, {id: "chaos-txn-inner-" + b}}
 	defer func() {
 		for _, s := range slots[:2] {
 			if s.child != nil {
@@ -231,13 +259,14 @@ func TestTxnRouterChaos(t *testing.T) {
 	}()
 	startChild(slots[0])
 	startChild(slots[1])
-	slots[2].inner, err = startTxnRouter(c, in, out, group, slots[2].id)
+	slots[2].inner, err = startTxnRouter(c, in, out, group, slots[2].id, coop)
 	require.NoError(t, err)
-	var aborted, committed uint64
+	var aborted, committed, retried uint64
 	collect := func(m *txnRouterMember) {
 		st := m.pub.Stats()
 		aborted += st.Aborted
 		committed += st.Committed
+		retried += st.Retried
 	}
 
 	kills, storms := 0, 0
@@ -255,7 +284,7 @@ func TestTxnRouterChaos(t *testing.T) {
 		case s.inner != nil:
 			collect(s.inner)
 			require.NoError(t, s.inner.stop())
-			s.inner, err = startTxnRouter(c, in, out, group, s.id)
+			s.inner, err = startTxnRouter(c, in, out, group, s.id, coop)
 			require.NoError(t, err)
 			storms++
 		default:
@@ -294,7 +323,7 @@ func TestTxnRouterChaos(t *testing.T) {
 	})
 	collect(slots[2].inner)
 	require.NoError(t, slots[2].inner.stop())
-	t.Logf("in-process member: %d transactions committed, %d aborted", committed, aborted)
+	t.Logf("in-process member: %d transactions committed, %d aborted, %d retried in a new generation", committed, aborted, retried)
 
 	// A read_committed reader of the whole output, up to sentries written
 	// after everything else.

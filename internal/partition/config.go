@@ -114,6 +114,12 @@ type Assignment struct {
 	// fetched again. Once the claim delivered a record, they are ignored.
 	// At most one value is sent; the channel needs a buffer of one.
 	FirstRecords <-chan []*sarama.ConsumerMessage
+	// PinStart: Start is resolved but the group has not committed it. Run
+	// commits it before anything is handed out, as it does a start fixed
+	// at the first record (and confirms it with StartCommitted), so that
+	// the next owner resumes there even if this assignment ends before
+	// its first record.
+	PinStart bool
 }
 
 // Marker is where a worker's completed positions go: the part of a Sarama

@@ -100,6 +100,7 @@ type Worker struct {
 	startPending bool
 	start        Start
 	startHeld    func(offset int64) bool // Assignment.StartCommitted
+	pinStart     bool                    // Assignment.PinStart; cleared by run once committed
 
 	// Owned by run.
 	claim       <-chan *sarama.ConsumerMessage // Run's; read while run waits elsewhere (see waitReadingClaim)
@@ -204,6 +205,7 @@ func New(parent context.Context, cfg *Config, pool *Pool, a Assignment) (*Worker
 		staleCommit:   staleCommit{offset: -1},
 		start:         a.Start,
 		firstRecords:  a.FirstRecords,
+		pinStart:      a.PinStart,
 	}
 	return w, nil
 }
@@ -238,6 +240,10 @@ func (w *Worker) Run(claim <-chan *sarama.ConsumerMessage, stop <-chan struct{})
 	var retryC <-chan time.Time
 	w.pool.running.Add(1)
 	defer w.pool.running.Add(-1)
+	if w.pinStart {
+		w.pinStart = false
+		w.fixStart(w.start.Offset)
+	}
 	defer func() {
 		if retry != nil {
 			retry.Stop()
