@@ -373,6 +373,7 @@ func (c *txnCommitter) commit() {
 	start := time.Now()
 	err := c.runTxn(outputs, marks, group)
 	took := time.Since(start)
+	c.sub.observeTxn(start, took, marks, len(outputs), err)
 
 	c.mu.Lock()
 	c.committing = false
