@@ -13,6 +13,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/IBM/sarama"
+
 	"github.com/safeack/safeack"
 )
 
@@ -76,7 +78,7 @@ type partKey struct {
 type partAttrs struct {
 	spanName     string
 	span         []attribute.KeyValue
-	ok, nack     metric.MeasurementOption
+	ok, nack     []metric.RecordOption // one option each, made once
 	partitionAtt attribute.KeyValue
 }
 
@@ -131,8 +133,8 @@ func (o *Observer) partition(group, topic string, partition int32) *partAttrs {
 	pa = &partAttrs{
 		spanName:     "process " + topic,
 		span:         span,
-		ok:           metric.WithAttributeSet(attribute.NewSet(span...)),
-		nack:         metric.WithAttributeSet(attribute.NewSet(append(append([]attribute.KeyValue{}, span...), semconv.ErrorTypeKey.String("nack"))...)),
+		ok:           []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(span...))},
+		nack:         []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(append([]attribute.KeyValue{}, span...), semconv.ErrorTypeKey.String("nack"))...))},
 		partitionAtt: base[2],
 	}
 	o.mu.Lock()
@@ -145,37 +147,50 @@ func (o *Observer) partition(group, topic string, partition int32) *partAttrs {
 	return pa
 }
 
+// consumerSpan is the options every delivery span starts with, made once:
+// an option built per delivery costs an allocation.
+var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+
 // Delivered starts the delivery's span (see the package documentation).
+// The attributes and the link to the producer are added only to a span
+// that records (sampled, with an SDK installed): a sampler sees the span's
+// name and kind and, with WithProducerAsParent, its parent.
 func (o *Observer) Delivered(ctx context.Context, d safeack.Delivery) (context.Context, safeack.DeliveryObserver) {
 	rec := d.Record
 	pa := o.partition(d.Group, rec.Topic, rec.Partition)
-	attrs := make([]attribute.KeyValue, 0, len(pa.span)+5)
-	attrs = append(attrs, pa.span...)
-	attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)), semconv.MessagingMessageBodySize(len(rec.Value)))
-	if rec.Value == nil {
-		attrs = append(attrs, semconv.MessagingKafkaMessageTombstone(true))
+	if o.cfg.asParent && len(rec.Headers) > 0 {
+		if producer := o.producer(rec.Headers); producer.IsValid() {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
+		}
 	}
-	if len(rec.Key) > 0 && utf8.Valid(rec.Key) {
-		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
-	}
-	if d.Message != nil && d.Message.UUID != "" {
-		attrs = append(attrs, semconv.MessagingMessageID(d.Message.UUID))
-	}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
-	if len(rec.Headers) > 0 {
-		producer := trace.SpanContextFromContext(o.cfg.propagator().Extract(context.Background(), headers(rec.Headers)))
-		if producer.IsValid() {
-			if o.cfg.asParent {
-				ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
-			} else {
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: producer}))
+	ctx, span := o.tracer.Start(ctx, pa.spanName, consumerSpan...)
+	if span.IsRecording() {
+		attrs := make([]attribute.KeyValue, 0, len(pa.span)+5)
+		attrs = append(attrs, pa.span...)
+		attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)), semconv.MessagingMessageBodySize(len(rec.Value)))
+		if rec.Value == nil {
+			attrs = append(attrs, semconv.MessagingKafkaMessageTombstone(true))
+		}
+		if len(rec.Key) > 0 && utf8.Valid(rec.Key) {
+			attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
+		}
+		if d.Message != nil && d.Message.UUID != "" {
+			attrs = append(attrs, semconv.MessagingMessageID(d.Message.UUID))
+		}
+		span.SetAttributes(attrs...)
+		if !o.cfg.asParent && len(rec.Headers) > 0 {
+			if producer := o.producer(rec.Headers); producer.IsValid() {
+				span.AddLink(trace.Link{SpanContext: producer})
 			}
 		}
 	}
-	start := time.Now()
-	opts = append(opts, trace.WithTimestamp(start))
-	ctx, span := o.tracer.Start(ctx, pa.spanName, opts...)
-	return ctx, &delivery{o: o, span: span, start: start, pa: pa}
+	return ctx, &delivery{o: o, span: span, start: time.Now(), pa: pa}
+}
+
+// producer returns the span context the propagator finds in a record's
+// headers.
+func (o *Observer) producer(h []*sarama.RecordHeader) trace.SpanContext {
+	return trace.SpanContextFromContext(o.cfg.propagator().Extract(context.Background(), headers(h)))
 }
 
 // delivery is the DeliveryObserver of one delivery.
@@ -189,31 +204,34 @@ type delivery struct {
 // Answered adds the outcome's event and ends the span (a deferred
 // completion: once resolved).
 func (d *delivery) Answered(out safeack.Outcome, err error) {
-	now := time.Now()
-	at := trace.WithTimestamp(now)
+	// The span, its events and its end take the SDK's own timestamps:
+	// passing one costs an allocation per option.
+	recording := d.span.IsRecording()
 	switch out {
 	case safeack.OutcomeDeferred:
-		d.span.AddEvent(EventDeferred, at)
+		d.span.AddEvent(EventDeferred)
 		return
 	case safeack.OutcomeAck:
-		d.span.AddEvent(EventAck, at)
-		d.o.process.Record(context.Background(), now.Sub(d.start).Seconds(), d.pa.ok)
+		d.span.AddEvent(EventAck)
+		d.o.process.Record(context.Background(), time.Since(d.start).Seconds(), d.pa.ok...)
 	case safeack.OutcomeNack:
-		d.span.AddEvent(EventNack, at)
+		d.span.AddEvent(EventNack)
 		desc := "nacked"
 		if err != nil {
-			d.span.RecordError(err, at)
+			d.span.RecordError(err)
 			desc = err.Error()
 		}
 		d.span.SetStatus(codes.Error, desc)
-		d.o.process.Record(context.Background(), now.Sub(d.start).Seconds(), d.pa.nack)
+		d.o.process.Record(context.Background(), time.Since(d.start).Seconds(), d.pa.nack...)
 	case safeack.OutcomeSkipped:
-		d.span.AddEvent(EventSkipped, at)
+		d.span.AddEvent(EventSkipped)
 	case safeack.OutcomeAbandoned:
-		d.span.AddEvent(EventAbandoned, at)
+		d.span.AddEvent(EventAbandoned)
 	}
-	d.span.SetAttributes(OutcomeKey.String(out.String()))
-	d.span.End(at)
+	if recording {
+		d.span.SetAttributes(OutcomeKey.String(out.String()))
+	}
+	d.span.End()
 }
 
 // Committed records a span for the commit (see the package documentation)
