@@ -54,10 +54,11 @@ type DeliveryObserver interface {
 	// record completed), OutcomeNack (it is redelivered; err is the error
 	// given to a deferred Completion's Resolve, else nil), OutcomeSkipped
 	// (SkipRevoked left it to the next owner), OutcomeAbandoned (the
-	// assignment ended before an answer), or OutcomeDeferred (acked with
-	// its completion deferred: Answered is called again, with OutcomeAck
-	// or OutcomeNack, when the Completion is resolved; never, when the
-	// assignment ends first).
+	// assignment ended before an answer), or OutcomeDeferred (its handler
+	// deferred the completion with Defer, before returning: Answered is
+	// called again, with OutcomeNack when the router nacks the delivery,
+	// else with OutcomeAck or OutcomeNack once the Completion is resolved;
+	// never, when the assignment ends before that).
 	Answered(o Outcome, err error)
 }
 

@@ -37,9 +37,12 @@
 // answered, with an event (safeack.ack, safeack.nack, safeack.skipped,
 // safeack.abandoned) and the attribute safeack.outcome. A nack sets the
 // span's status to Error. A deferred completion (safeack.Defer) adds a
-// safeack.deferred event at the router's ack and ends the span when the
-// Completion is resolved; if the assignment ends first, that span is never
-// ended (and so never exported).
+// safeack.deferred event when the handler defers it and ends the span when
+// the Completion is resolved (or the router nacks the delivery); if the
+// assignment ends first, that span is never ended (and so never
+// exported). Attributes and the producer link are added only to spans
+// that record (sampled, with an SDK installed), so a sampler sees the
+// span's name and kind (and, with WithProducerAsParent, its parent).
 //
 // Every commit of the commit loop that sends a new position gets a span of
 // kind client named "commit <topic>" (messaging.operation.name "commit",
@@ -64,10 +67,10 @@
 // messaging.operation.name "commit"). RegisterMetrics exports, on each
 // collection, the figures of Stats (gauges of the partitions owned now) and
 // Totals (counters, monotonic across reassignments) that the Prometheus
-// collector exports, under OpenTelemetry names: see the package README in
-// docs/operations.md for the list. Their attributes are
-// messaging.system, messaging.destination.name,
-// messaging.destination.partition.id and messaging.consumer.group.name.
+// collector exports, under OpenTelemetry names (listed in
+// docs/operations.md). Their attributes are messaging.system,
+// messaging.destination.name, messaging.destination.partition.id and
+// messaging.consumer.group.name.
 package safeackotel
 
 import (

@@ -2,6 +2,7 @@ package safeackotel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
@@ -490,5 +492,114 @@ func TestMetricsMatchStats(t *testing.T) {
 	}
 	if err := reg.Unregister(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDeferredAndTransactionSpans runs a transactional Subscriber whose
+// handler defers one record's completion (failing it once, then completing
+// it) and produces an output per record: the deferred delivery's span
+// carries the deferred event and ends with the resolution (nack with the
+// error, then ack on the redelivery), and every transaction is a
+// commit_transaction span with its outputs and the partitions' positions.
+func TestDeferredAndTransactionSpans(t *testing.T) {
+	c := kafkatest.Start(t)
+	in, out := c.NewTopic(t, 2), c.NewTopic(t, 2)
+	group := c.NewGroup(t)
+	const perPartition = 3
+	c.ProduceN(t, in, 2, 2*perPartition, nil)
+	tel := newTelemetry(t)
+	obs, err := safeackotel.NewObserver(tel.options()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := newSubscriber(t, c, group, obs)
+	pc := c.SaramaConfig()
+	pc.Producer.Partitioner = sarama.NewHashPartitioner
+	pub, err := safeack.NewTxnPublisher(sub, safeack.TxnConfig{
+		TransactionalID:       "otel-" + group,
+		CommitInterval:        50 * time.Millisecond,
+		OverwriteSaramaConfig: pc,
+	}, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddMiddleware(pub.Middleware)
+	deferred := po{1, 1}
+	var failed sync.Once
+	router.AddHandler("transform", in, sub, out, pub, func(msg *message.Message) ([]*message.Message, error) {
+		if offsetOf(msg) == deferred {
+			comp, err := safeack.Defer(msg)
+			if err != nil {
+				return nil, err
+			}
+			first := false
+			failed.Do(func() { first = true })
+			go func() {
+				if first {
+					comp.Fail(errors.New("downstream refused"))
+				} else {
+					comp.Done()
+				}
+			}()
+			return nil, nil
+		}
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
+	})
+	done := make(chan error, 1)
+	go func() { done <- router.Run(context.Background()) }()
+	defer func() {
+		_ = router.Close()
+		<-done
+	}()
+
+	txnAt := func() (at map[int32]int64, outputs int64) {
+		at = map[int32]int64{}
+		for _, s := range tel.spans.Ended() {
+			if s.Name() != "commit_transaction "+in || s.Status().Code == codes.Error {
+				continue
+			}
+			outputs += attrs(s.Attributes())[safeackotel.OutputsKey].AsInt64()
+			for _, e := range s.Events() {
+				a := attrs(e.Attributes)
+				p, _ := strconv.Atoi(a["messaging.destination.partition.id"].AsString())
+				at[int32(p)] = max(at[int32(p)], a["messaging.kafka.offset"].AsInt64())
+			}
+		}
+		return at, outputs
+	}
+	kafkatest.WaitFor(t, 30*time.Second, "transactions committing both partitions' ends", func() bool {
+		at, _ := txnAt()
+		return at[0] == perPartition && at[1] == perPartition
+	})
+	if _, outputs := txnAt(); outputs != 2*perPartition-1 {
+		t.Errorf("transactions carried %d outputs; want %d", outputs, 2*perPartition-1)
+	}
+
+	var deliveries []sdktrace.ReadOnlySpan
+	for _, s := range tel.spans.Ended() {
+		a := attrs(s.Attributes())
+		if s.Name() == "process "+in && a["messaging.destination.partition.id"].AsString() == "1" && a["messaging.kafka.offset"].AsInt64() == deferred.o {
+			deliveries = append(deliveries, s)
+		}
+	}
+	if len(deliveries) != 2 {
+		t.Fatalf("%d delivery spans of the deferred record; want 2 (failed, then done)", len(deliveries))
+	}
+	names := func(s sdktrace.ReadOnlySpan) (out []string) {
+		for _, e := range s.Events() {
+			out = append(out, e.Name)
+		}
+		return out
+	}
+	if ev := names(deliveries[0]); len(ev) != 3 || ev[0] != safeackotel.EventDeferred || ev[1] != safeackotel.EventNack || ev[2] != "exception" ||
+		deliveries[0].Status().Code != codes.Error || deliveries[0].Status().Description != "downstream refused" {
+		t.Errorf("first delivery: events %v, status %+v; want deferred, nack and the error", ev, deliveries[0].Status())
+	}
+	if ev := names(deliveries[1]); len(ev) != 2 || ev[0] != safeackotel.EventDeferred || ev[1] != safeackotel.EventAck {
+		t.Errorf("second delivery: events %v; want deferred then ack", ev)
 	}
 }

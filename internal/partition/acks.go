@@ -73,7 +73,6 @@ func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.Can
 		// ticket completes when its Deferral is resolved. It stays
 		// counted in flight so that a drain waits for it; run is woken to
 		// hand out with the freed token.
-		w.observe(r.obsState, OutcomeDeferred, nil)
 		w.pool.release()
 		w.wakeRun()
 	default:

@@ -133,8 +133,9 @@ type Observer interface {
 	// from ctx, and the delivery's state, passed back to Answered.
 	Started(ctx context.Context, rec *sarama.ConsumerMessage, msg *message.Message) (context.Context, any)
 	// Answered tells what became of the delivery whose state is given: a
-	// deferred one is answered twice (Deferred, then Ack or Nack with the
-	// resolution's error).
+	// deferred one is answered twice (Deferred when its handler defers it,
+	// then Ack or Nack, with the resolution's error, once the router acked
+	// it and the deferral is resolved, or Nack when the router nacks it).
 	Answered(state any, o Outcome, err error)
 }
 
@@ -146,7 +147,7 @@ const (
 	OutcomeAck       Outcome = iota + 1 // the record completed
 	OutcomeNack                         // the record is redelivered
 	OutcomeSkipped                      // nacked by SkipIfEnded: left for the next owner
-	OutcomeDeferred                     // acked; completes when its Deferral is resolved
+	OutcomeDeferred                     // its handler deferred its completion (Record.Defer)
 	OutcomeAbandoned                    // the assignment ended before it was answered
 )
 

@@ -42,6 +42,9 @@ func (r *Record) Defer(msg *message.Message, newHandle func(*Deferral) any) (*De
 		d.handle = newHandle(d)
 	}
 	r.deferred.Store(d)
+	// Told here, before the handler returns: the resolution can take
+	// effect (apply) before the ack's waiter looks at the deferral.
+	r.owner.observe(r.obsState, OutcomeDeferred, nil)
 	r.owner.mu.Lock()
 	r.owner.counters.deferred++
 	r.owner.mu.Unlock()
