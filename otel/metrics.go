@@ -11,6 +11,10 @@ import (
 	"github.com/safeack/safeack/internal/figures"
 )
 
+// consumedMessages is the messaging conventions' counter of messages
+// handed to the application.
+const consumedMessages = "messaging.client.consumed.messages"
+
 // RegisterMetrics creates, with the configured (or global) MeterProvider,
 // observable instruments for the figures of sub's Stats and Totals, and
 // registers one callback that reads both on each collection: the same
@@ -113,8 +117,12 @@ func RegisterMetrics(sub *safeack.Subscriber, opts ...Option) (metric.Registrati
 			at := metric.WithAttributeSet(attribute.NewSet(base...))
 			for _, c := range counters {
 				o := at
-				if c.f.Reason != "" {
+				switch {
+				case c.f.Reason != "":
 					o = metric.WithAttributeSet(attribute.NewSet(append(base[:len(base):len(base)], SkipReasonKey.String(c.f.Reason))...))
+				case c.f.OTel == consumedMessages:
+					// The conventions require the operation on this one.
+					o = metric.WithAttributeSet(attribute.NewSet(append(base[:len(base):len(base)], semconv.MessagingOperationName("process"))...))
 				}
 				if c.f.Float {
 					obs.ObserveFloat64(c.fl, c.f.Value(t), o)
