@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -601,5 +605,94 @@ func TestDeferredAndTransactionSpans(t *testing.T) {
 	}
 	if ev := names(deliveries[1]); len(ev) != 2 || ev[0] != safeackotel.EventDeferred || ev[1] != safeackotel.EventAck {
 		t.Errorf("second delivery: events %v; want deferred then ack", ev)
+	}
+}
+
+// TestRefusedCommitSpan has the embedded broker refuse the group's first
+// commits past the start: their commit spans carry the error (the
+// read-back found the coordinator below what was sent), and the commit
+// that takes afterwards has an unset status and the partition's end.
+func TestRefusedCommitSpan(t *testing.T) {
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	const records = 3
+	c.ProduceN(t, topic, 1, records, nil)
+	var refused atomic.Int32
+	kf := c.Kfake()
+	kf.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		oc := req.(*kmsg.OffsetCommitRequest)
+		if oc.Group != group || refused.Load() >= 2 {
+			return nil, nil, false
+		}
+		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
+		resp.SetVersion(oc.GetVersion())
+		past := false
+		for _, rt := range oc.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				past = past || rp.Offset > 0
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.CoordinatorLoadInProgress.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		if !past {
+			return nil, nil, false // the pinned start goes through
+		}
+		refused.Add(1)
+		return resp, nil, true
+	})
+
+	tel := newTelemetry(t)
+	obs, err := safeackotel.NewObserver(tel.options()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := newSubscriber(t, c, group, obs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for m := range msgs {
+			m.Ack()
+		}
+	}()
+	var failed, took []sdktrace.ReadOnlySpan
+	kafkatest.WaitFor(t, 30*time.Second, "a commit span at the end after refused ones", func() bool {
+		failed, took = nil, nil
+		for _, s := range tel.spans.Ended() {
+			if s.Name() != "commit "+topic {
+				continue
+			}
+			if s.Status().Code == codes.Error {
+				failed = append(failed, s)
+				continue
+			}
+			for _, e := range s.Events() {
+				if attrs(e.Attributes)["messaging.kafka.offset"].AsInt64() == records {
+					took = append(took, s)
+				}
+			}
+		}
+		return len(took) > 0
+	})
+	if refused.Load() != 2 || len(failed) < 2 {
+		t.Fatalf("%d commits refused, %d commit spans with an error; want 2 and at least 2", refused.Load(), len(failed))
+	}
+	for _, s := range failed {
+		if !strings.Contains(s.Status().Description, safeack.ErrCommitNotConfirmed.Error()) {
+			t.Errorf("refused commit's status %q; want it to say %q", s.Status().Description, safeack.ErrCommitNotConfirmed)
+		}
+		if s.StartTime().After(took[0].StartTime()) {
+			t.Errorf("a refused commit span after the one that took")
+		}
 	}
 }
