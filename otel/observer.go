@@ -164,7 +164,14 @@ func (o *Observer) Delivered(ctx context.Context, d safeack.Delivery) (context.C
 		}
 	}
 	ctx, span := o.tracer.Start(ctx, pa.spanName, consumerSpan...)
-	if span.IsRecording() {
+	if !span.IsRecording() {
+		if !o.process.Enabled(ctx) {
+			// Nothing to record at the answer: a span that does not
+			// record needs no End, and the histogram takes nothing (no
+			// SDK installed, or a view drops it).
+			return ctx, nil
+		}
+	} else {
 		attrs := make([]attribute.KeyValue, 0, len(pa.span)+5)
 		attrs = append(attrs, pa.span...)
 		attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)), semconv.MessagingMessageBodySize(len(rec.Value)))
