@@ -60,9 +60,13 @@ func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done, 
 	// would otherwise wait a whole interval for the next one.
 	commitEarly := func() {
 		sent := h.markedOffsets()
+		ob := h.observeCommit()
 		sess.Commit()
+		ob.sentNow()
 		last = time.Now()
-		if h.confirm(sent) && retries < maxEarlyCommitRetries {
+		behind := h.confirm(sent)
+		ob.confirmed()
+		if behind && retries < maxEarlyCommitRetries {
 			retries++
 			later(gap)
 			return
@@ -73,9 +77,12 @@ func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done, 
 		select {
 		case <-t.C:
 			h.markTails()
+			ob := h.observeCommit()
 			sess.Commit()
+			ob.sentNow()
 			last = time.Now()
 			h.confirm(nil)
+			ob.confirmed()
 			h.listHighWaterMarks()
 		case <-soon:
 			if wait := gap - time.Since(last); wait <= 0 {

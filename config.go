@@ -205,6 +205,11 @@ type SubscriberConfig struct {
 	// else at the next commit interval's encoding. Stats reports Paused and
 	// PausedFor.
 	PauseAtTailUsage float64
+
+	// Observer, when set, is told of every delivery and its outcome and of
+	// every commit, for tracing (see Observer and package
+	// github.com/safeack/safeack/otel). Nil costs nothing.
+	Observer Observer
 }
 
 // Ordering selects how much of a partition's order a Subscriber keeps.
@@ -413,6 +418,7 @@ func (c *SubscriberConfig) workerConfig(logger watermill.LoggerAdapter, fields w
 		PauseAtTailUsage: c.PauseAtTailUsage,
 		Logger:           logger,
 		LogFields:        fields,
+		Observer:         partitionObserver(c.Observer, c.ConsumerGroup),
 	}
 }
 

@@ -120,7 +120,7 @@
 //   - docs/middleware.md: the middleware chain, dead letters, deferred
 //     completion
 //   - docs/operations.md: connecting, readiness, Stats and metrics,
-//     configuration
+//     OpenTelemetry traces and metrics, configuration
 //   - docs/migrating.md: moving from watermill-kafka, every difference
 //   - docs/how-it-works.md: the data path and commits
 //   - docs/performance.md: measurements, with docs/bench.md (the bench's

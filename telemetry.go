@@ -10,7 +10,8 @@ import (
 )
 
 // Outcome is what became of a message in its handler, as Telemetry sees
-// it when the handler returns.
+// it when the handler returns, or of a delivery, as a DeliveryObserver
+// sees it.
 type Outcome int
 
 const (
@@ -39,6 +40,8 @@ func (o Outcome) String() string {
 		return "deferred"
 	case OutcomeSkipped:
 		return "skipped"
+	case OutcomeAbandoned:
+		return "abandoned"
 	}
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }

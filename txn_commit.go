@@ -466,6 +466,7 @@ func (c *txnCommitter) commit() {
 		err = c.retryInNextGeneration(outputs, marks, used, err)
 	}
 	took := time.Since(start)
+	c.sub.observeTxn(start, took, marks, len(outputs), err)
 
 	c.mu.Lock()
 	c.committing = false

@@ -49,6 +49,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/figures"
 )
 
 // DefaultNamespace prefixes every metric name.
@@ -88,18 +89,9 @@ func WithConstLabels(labels prometheus.Labels) Option {
 type Collector struct {
 	sub *safeack.Subscriber
 
-	owned *prometheus.Desc
-
-	safe, marked, confirmed, hwm, delivered         *prometheus.Desc
-	lag, retained, blocked, inFlight, waitingForKey *prometheus.Desc
-	oldestOffset, oldestAge                         *prometheus.Desc
-	stuck, paused, tailBytes, tailTruncated         *prometheus.Desc
-	assignedAt                                      *prometheus.Desc
-
-	assignments, offered, completed, redeliveries *prometheus.Desc
-	unmarshalFailures, skipped, ignoredMetadata   *prometheus.Desc
-	logTruncations                                *prometheus.Desc
-	deferred, pausedSeconds                       *prometheus.Desc
+	owned    *prometheus.Desc
+	gauges   []*prometheus.Desc // one per figures.Gauges entry
+	counters []*prometheus.Desc // one per figures.Counters entry; entries of one name share it
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -110,165 +102,67 @@ func NewCollector(sub *safeack.Subscriber, opts ...Option) *Collector {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	tp := []string{"topic", "partition"}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(o.namespace, "", name), help, labels, o.constLabels)
 	}
-	return &Collector{
-		sub: sub,
-
-		owned: desc("owned_partitions", "Partitions the subscriber owns."),
-
-		safe:          desc("safe_offset", "Completed prefix: the offset a consumer may resume from without losing an unfinished record; what is marked for commit.", tp...),
-		marked:        desc("marked_offset", "Last offset handed to Sarama to commit.", tp...),
-		confirmed:     desc("confirmed_offset", "Offset the group coordinator holds as committed, as last read back after a commit interval. Absent until known.", tp...),
-		hwm:           desc("high_water_mark", "Partition high-water mark (the offset the next produced record gets) as last fetched. Absent until known.", tp...),
-		delivered:     desc("delivered_offset", "Position after the last record taken from Kafka.", tp...),
-		lag:           desc("lag_records", "Records between the high-water mark and the safe offset.", tp...),
-		retained:      desc("retained_records", "Records held: running, waiting for their key, and completed but blocked behind an unfinished one.", tp...),
-		blocked:       desc("blocked_records", "Completed records held behind an unfinished one.", tp...),
-		inFlight:      desc("in_flight_messages", "Messages handed out and not yet acked or nacked.", tp...),
-		waitingForKey: desc("waiting_for_key_records", "Records waiting for a busy ordering key.", tp...),
-		oldestOffset:  desc("oldest_unfinished_offset", "Offset of the oldest unfinished record, which holds the safe offset back. Absent when nothing is unfinished.", tp...),
-		oldestAge:     desc("oldest_unfinished_age_seconds", "How long the oldest unfinished record has been held since it was taken from Kafka; 0 when nothing is unfinished.", tp...),
-		stuck:         desc("stuck", "1 when the partition waits on a record the unmarshaler rejected.", tp...),
-		paused:        desc("paused", "1 when taking records waits for the completed tail to shrink (PauseAtTailUsage).", tp...),
-		tailBytes:     desc("tail_metadata_bytes", "Size of the last completed tail written to the commit metadata.", tp...),
-		tailTruncated: desc("tail_truncated", "1 when the last completed tail did not fit the metadata budget whole.", tp...),
-		assignedAt:    desc("assigned_timestamp_seconds", "Unix time at which this member got the partition.", tp...),
-
-		assignments:       desc("assignments_total", "Assignments of the partition to this subscriber.", tp...),
-		offered:           desc("offered_records_total", "Records taken from Kafka.", tp...),
-		completed:         desc("completed_records_total", "Records completed (acked, deferred and done, dead-lettered, or skipped as completed by a previous owner).", tp...),
-		redeliveries:      desc("redeliveries_total", "Messages nacked and redelivered.", tp...),
-		unmarshalFailures: desc("unmarshal_failures_total", "Unmarshal attempts the unmarshaler rejected.", tp...),
-		skipped:           desc("skipped_records_total", "Records whose handler was not run: reason=\"tail\" when the commit metadata said a previous owner completed them, reason=\"revoked\" when their assignment had ended.", "topic", "partition", "reason"),
-		ignoredMetadata:   desc("ignored_metadata_total", "Commit metadata found and not trusted (another client's, corrupt, or relative to another offset).", tp...),
-		logTruncations:    desc("log_truncations_total", "Starts at which the log was found truncated under the group's commit (unclean leader election); the start moved back to the divergence and the completed tail was handled again.", tp...),
-		deferred:          desc("deferred_completions_total", "Completions deferred with safeack.Defer.", tp...),
-		pausedSeconds:     desc("paused_seconds_total", "Time spent paused for the completed tail to shrink.", tp...),
+	c := &Collector{sub: sub, owned: desc(figures.Owned.Prom, figures.Owned.Help)}
+	for _, g := range figures.Gauges {
+		c.gauges = append(c.gauges, desc(g.Prom, g.Help, "topic", "partition"))
 	}
+	byName := map[string]*prometheus.Desc{}
+	for _, f := range figures.Counters {
+		d := byName[f.Prom]
+		if d == nil {
+			labels := []string{"topic", "partition"}
+			if f.Reason != "" {
+				labels = append(labels, "reason")
+			}
+			d = desc(f.Prom, f.Help, labels...)
+			byName[f.Prom] = d
+		}
+		c.counters = append(c.counters, d)
+	}
+	return c
 }
 
 // Describe sends the descriptors of every metric the Collector exports.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{
-		c.owned,
-		c.safe, c.marked, c.confirmed, c.hwm, c.delivered,
-		c.lag, c.retained, c.blocked, c.inFlight, c.waitingForKey,
-		c.oldestOffset, c.oldestAge,
-		c.stuck, c.paused, c.tailBytes, c.tailTruncated,
-		c.assignedAt,
-		c.assignments, c.offered, c.completed, c.redeliveries,
-		c.unmarshalFailures, c.skipped, c.ignoredMetadata, c.logTruncations,
-		c.deferred, c.pausedSeconds,
-	} {
+	ch <- c.owned
+	for _, d := range c.gauges {
 		ch <- d
+	}
+	seen := map[*prometheus.Desc]bool{}
+	for _, d := range c.counters {
+		if !seen[d] {
+			seen[d] = true
+			ch <- d
+		}
 	}
 }
 
 // Collect reads the Subscriber's statistics and sends them as metrics.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	stats := merged(c.sub.Stats())
+	stats := figures.Merged(c.sub.Stats())
 	ch <- prometheus.MustNewConstMetric(c.owned, prometheus.GaugeValue, float64(len(stats)))
-	for _, s := range stats {
+	for i := range stats {
+		s := &stats[i]
 		lv := []string{s.Topic, strconv.FormatInt(int64(s.Partition), 10)}
-		gauge := func(d *prometheus.Desc, v float64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, lv...)
-		}
-		gauge(c.safe, float64(s.SafeOffset))
-		gauge(c.marked, float64(s.MarkedOffset))
-		if s.ConfirmedOffset >= 0 {
-			gauge(c.confirmed, float64(s.ConfirmedOffset))
-		}
-		if s.HighWaterMark >= 0 {
-			gauge(c.hwm, float64(s.HighWaterMark))
-		}
-		gauge(c.delivered, float64(s.Delivered))
-		gauge(c.lag, float64(s.Lag))
-		gauge(c.retained, float64(s.Retained))
-		gauge(c.blocked, float64(s.Blocked))
-		gauge(c.inFlight, float64(s.InFlight))
-		gauge(c.waitingForKey, float64(s.WaitingForKey))
-		if s.HasUnfinished {
-			gauge(c.oldestOffset, float64(s.OldestUnfinished))
-		}
-		gauge(c.oldestAge, s.OldestUnfinishedAge.Seconds())
-		gauge(c.stuck, bool01(s.Stuck))
-		gauge(c.paused, bool01(s.Paused))
-		gauge(c.tailBytes, float64(s.TailBytes))
-		gauge(c.tailTruncated, bool01(s.TailTruncated))
-		if !s.AssignedAt.IsZero() {
-			gauge(c.assignedAt, float64(s.AssignedAt.UnixNano())/1e9)
+		for j, g := range figures.Gauges {
+			if v, ok := g.Value(s); ok {
+				ch <- prometheus.MustNewConstMetric(c.gauges[j], prometheus.GaugeValue, v, lv...)
+			}
 		}
 	}
-
-	for _, t := range c.sub.Totals() {
+	totals := c.sub.Totals()
+	for i := range totals {
+		t := &totals[i]
 		lv := []string{t.Topic, strconv.FormatInt(int64(t.Partition), 10)}
-		counter := func(d *prometheus.Desc, v float64, extra ...string) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, append(lv, extra...)...)
-		}
-		counter(c.assignments, float64(t.Assignments))
-		counter(c.offered, float64(t.Offered))
-		counter(c.completed, float64(t.Completed))
-		counter(c.redeliveries, float64(t.Redeliveries))
-		counter(c.unmarshalFailures, float64(t.UnmarshalFailures))
-		counter(c.skipped, float64(t.SkippedTail), "tail")
-		counter(c.skipped, float64(t.SkippedRevoked), "revoked")
-		counter(c.ignoredMetadata, float64(t.IgnoredMetadata))
-		counter(c.logTruncations, float64(t.LogTruncations))
-		counter(c.deferred, float64(t.Deferred))
-		counter(c.pausedSeconds, t.PausedFor.Seconds())
-	}
-}
-
-// merged folds the Stats entries of one topic-partition into one. Two
-// subscriptions of the Subscriber to one topic without a consumer group
-// (two router handlers on it) each own every partition, and a registry
-// refuses two series with the same labels: the whole scrape would fail.
-// Counts add up; positions, ages and flags are those of the subscription
-// furthest behind.
-func merged(stats []safeack.PartitionStats) []safeack.PartitionStats {
-	out := make([]safeack.PartitionStats, 0, len(stats))
-	at := make(map[safeack.TopicPartition]int, len(stats))
-	for _, s := range stats {
-		i, seen := at[s.TopicPartition]
-		if !seen {
-			at[s.TopicPartition] = len(out)
-			out = append(out, s)
-			continue
-		}
-		m := &out[i]
-		m.SafeOffset = min(m.SafeOffset, s.SafeOffset)
-		m.MarkedOffset = min(m.MarkedOffset, s.MarkedOffset)
-		if s.ConfirmedOffset >= 0 && (m.ConfirmedOffset < 0 || s.ConfirmedOffset < m.ConfirmedOffset) {
-			m.ConfirmedOffset = s.ConfirmedOffset
-		}
-		m.HighWaterMark = max(m.HighWaterMark, s.HighWaterMark)
-		m.Lag = max(m.Lag, s.Lag)
-		m.Delivered = min(m.Delivered, s.Delivered)
-		m.Retained += s.Retained
-		m.Blocked += s.Blocked
-		m.InFlight += s.InFlight
-		m.WaitingForKey += s.WaitingForKey
-		if s.HasUnfinished && (!m.HasUnfinished || s.OldestUnfinished < m.OldestUnfinished) {
-			m.OldestUnfinished, m.HasUnfinished = s.OldestUnfinished, true
-		}
-		m.OldestUnfinishedAge = max(m.OldestUnfinishedAge, s.OldestUnfinishedAge)
-		m.Stuck = m.Stuck || s.Stuck
-		m.Paused = m.Paused || s.Paused
-		m.TailBytes = max(m.TailBytes, s.TailBytes)
-		m.TailTruncated = m.TailTruncated || s.TailTruncated
-		if !s.AssignedAt.IsZero() && (m.AssignedAt.IsZero() || s.AssignedAt.Before(m.AssignedAt)) {
-			m.AssignedAt = s.AssignedAt
+		for j, f := range figures.Counters {
+			labels := lv
+			if f.Reason != "" {
+				labels = append(lv[:2:2], f.Reason)
+			}
+			ch <- prometheus.MustNewConstMetric(c.counters[j], prometheus.CounterValue, f.Value(t), labels...)
 		}
 	}
-	return out
-}
-
-func bool01(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -57,6 +57,7 @@ type app struct {
 	logger  watermill.LoggerAdapter
 	started time.Time
 	marsh   kafka.MarshalerUnmarshaler
+	tracing *tracing
 
 	sub *safeack.Subscriber
 
@@ -117,6 +118,16 @@ func run(ctx context.Context, cfg Config) (err error) {
 		a.printf("Kafka cluster %s; topic %s\n", strings.Join(a.brokers, ","), cfg.Topic)
 	}
 
+	// Tracing, when asked for.
+	if a.tracing, err = newTracing(cfg.TraceOut); err != nil {
+		return err
+	}
+	defer a.tracing.shutdown(context.Background())
+	obs, err := a.tracing.observer()
+	if err != nil {
+		return err
+	}
+
 	// The subscriber, the router and its middleware.
 	a.sub, err = safeack.NewSubscriber(safeack.SubscriberConfig{
 		Brokers:               a.brokers,
@@ -128,6 +139,7 @@ func run(ctx context.Context, cfg Config) (err error) {
 		CommitInterval:        cfg.CommitInterval,
 		NackResendSleep:       50 * time.Millisecond,
 		DrainTimeout:          5 * time.Second,
+		Observer:              observerOrNil(obs),
 	}, a.logger)
 	if err != nil {
 		return err
@@ -342,7 +354,9 @@ func (a *app) observe(ev safeack.CompletionEvent) {
 // (Retry gets past it), and rejects poison records, half of them with a
 // panic (Recoverer turns it into an error; after the retries PoisonQueue
 // moves the record to the dead-letter topic).
-func (a *app) handle(msg *message.Message) error {
+func (a *app) handle(msg *message.Message) (err error) {
+	end := a.tracing.handling(msg.Context())
+	defer func() { end(err) }()
 	var o order
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
 		return fmt.Errorf("%w: payload is not an order: %v", errPoison, err)
@@ -447,7 +461,11 @@ func (a *app) newOrder(seq int64) (*sarama.ProducerMessage, error) {
 	}
 	msg := message.NewMessage(watermill.NewUUID(), payload)
 	msg.Metadata.Set(keyMetadata, o.Customer)
-	return a.marsh.Marshal(a.cfg.Topic, msg)
+	pm, err := a.marsh.Marshal(a.cfg.Topic, msg)
+	if err == nil {
+		a.tracing.produced(pm)
+	}
+	return pm, err
 }
 
 // countingPublisher counts the messages published through it.

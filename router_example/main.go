@@ -17,6 +17,11 @@
 // start prints, or KAFKA_BROKERS) uses a real cluster instead; the topics are
 // created when missing. It stops on SIGINT or SIGTERM, or after
 // -duration, draining the records in flight.
+//
+// It exports no traces by default; -trace-stdout prints OpenTelemetry spans
+// to standard output (package github.com/safeack/safeack/otel): each
+// record's send, its delivery (linked to the send), the handler's span
+// inside it, and the commits.
 package main
 
 import (
@@ -65,6 +70,9 @@ type Config struct {
 	// Watermill's and safeack's logs on stderr.
 	Out     io.Writer
 	Verbose bool
+	// TraceOut, when set, receives every span as JSON (-trace-stdout:
+	// standard output); nil traces nothing.
+	TraceOut io.Writer
 	// OnListen, when set, is told the HTTP address once it listens.
 	OnListen func(addr string)
 }
@@ -133,6 +141,7 @@ func parseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.DurationVar(&cfg.Duration, "duration", 0, "stop after this long (0: run until SIGINT/SIGTERM)")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "`address` of the live page and /metrics (empty: none)")
 	fs.BoolVar(&cfg.Verbose, "v", false, "log Watermill and safeack messages to stderr")
+	traceStdout := fs.Bool("trace-stdout", false, "print OpenTelemetry spans (producer, delivery, handler, commit) to stdout as JSON; try it with -rate 2")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -149,6 +158,9 @@ func parseFlags(args []string, getenv func(string) string) (Config, error) {
 		return cfg, fmt.Errorf("-kafka-version: %w", err)
 	}
 	cfg.KafkaVersion = v
+	if *traceStdout {
+		cfg.TraceOut = os.Stdout
+	}
 	switch *ordering {
 	case "key":
 		cfg.Ordering = safeack.OrderByKey

@@ -286,3 +286,51 @@ func TestParseFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestRunTracesToStdout runs the example with -trace-stdout's writer and
+// reads the printed spans back: deliveries linked to the records' send
+// spans, handler spans inside deliveries, and commits.
+func TestRunTracesToStdout(t *testing.T) {
+	out, traces := &syncBuffer{}, &syncBuffer{}
+	cfg := testConfig(out)
+	cfg.HTTPAddr = ""
+	cfg.Rate = 20
+	cfg.SlowRate, cfg.PoisonRate = 0, 0
+	cfg.Duration = 3 * time.Second
+	cfg.TraceOut = traces
+	if err := run(context.Background(), cfg); err != nil {
+		t.Fatalf("run: %v\n%s", err, out)
+	}
+	type spanContext struct{ TraceID, SpanID string }
+	type span struct {
+		Name        string
+		SpanContext spanContext
+		Parent      spanContext
+		Links       []struct{ SpanContext spanContext }
+	}
+	spans := map[string][]span{}
+	byID := map[string]span{}
+	dec := json.NewDecoder(strings.NewReader(traces.String()))
+	for dec.More() {
+		var s span
+		if err := dec.Decode(&s); err != nil {
+			t.Fatalf("decoding the printed spans: %v", err)
+		}
+		kind := strings.Fields(s.Name)[0]
+		spans[kind] = append(spans[kind], s)
+		byID[s.SpanContext.SpanID] = s
+	}
+	if len(spans["send"]) == 0 || len(spans["process"]) == 0 || len(spans["handle"]) == 0 || len(spans["commit"]) == 0 {
+		t.Fatalf("spans printed: %d send, %d process, %d handle, %d commit", len(spans["send"]), len(spans["process"]), len(spans["handle"]), len(spans["commit"]))
+	}
+	for _, p := range spans["process"] {
+		if len(p.Links) != 1 || byID[p.Links[0].SpanContext.SpanID].Name != "send "+cfg.Topic {
+			t.Fatalf("delivery span %+v: not linked to a send span", p)
+		}
+	}
+	for _, h := range spans["handle"] {
+		if byID[h.Parent.SpanID].Name != "process "+cfg.Topic {
+			t.Fatalf("handler span %+v: its parent is not a delivery span", h)
+		}
+	}
+}

@@ -26,6 +26,7 @@ func (w *Worker) await(r *Record) {
 		wm, cancel := r.wm, r.cancel
 		a := w.waitAnswer(wm, cancel)
 		if a == answerAbandoned {
+			w.observe(r.obsState, OutcomeAbandoned, nil)
 			return
 		}
 		r = w.handleAnswer(r, wm, cancel, a == answerAck)
@@ -58,6 +59,11 @@ func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.Can
 	w.tokensHeld.Add(-1)
 	switch {
 	case !acked:
+		if r.skipped.Load() {
+			w.observe(r.obsState, OutcomeSkipped, nil)
+		} else {
+			w.observe(r.obsState, OutcomeNack, nil)
+		}
 		if w.hooks != nil {
 			w.hooks.Nacked(wm, r.hookState)
 		}
@@ -73,6 +79,7 @@ func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.Can
 		if w.hooks != nil {
 			w.hooks.Acked(r.msg, wm, r.hookState) // outputs enter the transaction before the ticket completes
 		}
+		w.observe(r.obsState, OutcomeAck, nil)
 		return w.completeAndContinue(r)
 	}
 	return nil

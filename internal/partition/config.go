@@ -44,6 +44,9 @@ type Config struct {
 
 	Logger    watermill.LoggerAdapter
 	LogFields watermill.LogFields
+
+	// Observer, when set, is told of every delivery and its outcome.
+	Observer Observer
 }
 
 // Ordering selects which records of a partition may run at the same time.
@@ -148,6 +151,38 @@ type Restarter interface {
 type Pauser interface {
 	Pause(map[string][]int32)
 	Resume(map[string][]int32)
+}
+
+// Observer is told when each delivery starts and what became of it, for
+// tracing. Nil costs nothing.
+type Observer interface {
+	// Started returns the context of the delivery msg of rec, derived
+	// from ctx, and the delivery's state, passed back to Answered.
+	Started(ctx context.Context, rec *sarama.ConsumerMessage, msg *message.Message) (context.Context, any)
+	// Answered tells what became of the delivery whose state is given: a
+	// deferred one is answered twice (Deferred when its handler defers it,
+	// then Ack or Nack, with the resolution's error, once the router acked
+	// it and the deferral is resolved, or Nack when the router nacks it).
+	Answered(state any, o Outcome, err error)
+}
+
+// Outcome is what became of one delivery, for Observer.
+type Outcome int
+
+// Outcomes of a delivery.
+const (
+	OutcomeAck       Outcome = iota + 1 // the record completed
+	OutcomeNack                         // the record is redelivered
+	OutcomeSkipped                      // nacked by SkipIfEnded: left for the next owner
+	OutcomeDeferred                     // its handler deferred its completion (Record.Defer)
+	OutcomeAbandoned                    // the assignment ended before it was answered
+)
+
+// observe tells the Observer, if any, what became of a delivery.
+func (w *Worker) observe(state any, o Outcome, err error) {
+	if obs := w.cfg.Observer; obs != nil && state != nil {
+		obs.Answered(state, o, err)
+	}
 }
 
 // DeliveryHooks is told when each delivery starts and how it was answered:

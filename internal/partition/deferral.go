@@ -15,6 +15,7 @@ type Deferral struct {
 	r        *Record
 	msg      *message.Message // the delivery whose completion is deferred
 	state    any              // the delivery's DeliveryHooks state
+	obsState any              // the delivery's Observer state
 	resolved atomic.Bool
 	handle   any
 }
@@ -36,11 +37,14 @@ func (r *Record) Defer(msg *message.Message, newHandle func(*Deferral) any) (*De
 	if prev := r.deferred.Load(); prev != nil && prev.msg == msg {
 		return prev, true // this delivery was deferred already
 	}
-	d := &Deferral{r: r, msg: msg, state: r.hookState}
+	d := &Deferral{r: r, msg: msg, state: r.hookState, obsState: r.obsState}
 	if newHandle != nil {
 		d.handle = newHandle(d)
 	}
 	r.deferred.Store(d)
+	// Told here, before the handler returns: the resolution can take
+	// effect (apply) before the ack's waiter looks at the deferral.
+	r.owner.observe(r.obsState, OutcomeDeferred, nil)
 	r.owner.mu.Lock()
 	r.owner.counters.deferred++
 	r.owner.mu.Unlock()
@@ -109,8 +113,10 @@ func (d *Deferral) apply(err error) {
 		}
 	}
 	if err == nil {
+		w.observe(d.obsState, OutcomeAck, nil)
 		w.complete(d.r, true)
 		return
 	}
+	w.observe(d.obsState, OutcomeNack, err)
 	go w.nacked(d.r, nil)
 }

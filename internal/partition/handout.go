@@ -107,6 +107,9 @@ func (w *Worker) ending() bool {
 // stamp is written before the send, so the handler reads it safely.
 func (w *Worker) startDelivery(r *Record) {
 	ctx := context.WithValue(w.parentCtx, recordKey{}, r)
+	if obs := w.cfg.Observer; obs != nil {
+		ctx, r.obsState = obs.Started(ctx, r.msg, r.wm)
+	}
 	if w.hooks != nil {
 		ctx, r.hookState = w.hooks.Started(ctx, r.wm)
 	}
@@ -145,6 +148,7 @@ func (w *Worker) handedOver() {
 // out, because the assignment ended first. It stays unfinished.
 func (w *Worker) takeBack(r *Record) {
 	r.cancel()
+	w.observe(r.obsState, OutcomeAbandoned, nil)
 	w.tokensHeld.Add(-1)
 	w.pool.release()
 	w.mu.Lock()

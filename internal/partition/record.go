@@ -24,6 +24,7 @@ type Record struct {
 
 	wm           *message.Message // the current delivery
 	hookState    any              // DeliveryHooks.Started's state of the current delivery
+	obsState     any              // Observer.Started's state of the current delivery
 	cancel       context.CancelFunc
 	deliveredAt  time.Time // of the current delivery; written before it is handed out
 	unmarshalErr error

@@ -1,0 +1,254 @@
+package safeack
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/safeack/safeack/internal/partition"
+)
+
+// Observer is told of a Subscriber's deliveries and commits, for tracing:
+// package github.com/safeack/safeack/otel implements it with
+// OpenTelemetry. Set it in SubscriberConfig.Observer; nil (the default)
+// costs nothing. Its methods run on the subscriber's own goroutines, some
+// while a partition waits for them: keep them quick, and never block or
+// panic in them.
+type Observer interface {
+	// Delivered is called as a message is handed out: once per delivery,
+	// so a record nacked and redelivered is delivered again. ctx is the
+	// parent of the message's context; the context Delivered returns
+	// takes its place, so that what it carries (a span) reaches the
+	// handler through msg.Context(). The DeliveryObserver it returns (nil:
+	// none) is told what became of the delivery.
+	Delivered(ctx context.Context, d Delivery) (context.Context, DeliveryObserver)
+	// Committed is called after each commit of the commit loop (once per
+	// commit interval, and the early commits of a caught-up partition)
+	// that sent a position not yet confirmed, once the positions were read
+	// back; and, in transactional mode, after each transaction. The final
+	// commit of an ending assignment (a revocation, Close) is not
+	// reported.
+	Committed(c CommitEvent)
+}
+
+// Delivery is one delivery of a record, for Observer.Delivered.
+type Delivery struct {
+	// Group is the consumer group, empty without one.
+	Group string
+	// Record is the Kafka record. It is shared: do not modify it.
+	Record *sarama.ConsumerMessage
+	// Message is the Watermill message handed out.
+	Message *message.Message
+}
+
+// DeliveryObserver is told what became of one delivery.
+type DeliveryObserver interface {
+	// Answered is called once the delivery is answered: OutcomeAck (the
+	// record completed), OutcomeNack (it is redelivered; err is the error
+	// given to a deferred Completion's Resolve, else nil), OutcomeSkipped
+	// (SkipRevoked left it to the next owner), OutcomeAbandoned (the
+	// assignment ended before an answer), or OutcomeDeferred (its handler
+	// deferred the completion with Defer, before returning: Answered is
+	// called again, with OutcomeNack when the router nacks the delivery,
+	// else with OutcomeAck or OutcomeNack once the Completion is resolved;
+	// never, when the assignment ends before that).
+	Answered(o Outcome, err error)
+}
+
+// OutcomeAbandoned is what becomes of a delivery whose assignment ended
+// (a revocation, Close) before it was answered, once DrainTimeout passed:
+// the record is left for the partition's next owner. Only a
+// DeliveryObserver sees it; Telemetry reports handlers that return.
+const OutcomeAbandoned Outcome = OutcomeSkipped + 1
+
+// CommitEvent describes one commit, for Observer.Committed.
+type CommitEvent struct {
+	// Topic and Group are the subscription's topic and consumer group.
+	Topic, Group string
+	// Transactional reports a commit made in a Kafka transaction (see
+	// NewTxnPublisher), in which Outputs messages were produced.
+	Transactional bool
+	Outputs       int
+	// Start is when the commit was sent, and Duration how long the broker
+	// took to answer it (a transaction: from its start to its commit or
+	// failure).
+	Start    time.Time
+	Duration time.Duration
+	// Partitions are the positions sent.
+	Partitions []CommittedPartition
+	// Err is nil when the commit took. Otherwise it is the transaction's
+	// error, or wraps ErrCommitNotConfirmed: Sarama does not report a
+	// refused commit, so the positions are read back after it, and a
+	// partition held below what was sent (or not read back) means the
+	// commit did not take; the next commit sends it again.
+	Err error
+}
+
+// CommittedPartition is one partition's position in a commit.
+type CommittedPartition struct {
+	Partition int32
+	// Offset is the position sent: the offset of the next record to
+	// consume. TailBytes is the size of the completed tail in its commit
+	// metadata (0 without one).
+	Offset    int64
+	TailBytes int
+}
+
+// ErrCommitNotConfirmed is wrapped by CommitEvent.Err when reading the
+// committed positions back did not find what the commit sent.
+var ErrCommitNotConfirmed = errors.New("safeack: commit not confirmed by the group coordinator")
+
+// ConsumerGroup returns the consumer group the Subscriber was configured
+// with, empty without one.
+func (s *Subscriber) ConsumerGroup() string { return s.cfg.ConsumerGroup }
+
+// observerAdapter is a subscription's partition.Observer over the
+// configured Observer. It remembers, per partition, the last position the
+// coordinator confirmed, so that a commit that sends nothing new (Sarama
+// then sends no request) is not reported.
+type observerAdapter struct {
+	o     Observer
+	group string
+
+	mu        sync.Mutex
+	confirmed map[int32]committedOffset
+}
+
+// partitionObserver returns the partition.Observer of a subscription, nil
+// without an Observer.
+func partitionObserver(o Observer, group string) partition.Observer {
+	if o == nil {
+		return nil
+	}
+	return &observerAdapter{o: o, group: group}
+}
+
+func (a *observerAdapter) Started(ctx context.Context, rec *sarama.ConsumerMessage, msg *message.Message) (context.Context, any) {
+	ctx, d := a.o.Delivered(ctx, Delivery{Group: a.group, Record: rec, Message: msg})
+	if d == nil {
+		return ctx, nil
+	}
+	return ctx, d
+}
+
+func (a *observerAdapter) Answered(state any, o partition.Outcome, err error) {
+	d := state.(DeliveryObserver)
+	switch o {
+	case partition.OutcomeAck:
+		d.Answered(OutcomeAck, nil)
+	case partition.OutcomeNack:
+		d.Answered(OutcomeNack, err)
+	case partition.OutcomeSkipped:
+		d.Answered(OutcomeSkipped, nil)
+	case partition.OutcomeDeferred:
+		d.Answered(OutcomeDeferred, nil)
+	case partition.OutcomeAbandoned:
+		d.Answered(OutcomeAbandoned, nil)
+	}
+}
+
+// commitObservation is one commit of the commit loop, observed: nil
+// without an Observer (its methods then do nothing).
+type commitObservation struct {
+	a       *observerAdapter
+	topic   string
+	start   time.Time
+	took    time.Duration
+	workers []*partition.Worker
+	sent    []committedOffset
+}
+
+// observeCommit starts observing a commit of the session's marks: call it
+// just before sess.Commit, then sent after it and confirmed after the
+// positions were read back.
+func (h *groupHandler) observeCommit() *commitObservation {
+	a, ok := h.sub.workerCfg.Observer.(*observerAdapter)
+	if !ok {
+		return nil
+	}
+	h.mu.Lock()
+	workers := make([]*partition.Worker, 0, len(h.workers))
+	for _, w := range h.workers {
+		workers = append(workers, w)
+	}
+	h.mu.Unlock()
+	c := &commitObservation{a: a, topic: h.sub.topic}
+	a.mu.Lock()
+	for _, w := range workers {
+		off, meta := w.MarkedPosition()
+		if prev, ok := a.confirmed[w.Partition()]; off < 0 || ok && prev.offset == off && prev.metadata == meta {
+			continue
+		}
+		c.workers = append(c.workers, w)
+		c.sent = append(c.sent, committedOffset{offset: off, metadata: meta})
+	}
+	a.mu.Unlock()
+	c.start = time.Now()
+	return c
+}
+
+func (c *commitObservation) sentNow() {
+	if c != nil {
+		c.took = time.Since(c.start)
+	}
+}
+
+// confirmed reports the commit, with the positions read back since.
+func (c *commitObservation) confirmed() {
+	if c == nil || len(c.workers) == 0 {
+		return
+	}
+	ev := CommitEvent{Topic: c.topic, Group: c.a.group, Start: c.start, Duration: c.took,
+		Partitions: make([]CommittedPartition, len(c.workers))}
+	behind := 0
+	c.a.mu.Lock()
+	if c.a.confirmed == nil {
+		c.a.confirmed = make(map[int32]committedOffset)
+	}
+	for i, w := range c.workers {
+		p, sent := w.Partition(), c.sent[i]
+		ev.Partitions[i] = CommittedPartition{Partition: p, Offset: sent.offset, TailBytes: len(sent.metadata)}
+		if w.Stats().ConfirmedOffset < sent.offset {
+			behind++
+			continue
+		}
+		c.a.confirmed[p] = sent
+	}
+	c.a.mu.Unlock()
+	if behind > 0 {
+		ev.Err = &commitBehindError{partitions: behind}
+	}
+	c.a.o.Committed(ev)
+}
+
+// observeTxn reports a transaction of the transactional commit path.
+func (sub *subscription) observeTxn(start time.Time, took time.Duration, marks map[int32]txnMark, outputs int, err error) {
+	a, ok := sub.workerCfg.Observer.(*observerAdapter)
+	if !ok {
+		return
+	}
+	ev := CommitEvent{Topic: sub.topic, Group: a.group, Transactional: true, Outputs: outputs,
+		Start: start, Duration: took, Err: err, Partitions: make([]CommittedPartition, 0, len(marks))}
+	for p, mk := range marks {
+		ev.Partitions = append(ev.Partitions, CommittedPartition{Partition: p, Offset: mk.offset, TailBytes: len(mk.metadata)})
+	}
+	slices.SortFunc(ev.Partitions, func(x, y CommittedPartition) int { return cmp.Compare(x.Partition, y.Partition) })
+	a.o.Committed(ev)
+}
+
+// commitBehindError is CommitEvent.Err for a commit the read-back did not
+// find.
+type commitBehindError struct{ partitions int }
+
+func (e *commitBehindError) Error() string {
+	return ErrCommitNotConfirmed.Error() + ": " + strconv.Itoa(e.partitions) + " partition(s) held below the position sent"
+}
+
+func (e *commitBehindError) Unwrap() error { return ErrCommitNotConfirmed }

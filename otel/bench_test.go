@@ -1,0 +1,165 @@
+package safeackotel_test
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+	safeackotel "github.com/safeack/safeack/otel"
+)
+
+// BenchmarkZeroWork consumes b.N records (produced beforehand, with a
+// traceparent header each, on 4 partitions of the embedded broker) with
+// handlers that ack at once, and reports records per second and
+// allocations per record (the embedded broker runs in the process, so its
+// allocations count too: compare the variants, not the absolute figure).
+// Variants: no Observer (bare); the Observer over OpenTelemetry's global
+// providers with nothing installed (otel-noop); RegisterMetrics alone on an
+// SDK MeterProvider (metrics-only); the Observer over the SDK sampling 1%
+// of the spans (otel-sdk-1pct) and every span (otel-sdk), exported in
+// batches to a discarding exporter, with its histograms and RegisterMetrics
+// on a ManualReader. cpu-µs/rec is the process's CPU time (user and
+// system) per record, steadier than rec/s on a shared machine. Run with a
+// fixed count, e.g.
+//
+//	go test -run '^$' -bench ZeroWork -benchtime 100000x ./otel/
+func BenchmarkZeroWork(b *testing.B) {
+	variants := []benchVariant{
+		{"bare", func(*testing.B) (safeack.Observer, func(*safeack.Subscriber)) { return nil, nil }},
+		{"otel-noop", func(b *testing.B) (safeack.Observer, func(*safeack.Subscriber)) {
+			obs, err := safeackotel.NewObserver(safeackotel.WithPropagator(propagation.TraceContext{}))
+			if err != nil {
+				b.Fatal(err)
+			}
+			return obs, nil
+		}},
+		{"metrics-only", func(b *testing.B) (safeack.Observer, func(*safeack.Subscriber)) {
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+			return nil, func(sub *safeack.Subscriber) {
+				reg, err := safeackotel.RegisterMetrics(sub, safeackotel.WithMeterProvider(mp))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = reg.Unregister() })
+			}
+		}},
+		{"otel-sdk-1pct", sdkVariant(sdktrace.TraceIDRatioBased(0.01))},
+		{"otel-sdk", sdkVariant(sdktrace.AlwaysSample())},
+	}
+	benchZeroWork(b, variants)
+}
+
+// sdkVariant is the Observer over the SDK with sampler, its histograms and
+// RegisterMetrics on a ManualReader.
+func sdkVariant(sampler sdktrace.Sampler) func(b *testing.B) (safeack.Observer, func(*safeack.Subscriber)) {
+	return func(b *testing.B) (safeack.Observer, func(*safeack.Subscriber)) {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler),
+			sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+		b.Cleanup(func() {
+			_ = tp.Shutdown(context.Background())
+			_ = mp.Shutdown(context.Background())
+		})
+		opts := []safeackotel.Option{safeackotel.WithTracerProvider(tp), safeackotel.WithMeterProvider(mp),
+			safeackotel.WithPropagator(propagation.TraceContext{})}
+		obs, err := safeackotel.NewObserver(opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return obs, func(sub *safeack.Subscriber) {
+			reg, err := safeackotel.RegisterMetrics(sub, opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = reg.Unregister() })
+		}
+	}
+}
+
+// cpuTime is the CPU time the process used so far (user and system): on a
+// shared machine it varies less with other load than the wall time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+type benchVariant struct {
+	name  string
+	setup func(b *testing.B) (safeack.Observer, func(*safeack.Subscriber))
+}
+
+func benchZeroWork(b *testing.B, variants []benchVariant) {
+	c := kafkatest.Start(b)
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			const partitions = 4
+			topic := c.NewTopic(b, partitions)
+			recs := make([]kafkatest.Record, b.N)
+			tp := propagation.MapCarrier{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+			for i := range recs {
+				recs[i] = kafkatest.Record{Partition: int32(i % partitions), Value: []byte("v"), Headers: tp}
+			}
+			for i := 0; i < len(recs); i += 5000 {
+				c.Produce(b, topic, recs[i:min(i+5000, len(recs))]...)
+			}
+			obs, register := v.setup(b)
+			sc := c.SaramaConfig()
+			sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+				Brokers:               c.Brokers(),
+				OverwriteSaramaConfig: sc,
+				ConsumerGroup:         c.NewGroup(b),
+				Ordering:              safeack.Unordered,
+				Observer:              obs,
+			}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = sub.Close() }()
+			if register != nil {
+				register(sub)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := cpuTime()
+			start := time.Now()
+			msgs, err := sub.Subscribe(ctx, topic)
+			if err != nil {
+				b.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() {
+				n := 0
+				for m := range msgs {
+					m.Ack()
+					if n++; n == b.N {
+						close(done)
+					}
+				}
+			}()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Minute):
+				b.Fatal("records not all delivered")
+			}
+			elapsed := time.Since(start)
+			cpu := cpuTime() - cpu0
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "rec/s")
+			b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(b.N), "cpu-µs/rec")
+		})
+	}
+}

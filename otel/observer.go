@@ -1,0 +1,292 @@
+package safeackotel
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/IBM/sarama"
+
+	"github.com/safeack/safeack"
+)
+
+// Attribute keys of safeack's own, where the semantic conventions have
+// none.
+const (
+	// OutcomeKey is what became of a delivery: ack, nack, skipped,
+	// abandoned (safeack.Outcome's String).
+	OutcomeKey = attribute.Key("safeack.outcome")
+	// PreviousOffsetKey is, on a commit span's partition event, the
+	// position this Observer last saw committed for the partition.
+	PreviousOffsetKey = attribute.Key("safeack.commit.previous_offset")
+	// TailSizeKey is the size in bytes of the completed tail in a commit's
+	// metadata.
+	TailSizeKey = attribute.Key("safeack.tail.size")
+	// OutputsKey counts the messages produced in a transaction.
+	OutputsKey = attribute.Key("safeack.transaction.outputs")
+	// SkipReasonKey tells the two series of safeack.records.skipped apart:
+	// tail or revoked.
+	SkipReasonKey = attribute.Key("safeack.skip.reason")
+)
+
+// Event names on the spans.
+const (
+	EventAck                = "safeack.ack"
+	EventNack               = "safeack.nack"
+	EventDeferred           = "safeack.deferred"
+	EventSkipped            = "safeack.skipped"
+	EventAbandoned          = "safeack.abandoned"
+	EventPartitionCommitted = "safeack.partition.committed"
+)
+
+// durationBuckets are the bucket boundaries the messaging semantic
+// conventions advise for duration histograms, in seconds.
+var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+
+// Observer is a safeack.Observer that traces deliveries and commits with
+// OpenTelemetry, and records their durations (see the package
+// documentation). Set it in safeack.SubscriberConfig.Observer. One
+// Observer may serve several Subscribers.
+type Observer struct {
+	cfg     config
+	tracer  trace.Tracer
+	process metric.Float64Histogram
+	commits metric.Float64Histogram
+
+	mu       sync.RWMutex
+	parts    map[partKey]*partAttrs
+	previous map[partKey]int64 // last position seen committed
+}
+
+var _ safeack.Observer = (*Observer)(nil)
+
+type partKey struct {
+	group, topic string
+	partition    int32
+}
+
+// partAttrs are the attributes of one partition's spans and measurements,
+// made once.
+type partAttrs struct {
+	spanName     string
+	span         []attribute.KeyValue
+	ok, nack     []metric.RecordOption // one option each, made once
+	partitionAtt attribute.KeyValue
+}
+
+// NewObserver returns an Observer with the tracer and meter of the
+// configured (or global) providers. It fails only when the meter refuses
+// to create the duration histograms.
+func NewObserver(opts ...Option) (*Observer, error) {
+	o := &Observer{cfg: newConfig(opts), parts: map[partKey]*partAttrs{}, previous: map[partKey]int64{}}
+	o.tracer = o.cfg.tp.Tracer(ScopeName)
+	meter := o.cfg.mp.Meter(ScopeName)
+	var err error
+	o.process, err = meter.Float64Histogram("messaging.process.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of processing operation: from hand-out to the message's answer."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err != nil {
+		return nil, err
+	}
+	o.commits, err = meter.Float64Histogram("messaging.client.operation.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of messaging operation initiated by a producer or consumer client: here the commits of completed prefixes."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// baseAttrs are the attributes every span and measurement of a
+// topic-partition carry.
+func baseAttrs(group, topic string, partition int32) []attribute.KeyValue {
+	kv := []attribute.KeyValue{
+		semconv.MessagingSystemKafka,
+		semconv.MessagingDestinationName(topic),
+		semconv.MessagingDestinationPartitionID(strconv.FormatInt(int64(partition), 10)),
+	}
+	if group != "" {
+		kv = append(kv, semconv.MessagingConsumerGroupName(group))
+	}
+	return kv
+}
+
+func (o *Observer) partition(group, topic string, partition int32) *partAttrs {
+	k := partKey{group, topic, partition}
+	o.mu.RLock()
+	pa := o.parts[k]
+	o.mu.RUnlock()
+	if pa != nil {
+		return pa
+	}
+	base := baseAttrs(group, topic, partition)
+	op := []attribute.KeyValue{semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess}
+	span := append(append([]attribute.KeyValue{}, base...), op...)
+	pa = &partAttrs{
+		spanName:     "process " + topic,
+		span:         span,
+		ok:           []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(span...))},
+		nack:         []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(append([]attribute.KeyValue{}, span...), semconv.ErrorTypeKey.String("nack"))...))},
+		partitionAtt: base[2],
+	}
+	o.mu.Lock()
+	if prev := o.parts[k]; prev != nil {
+		pa = prev
+	} else {
+		o.parts[k] = pa
+	}
+	o.mu.Unlock()
+	return pa
+}
+
+// consumerSpan is the options every delivery span starts with, made once:
+// an option built per delivery costs an allocation.
+var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+
+// Delivered starts the delivery's span (see the package documentation).
+// The attributes and the link to the producer are added only to a span
+// that records (sampled, with an SDK installed): a sampler sees the span's
+// name and kind and, with WithProducerAsParent, its parent.
+func (o *Observer) Delivered(ctx context.Context, d safeack.Delivery) (context.Context, safeack.DeliveryObserver) {
+	rec := d.Record
+	pa := o.partition(d.Group, rec.Topic, rec.Partition)
+	if o.cfg.asParent && len(rec.Headers) > 0 {
+		if producer := o.producer(rec.Headers); producer.IsValid() {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
+		}
+	}
+	ctx, span := o.tracer.Start(ctx, pa.spanName, consumerSpan...)
+	if !span.IsRecording() {
+		if !o.process.Enabled(ctx) {
+			// Nothing to record at the answer: a span that does not
+			// record needs no End, and the histogram takes nothing (no
+			// SDK installed, or a view drops it).
+			return ctx, nil
+		}
+	} else {
+		attrs := make([]attribute.KeyValue, 0, len(pa.span)+5)
+		attrs = append(attrs, pa.span...)
+		attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)), semconv.MessagingMessageBodySize(len(rec.Value)))
+		if rec.Value == nil {
+			attrs = append(attrs, semconv.MessagingKafkaMessageTombstone(true))
+		}
+		if len(rec.Key) > 0 && utf8.Valid(rec.Key) {
+			attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
+		}
+		if d.Message != nil && d.Message.UUID != "" {
+			attrs = append(attrs, semconv.MessagingMessageID(d.Message.UUID))
+		}
+		span.SetAttributes(attrs...)
+		if !o.cfg.asParent && len(rec.Headers) > 0 {
+			if producer := o.producer(rec.Headers); producer.IsValid() {
+				span.AddLink(trace.Link{SpanContext: producer})
+			}
+		}
+	}
+	return ctx, &delivery{o: o, span: span, start: time.Now(), pa: pa}
+}
+
+// producer returns the span context the propagator finds in a record's
+// headers.
+func (o *Observer) producer(h []*sarama.RecordHeader) trace.SpanContext {
+	return trace.SpanContextFromContext(o.cfg.propagator().Extract(context.Background(), headers(h)))
+}
+
+// delivery is the DeliveryObserver of one delivery.
+type delivery struct {
+	o     *Observer
+	span  trace.Span
+	start time.Time
+	pa    *partAttrs
+}
+
+// Answered adds the outcome's event and ends the span (a deferred
+// completion: once resolved).
+func (d *delivery) Answered(out safeack.Outcome, err error) {
+	// The span, its events and its end take the SDK's own timestamps:
+	// passing one costs an allocation per option.
+	recording := d.span.IsRecording()
+	switch out {
+	case safeack.OutcomeDeferred:
+		d.span.AddEvent(EventDeferred)
+		return
+	case safeack.OutcomeAck:
+		d.span.AddEvent(EventAck)
+		d.o.process.Record(context.Background(), time.Since(d.start).Seconds(), d.pa.ok...)
+	case safeack.OutcomeNack:
+		d.span.AddEvent(EventNack)
+		desc := "nacked"
+		if err != nil {
+			d.span.RecordError(err)
+			desc = err.Error()
+		}
+		d.span.SetStatus(codes.Error, desc)
+		d.o.process.Record(context.Background(), time.Since(d.start).Seconds(), d.pa.nack...)
+	case safeack.OutcomeSkipped:
+		d.span.AddEvent(EventSkipped)
+	case safeack.OutcomeAbandoned:
+		d.span.AddEvent(EventAbandoned)
+	}
+	if recording {
+		d.span.SetAttributes(OutcomeKey.String(out.String()))
+	}
+	d.span.End()
+}
+
+// Committed records a span for the commit (see the package documentation)
+// and its duration.
+func (o *Observer) Committed(ev safeack.CommitEvent) {
+	op, name := "commit", "commit "+ev.Topic
+	if ev.Transactional {
+		name = "commit_transaction " + ev.Topic
+	}
+	attrs := []attribute.KeyValue{
+		semconv.MessagingSystemKafka,
+		semconv.MessagingDestinationName(ev.Topic),
+		semconv.MessagingOperationName(op),
+		semconv.MessagingOperationTypeSettle,
+	}
+	if ev.Group != "" {
+		attrs = append(attrs, semconv.MessagingConsumerGroupName(ev.Group))
+	}
+	spanAttrs := attrs
+	if ev.Transactional {
+		spanAttrs = append(spanAttrs[:len(spanAttrs):len(spanAttrs)], OutputsKey.Int(ev.Outputs))
+	}
+	_, span := o.tracer.Start(context.Background(), name, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithTimestamp(ev.Start), trace.WithAttributes(spanAttrs...))
+	end := ev.Start.Add(ev.Duration)
+	o.mu.Lock()
+	for _, p := range ev.Partitions {
+		k := partKey{ev.Group, ev.Topic, p.Partition}
+		pattrs := []attribute.KeyValue{
+			semconv.MessagingDestinationPartitionID(strconv.FormatInt(int64(p.Partition), 10)),
+			semconv.MessagingKafkaOffset(int(p.Offset)),
+			TailSizeKey.Int(p.TailBytes),
+		}
+		if prev, ok := o.previous[k]; ok {
+			pattrs = append(pattrs, PreviousOffsetKey.Int64(prev))
+		}
+		span.AddEvent(EventPartitionCommitted, trace.WithTimestamp(end), trace.WithAttributes(pattrs...))
+		if ev.Err == nil {
+			o.previous[k] = p.Offset
+		}
+	}
+	o.mu.Unlock()
+	mattrs := attrs
+	if ev.Err != nil {
+		span.RecordError(ev.Err, trace.WithTimestamp(end))
+		span.SetStatus(codes.Error, ev.Err.Error())
+		mattrs = append(mattrs[:len(mattrs):len(mattrs)], semconv.ErrorTypeKey.String("_OTHER"))
+	}
+	span.End(trace.WithTimestamp(end))
+	o.commits.Record(context.Background(), ev.Duration.Seconds(), metric.WithAttributes(mattrs...))
+}
