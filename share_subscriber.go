@@ -1,0 +1,535 @@
+package safeack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// ErrShareGroupsUnsupported is returned by ShareSubscriber.Subscribe when the
+// cluster does not serve share groups (Kafka before 4.2, or share groups not
+// enabled on the brokers).
+var ErrShareGroupsUnsupported = errors.New("safeack: the cluster does not serve share groups (KIP-932: Kafka 4.2 or later, with share groups enabled)")
+
+// ShareSubscriber consumes Kafka topics through a share group (KIP-932) and
+// implements message.Subscriber and message.SubscribeInitializer.
+//
+// Share groups keep no order. The broker tracks every record: a member
+// acquires records for a time (the acquisition lock,
+// group.share.record.lock.duration.ms, 30 s by default), and acknowledges
+// each one as accepted, released (delivered again, its delivery count one
+// higher) or rejected (archived, never delivered again). Members of one
+// share group read the same partitions at once, so a partition's work is
+// spread over as many members as there are, without a completed prefix to
+// hold anything back.
+//
+// A message's Ack accepts its record and a Nack releases it, until the
+// record's delivery count reaches MaxDeliveries: then it is rejected, or
+// handed to DeadLetter. Acks are sent in batches, with the next fetch or
+// within AckFlushInterval, and Close sends them before it leaves; records
+// handed out and not answered by then are released, so that another member
+// gets them at once rather than after the acquisition lock times out.
+//
+// The record of a message is found with the same context helpers as a
+// Subscriber's (MessagePartitionFromCtx, MessagePartitionOffsetFromCtx,
+// MessageKeyFromCtx, MessageTimestampFromCtx, MessageTopicFromCtx), and its
+// delivery count with MessageDeliveryCountFromCtx. Defer,
+// DeferredCompletion, PoisonQueue and RejectPoison work with its messages.
+//
+// Delivery is at-least-once: a member that crashes, or holds a record past
+// its acquisition lock, has its records delivered again to another.
+type ShareSubscriber struct {
+	cfg    ShareSubscriberConfig
+	logger watermill.LoggerAdapter
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	closed    atomic.Bool
+	lifecycle sync.Mutex // orders a subscription's start against Close
+	subs      sync.WaitGroup
+
+	ready readiness
+	stats shareRegistry
+}
+
+var (
+	_ message.Subscriber           = (*ShareSubscriber)(nil)
+	_ message.SubscribeInitializer = (*ShareSubscriber)(nil)
+)
+
+// NewShareSubscriber validates config and returns a ShareSubscriber. A nil
+// logger disables logging. Invalid configuration gives an error wrapping
+// ErrInvalidConfig that names the field.
+func NewShareSubscriber(config ShareSubscriberConfig, logger watermill.LoggerAdapter) (*ShareSubscriber, error) {
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &ShareSubscriber{
+		cfg:     config.withDefaults(),
+		logger:  logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
+		closing: make(chan struct{}),
+	}, nil
+}
+
+// shareSubscription is one Subscribe call: one kgo client, one member of
+// the share group.
+type shareSubscription struct {
+	s         *ShareSubscriber
+	cfg       *ShareSubscriberConfig
+	topic     string
+	output    chan *message.Message
+	client    *kgo.Client
+	logger    watermill.LoggerAdapter
+	logFields watermill.LogFields
+
+	// stop ends when Close is called or Subscribe's context ends: nothing
+	// more is handed out. msgCtx is the parent of the messages' contexts,
+	// cancelled only once the drain is over.
+	stop      context.Context
+	msgCtx    context.Context
+	msgCancel context.CancelFunc
+
+	// acked is set when an ack was given since the last flush.
+	acked atomic.Bool
+
+	mu       sync.Mutex
+	inFlight map[*shareDelivery]struct{}
+}
+
+// Subscribe joins the share group for topic and returns the channel its
+// messages arrive on. Up to MaxInFlight messages may be unanswered at once.
+// The channel closes when ctx is cancelled or the ShareSubscriber is closed,
+// after the drain (see Close).
+//
+// Subscribe connects before it returns: it fails when no broker can be
+// reached, with ErrShareGroupsUnsupported when the cluster does not serve
+// share groups, and when InitialOffset is set and the group's config cannot
+// be altered.
+func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if s.closed.Load() {
+		return nil, ErrSubscriberClosed
+	}
+	if topic == "" {
+		return nil, errors.New("safeack: empty topic")
+	}
+	sub := &shareSubscription{
+		s:        s,
+		cfg:      &s.cfg,
+		topic:    topic,
+		output:   make(chan *message.Message),
+		inFlight: make(map[*shareDelivery]struct{}),
+		logFields: watermill.LogFields{
+			"provider":            "safeack",
+			"topic":               topic,
+			"share_group":         s.cfg.ShareGroup,
+			"kafka_consumer_uuid": watermill.NewShortUUID(),
+		},
+	}
+	sub.logger = s.logger.With(sub.logFields)
+	sub.logger.Info("Subscribing to Kafka topic through a share group", nil)
+
+	// stop is set before the client exists: its hooks read it.
+	stop, stopCancel := context.WithCancel(ctx)
+	sub.stop = stop
+	sub.msgCtx, sub.msgCancel = context.WithCancel(context.WithoutCancel(ctx))
+	s.ready.setKey(sub, topic, s.cfg.ShareGroup, "share group", phaseJoining, nil)
+	client, err := sub.connect(ctx)
+	s.lifecycle.Lock()
+	if err == nil && s.closed.Load() {
+		err = ErrSubscriberClosed
+	}
+	if err == nil {
+		s.subs.Add(1)
+	}
+	s.lifecycle.Unlock()
+	if err != nil {
+		stopCancel()
+		sub.msgCancel()
+		s.ready.removeKey(sub)
+		if client != nil {
+			client.Close()
+		}
+		if errors.Is(err, ErrSubscriberClosed) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("safeack: subscribing to %q in share group %q: %w", topic, s.cfg.ShareGroup, err)
+	}
+	sub.client = client
+	s.stats.attach(sub)
+	go func() {
+		select {
+		case <-s.closing:
+			stopCancel()
+		case <-stop.Done():
+		}
+	}()
+	go func() {
+		defer s.subs.Done()
+		defer stopCancel()
+		sub.run()
+		s.ready.removeKey(sub)
+		s.stats.detach(sub)
+		close(sub.output)
+	}()
+	return sub.output, nil
+}
+
+// connect makes the subscription's client, checks that the cluster serves
+// share groups, and sets the group's start position when asked.
+func (sub *shareSubscription) connect(ctx context.Context) (*kgo.Client, error) {
+	cfg := sub.cfg
+	opts := []kgo.Opt{
+		kgo.ClientID("safeack"),
+		// A fetch in flight holds the acks given meanwhile until it
+		// returns: a short wait keeps them prompt.
+		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.WithLogger(kgoLogger{sub.logger}),
+	}
+	opts = append(opts, cfg.ClientOptions...)
+	opts = append(opts,
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ShareGroup(cfg.ShareGroup),
+		kgo.ConsumeTopics(sub.topic),
+		kgo.ShareMaxRecords(int32(cfg.MaxInFlight)),
+		kgo.ShareAckCallback(sub.ackResults),
+		kgo.WithHooks(shareReadyHook{sub}),
+	)
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: ClientOptions: %w", ErrInvalidConfig, err)
+	}
+	if err := checkShareSupport(ctx, client); err != nil {
+		return client, err
+	}
+	if cfg.InitialOffset != 0 {
+		if err := setShareAutoOffsetReset(ctx, client, cfg.ShareGroup, cfg.InitialOffset); err != nil {
+			return client, err
+		}
+	}
+	return client, nil
+}
+
+// checkShareSupport asks a broker which requests it serves.
+func checkShareSupport(ctx context.Context, client *kgo.Client) error {
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, client)
+	if err != nil {
+		return err
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return err
+	}
+	need := map[int16]bool{int16(kmsg.ShareGroupHeartbeat): false, int16(kmsg.ShareFetch): false, int16(kmsg.ShareAcknowledge): false}
+	for _, k := range resp.ApiKeys {
+		if _, ok := need[k.ApiKey]; ok {
+			need[k.ApiKey] = true
+		}
+	}
+	for k, ok := range need {
+		if !ok {
+			return fmt.Errorf("%w: the broker does not serve %s", ErrShareGroupsUnsupported, kmsg.NameForKey(k))
+		}
+	}
+	return nil
+}
+
+// setShareAutoOffsetReset sets the group's share.auto.offset.reset.
+func setShareAutoOffsetReset(ctx context.Context, client *kgo.Client, group string, initial int64) error {
+	value := "latest"
+	if initial == sarama.OffsetOldest {
+		value = "earliest"
+	}
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = group
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name = "share.auto.offset.reset"
+	c.Op = kmsg.IncrementalAlterConfigOpSet
+	c.Value = &value
+	res.Configs = append(res.Configs, c)
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, client)
+	if err != nil {
+		return fmt.Errorf("setting share.auto.offset.reset=%s on the group (InitialOffset): %w", value, err)
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			msg := ""
+			if r.ErrorMessage != nil {
+				msg = ": " + *r.ErrorMessage
+			}
+			return fmt.Errorf("setting share.auto.offset.reset=%s on the group (InitialOffset): %w%s", value, err, msg)
+		}
+	}
+	return nil
+}
+
+// run polls, hands out and waits, until the subscription stops; then it
+// drains, releases what is left, flushes the acks and leaves.
+func (sub *shareSubscription) run() {
+	flushDone := make(chan struct{})
+	go sub.flushLoop(flushDone)
+	for sub.stop.Err() == nil {
+		fetches := sub.client.PollRecords(sub.stop, sub.cfg.MaxInFlight)
+		if fetches.IsClientClosed() || sub.stop.Err() != nil {
+			// Records taken by a poll that raced the stop are released
+			// below by the client's leave (kgo releases what the last
+			// poll left unanswered).
+			sub.releaseRecords(fetches.Records())
+			break
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			sub.logger.Error("Share fetch failed", err, watermill.LogFields{"partition": p})
+		})
+		batch := sub.take(fetches.Records())
+		sub.handOut(batch)
+		sub.await(batch)
+	}
+	close(flushDone)
+	sub.leave()
+}
+
+// take turns a poll's records into deliveries. Records past MaxDeliveries,
+// and records the Unmarshaler rejects, are answered here and not handed
+// out.
+func (sub *shareSubscription) take(recs []*kgo.Record) []*shareDelivery {
+	batch := make([]*shareDelivery, 0, len(recs))
+	for _, r := range recs {
+		d := sub.newDelivery(r)
+		if d != nil {
+			batch = append(batch, d)
+		}
+	}
+	return batch
+}
+
+// handOut sends the batch's messages; on stop, the ones not sent are
+// released.
+func (sub *shareSubscription) handOut(batch []*shareDelivery) {
+	for i, d := range batch {
+		d.handedAt = time.Now()
+		sub.track(d)
+		go d.watch()
+		select {
+		case sub.output <- d.msg:
+		case <-sub.stop.Done():
+			for _, rest := range batch[i:] {
+				if rest != d {
+					sub.track(rest)
+				}
+				rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
+			}
+			return
+		}
+	}
+}
+
+// await waits until every delivery of the batch is answered. On stop it
+// waits up to DrainTimeout more, then releases the rest.
+func (sub *shareSubscription) await(batch []*shareDelivery) {
+	for _, d := range batch {
+		select {
+		case <-d.done:
+			continue
+		case <-sub.stop.Done():
+		}
+		sub.drain(batch)
+		return
+	}
+}
+
+func (sub *shareSubscription) drain(batch []*shareDelivery) {
+	timer := time.NewTimer(sub.cfg.DrainTimeout)
+	defer timer.Stop()
+	for _, d := range batch {
+		select {
+		case <-d.done:
+			continue
+		case <-timer.C:
+		}
+		for _, rest := range batch {
+			rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
+		}
+		return
+	}
+}
+
+// releaseRecords releases records taken but never made deliveries.
+func (sub *shareSubscription) releaseRecords(recs []*kgo.Record) {
+	for _, r := range recs {
+		r.Ack(kgo.AckRelease)
+		sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) { c.Received++; c.Released++ })
+	}
+}
+
+// leave sends every ack and release, cancels the messages' contexts and
+// leaves the group.
+func (sub *shareSubscription) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), sub.cfg.DrainTimeout+5*time.Second)
+	defer cancel()
+	if err := sub.client.FlushAcks(ctx); err != nil {
+		sub.logger.Error("Flushing share acks at close", err, nil)
+	}
+	sub.msgCancel()
+	sub.client.Close()
+	sub.logger.Info("Left the share group", nil)
+}
+
+// flushLoop sends the acks given since the last flush every
+// AckFlushInterval.
+func (sub *shareSubscription) flushLoop(done <-chan struct{}) {
+	tick := time.NewTicker(sub.cfg.AckFlushInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+		if !sub.acked.Swap(false) {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := sub.client.FlushAcks(ctx)
+		cancel()
+		if err != nil {
+			sub.logger.Error("Flushing share acks", err, nil)
+		}
+	}
+}
+
+// ackResults counts and logs what the broker refused.
+func (sub *shareSubscription) ackResults(_ *kgo.Client, results kgo.ShareAckResults) {
+	for _, r := range results {
+		if r.Err == nil {
+			continue
+		}
+		sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) { c.AckErrors++ })
+		sub.logger.Error("Share acknowledgement refused; the broker delivers the records again", r.Err, watermill.LogFields{"partition": r.Partition})
+	}
+}
+
+func (sub *shareSubscription) track(d *shareDelivery) {
+	sub.mu.Lock()
+	sub.inFlight[d] = struct{}{}
+	sub.mu.Unlock()
+}
+
+func (sub *shareSubscription) untrack(d *shareDelivery) {
+	sub.mu.Lock()
+	delete(sub.inFlight, d)
+	sub.mu.Unlock()
+}
+
+// Close stops every subscription: nothing more is handed out, answers to
+// the messages handed out are awaited up to DrainTimeout while their
+// contexts stay alive, then the records still unanswered are released,
+// every ack and release is sent to the broker, the members leave the
+// share group, every message context is cancelled and every output channel
+// is closed. Safe to call more than once.
+func (s *ShareSubscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.lifecycle.Lock()
+		s.closed.Store(true)
+		s.lifecycle.Unlock()
+		close(s.closing)
+	})
+	s.subs.Wait()
+	return nil
+}
+
+// Ready reports whether every subscription is a member of its share group,
+// as Subscriber.Ready does: nil when every Subscribe call not yet ended had
+// its last share group heartbeat answered, else an error wrapping
+// ErrNotReady that says what each is doing. Before the first Subscribe it
+// reports ErrNotReady, after Close ErrSubscriberClosed. It does no I/O.
+func (s *ShareSubscriber) Ready() error {
+	if s.closed.Load() {
+		return ErrSubscriberClosed
+	}
+	_, err := s.ready.check()
+	return err
+}
+
+// WaitReady blocks until Ready reports nil, ctx ends or the subscriber is
+// closed, as Subscriber.WaitReady.
+func (s *ShareSubscriber) WaitReady(ctx context.Context) error {
+	for {
+		if s.closed.Load() {
+			return ErrSubscriberClosed
+		}
+		changed, err := s.ready.check()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-s.closing:
+			return ErrSubscriberClosed
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), err)
+		}
+	}
+}
+
+// SubscribeInitialize creates topic with InitializeTopicDetails and waits
+// until all its partitions have leaders.
+func (s *ShareSubscriber) SubscribeInitialize(topic string) (err error) {
+	if s.cfg.InitializeTopicDetails == nil {
+		return errors.New("safeack: InitializeTopicDetails is empty, cannot SubscribeInitialize")
+	}
+	init := &Subscriber{cfg: SubscriberConfig{
+		Brokers:                     s.cfg.Brokers,
+		OverwriteSaramaConfig:       DefaultSaramaSubscriberConfig(),
+		InitializeTopicDetails:      s.cfg.InitializeTopicDetails,
+		WaitForTopicCreationTimeout: s.cfg.WaitForTopicCreationTimeout,
+	}}
+	return init.SubscribeInitializeWithContext(context.Background(), topic)
+}
+
+// shareReadyHook follows the share group heartbeats for Ready.
+type shareReadyHook struct{ sub *shareSubscription }
+
+func (h shareReadyHook) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key != int16(kmsg.ShareGroupHeartbeat) || h.sub.stop == nil || h.sub.stop.Err() != nil {
+		return
+	}
+	if err != nil {
+		h.sub.s.ready.setKey(h.sub, h.sub.topic, h.sub.cfg.ShareGroup, "share group", phaseConnecting, err)
+		return
+	}
+	h.sub.s.ready.setKey(h.sub, h.sub.topic, h.sub.cfg.ShareGroup, "share group", phaseConsuming, nil)
+}
+
+// kgoLogger passes kgo's warnings and errors to the Watermill logger.
+type kgoLogger struct{ l watermill.LoggerAdapter }
+
+func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	fields := watermill.LogFields{}
+	for i := 0; i+1 < len(keyvals); i += 2 {
+		fields[fmt.Sprint(keyvals[i])] = keyvals[i+1]
+	}
+	if level == kgo.LogLevelError {
+		k.l.Error("kgo: "+msg, nil, fields)
+		return
+	}
+	k.l.Info("kgo: "+msg, fields)
+}
