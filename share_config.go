@@ -47,12 +47,20 @@ type ShareSubscriberConfig struct {
 	// without a word.
 	Ordering *Ordering
 
-	// MaxInFlight bounds the messages one Subscribe call hands out at once:
-	// it is the number of records taken from the share group per poll, and
-	// the next poll waits until every message of the last one is answered
-	// (kgo accepts what a poll left unanswered when it polls again). Each
-	// record's acquisition lock runs from the broker's fetch on. Default 64.
+	// MaxInFlight bounds the messages one member hands out at once: it is
+	// the number of records a member takes from the share group per poll,
+	// and its next poll waits until every message of the last one is
+	// answered (kgo accepts what a poll left unanswered when it polls
+	// again; Kafka's own share consumer has the same rule). A slow message
+	// therefore holds its member's next poll: Members gives a Subscribe
+	// call several polls in flight. A member fetches only when it polls,
+	// so no record is acquired to wait in a buffer. Default 64.
 	MaxInFlight int
+
+	// Members is how many members of the share group each Subscribe call
+	// runs (one kgo client each), all handing out on its channel: up to
+	// Members x MaxInFlight messages are unanswered at once. Default 1.
+	Members int
 
 	// MaxDeliveries is the delivery attempt at which a Nack no longer
 	// releases the record: it is rejected instead (or dead-lettered, see
@@ -122,6 +130,9 @@ func (c ShareSubscriberConfig) withDefaults() ShareSubscriberConfig {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
+	if c.Members == 0 {
+		c.Members = 1
+	}
 	if c.MaxDeliveries == 0 {
 		c.MaxDeliveries = DefaultShareMaxDeliveries
 	}
@@ -160,6 +171,9 @@ func (c ShareSubscriberConfig) Validate() error {
 	}
 	if c.MaxInFlight > 1<<20 {
 		return fieldError("MaxInFlight", "%d is above %d records per poll", c.MaxInFlight, 1<<20)
+	}
+	if c.Members < 0 || c.Members > 64 {
+		return fieldError("Members", "%d is not between 1 and 64", c.Members)
 	}
 	if c.MaxDeliveries < 0 {
 		return fieldError("MaxDeliveries", "negative count %d", c.MaxDeliveries)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,14 +85,14 @@ func NewShareSubscriber(config ShareSubscriberConfig, logger watermill.LoggerAda
 	}, nil
 }
 
-// shareSubscription is one Subscribe call: one kgo client, one member of
-// the share group.
+// shareSubscription is one Subscribe call: Members members of the share
+// group, each a kgo client, sharing one output channel.
 type shareSubscription struct {
 	s         *ShareSubscriber
 	cfg       *ShareSubscriberConfig
 	topic     string
 	output    chan *message.Message
-	client    *kgo.Client
+	members   []*shareMember
 	logger    watermill.LoggerAdapter
 	logFields watermill.LogFields
 
@@ -145,8 +146,7 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	stop, stopCancel := context.WithCancel(ctx)
 	sub.stop = stop
 	sub.msgCtx, sub.msgCancel = context.WithCancel(context.WithoutCancel(ctx))
-	s.ready.setKey(sub, topic, s.cfg.ShareGroup, "share group", phaseJoining, nil)
-	client, err := sub.connect(ctx)
+	err := sub.connect(ctx)
 	s.lifecycle.Lock()
 	if err == nil && s.closed.Load() {
 		err = ErrSubscriberClosed
@@ -158,16 +158,17 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		stopCancel()
 		sub.msgCancel()
-		s.ready.removeKey(sub)
-		if client != nil {
-			client.Close()
+		for _, m := range sub.members {
+			s.ready.removeKey(m)
+		}
+		for _, m := range sub.members {
+			m.client.Close()
 		}
 		if errors.Is(err, ErrSubscriberClosed) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("safeack: subscribing to %q in share group %q: %w", topic, s.cfg.ShareGroup, err)
 	}
-	sub.client = client
 	s.stats.attach(sub)
 	go func() {
 		select {
@@ -180,46 +181,75 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		defer s.subs.Done()
 		defer stopCancel()
 		sub.run()
-		s.ready.removeKey(sub)
+		for _, m := range sub.members {
+			s.ready.removeKey(m)
+		}
 		s.stats.detach(sub)
 		close(sub.output)
 	}()
 	return sub.output, nil
 }
 
-// connect makes the subscription's client, checks that the cluster serves
-// share groups, and sets the group's start position when asked.
-func (sub *shareSubscription) connect(ctx context.Context) (*kgo.Client, error) {
+// connect checks that the cluster serves share groups and sets the group's
+// start position when asked, on a client of its own that joins no group
+// (a member joining first could start the group at the old position), then
+// makes the members' clients.
+func (sub *shareSubscription) connect(ctx context.Context) error {
 	cfg := sub.cfg
-	opts := []kgo.Opt{
+	base := []kgo.Opt{
 		kgo.ClientID("safeack"),
 		// A fetch in flight holds the acks given meanwhile until it
 		// returns: a short wait keeps them prompt.
 		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.WithLogger(kgoLogger{sub.logger}),
 	}
-	opts = append(opts, cfg.ClientOptions...)
-	opts = append(opts,
-		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.ShareGroup(cfg.ShareGroup),
-		kgo.ConsumeTopics(sub.topic),
-		kgo.ShareMaxRecords(int32(cfg.MaxInFlight)),
-		kgo.ShareAckCallback(sub.ackResults),
-		kgo.WithHooks(shareReadyHook{sub}),
-	)
-	client, err := kgo.NewClient(opts...)
+	base = append(base, cfg.ClientOptions...)
+	base = append(base, kgo.SeedBrokers(cfg.Brokers...))
+	admin, err := kgo.NewClient(base...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: ClientOptions: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: ClientOptions: %w", ErrInvalidConfig, err)
 	}
-	if err := checkShareSupport(ctx, client); err != nil {
-		return client, err
+	defer admin.Close()
+	if err := checkShareSupport(ctx, admin); err != nil {
+		return err
 	}
 	if cfg.InitialOffset != 0 {
-		if err := setShareAutoOffsetReset(ctx, client, cfg.ShareGroup, cfg.InitialOffset); err != nil {
-			return client, err
+		if err := setShareAutoOffsetReset(ctx, admin, cfg.ShareGroup, cfg.InitialOffset); err != nil {
+			return err
 		}
 	}
-	return client, nil
+	for i := range cfg.Members {
+		m := &shareMember{sub: sub, id: i}
+		opts := append(slices.Clone(base),
+			kgo.ShareGroup(cfg.ShareGroup),
+			kgo.ConsumeTopics(sub.topic),
+			// At most MaxInFlight records per fetch, and a fetch only
+			// when a poll asks: records are acquired only to be handed
+			// out, never to wait in a buffer (their locks running, out
+			// of other members' reach) behind a batch still in work.
+			kgo.ShareMaxRecords(int32(cfg.MaxInFlight)),
+			kgo.ShareMaxRecordsStrict(),
+			kgo.MaxConcurrentFetches(0),
+			kgo.ShareAckCallback(sub.ackResults),
+			kgo.WithHooks(shareReadyHook{m}),
+		)
+		client, err := kgo.NewClient(opts...)
+		if err != nil {
+			return fmt.Errorf("%w: ClientOptions: %w", ErrInvalidConfig, err)
+		}
+		m.client = client
+		sub.members = append(sub.members, m)
+		sub.s.ready.setKey(m, sub.topic, cfg.ShareGroup, "share group", phaseJoining, nil)
+	}
+	return nil
+}
+
+// shareMember is one member of the share group: a kgo client and the loop
+// that polls it.
+type shareMember struct {
+	sub    *shareSubscription
+	id     int
+	client *kgo.Client
 }
 
 // checkShareSupport asks a broker which requests it serves.
@@ -277,17 +307,28 @@ func setShareAutoOffsetReset(ctx context.Context, client *kgo.Client, group stri
 	return nil
 }
 
-// run polls, hands out and waits, until the subscription stops; then it
-// drains, releases what is left, flushes the acks and leaves.
+// run runs every member until the subscription stops; then it flushes the
+// acks and releases and leaves.
 func (sub *shareSubscription) run() {
 	flushDone := make(chan struct{})
 	go sub.flushLoop(flushDone)
+	var wg sync.WaitGroup
+	for _, m := range sub.members {
+		wg.Go(m.run)
+	}
+	wg.Wait()
+	close(flushDone)
+	sub.leave()
+}
+
+// run polls, hands out and waits until the poll's messages are answered
+// (kgo accepts at the next poll what the last one left unanswered), until
+// the subscription stops; then it drains and releases what is left.
+func (m *shareMember) run() {
+	sub := m.sub
 	for sub.stop.Err() == nil {
-		fetches := sub.client.PollRecords(sub.stop, sub.cfg.MaxInFlight)
+		fetches := m.client.PollRecords(sub.stop, sub.cfg.MaxInFlight)
 		if fetches.IsClientClosed() || sub.stop.Err() != nil {
-			// Records taken by a poll that raced the stop are released
-			// below by the client's leave (kgo releases what the last
-			// poll left unanswered).
 			sub.releaseRecords(fetches.Records())
 			break
 		}
@@ -295,14 +336,12 @@ func (sub *shareSubscription) run() {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
-			sub.logger.Error("Share fetch failed", err, watermill.LogFields{"partition": p})
+			sub.logger.Error("Share fetch failed", err, watermill.LogFields{"partition": p, "member": m.id})
 		})
 		batch := sub.take(fetches.Records())
 		sub.handOut(batch)
 		sub.await(batch)
 	}
-	close(flushDone)
-	sub.leave()
 }
 
 // take turns a poll's records into deliveries. Records past MaxDeliveries,
@@ -383,11 +422,17 @@ func (sub *shareSubscription) releaseRecords(recs []*kgo.Record) {
 func (sub *shareSubscription) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), sub.cfg.DrainTimeout+5*time.Second)
 	defer cancel()
-	if err := sub.client.FlushAcks(ctx); err != nil {
-		sub.logger.Error("Flushing share acks at close", err, nil)
+	var wg sync.WaitGroup
+	for _, m := range sub.members {
+		wg.Go(func() {
+			if err := m.client.FlushAcks(ctx); err != nil {
+				sub.logger.Error("Flushing share acks at close", err, nil)
+			}
+			m.client.Close() // sends what is left and leaves the group
+		})
 	}
+	wg.Wait()
 	sub.msgCancel()
-	sub.client.Close()
 	sub.logger.Info("Left the share group", nil)
 }
 
@@ -406,11 +451,12 @@ func (sub *shareSubscription) flushLoop(done <-chan struct{}) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := sub.client.FlushAcks(ctx)
-		cancel()
-		if err != nil {
-			sub.logger.Error("Flushing share acks", err, nil)
+		for _, m := range sub.members {
+			if err := m.client.FlushAcks(ctx); err != nil {
+				sub.logger.Error("Flushing share acks", err, nil)
+			}
 		}
+		cancel()
 	}
 }
 
@@ -504,17 +550,18 @@ func (s *ShareSubscriber) SubscribeInitialize(topic string) (err error) {
 }
 
 // shareReadyHook follows the share group heartbeats for Ready.
-type shareReadyHook struct{ sub *shareSubscription }
+type shareReadyHook struct{ m *shareMember }
 
 func (h shareReadyHook) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
-	if key != int16(kmsg.ShareGroupHeartbeat) || h.sub.stop == nil || h.sub.stop.Err() != nil {
+	sub := h.m.sub
+	if key != int16(kmsg.ShareGroupHeartbeat) || sub.stop.Err() != nil {
 		return
 	}
+	p := phaseConsuming
 	if err != nil {
-		h.sub.s.ready.setKey(h.sub, h.sub.topic, h.sub.cfg.ShareGroup, "share group", phaseConnecting, err)
-		return
+		p = phaseConnecting
 	}
-	h.sub.s.ready.setKey(h.sub, h.sub.topic, h.sub.cfg.ShareGroup, "share group", phaseConsuming, nil)
+	sub.s.ready.setKey(h.m, sub.topic, sub.cfg.ShareGroup, "share group", p, err)
 }
 
 // kgoLogger passes kgo's warnings and errors to the Watermill logger.

@@ -1,0 +1,140 @@
+package safeack_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// startShareCluster starts a broker for share group tests. On the embedded
+// broker, expired acquisition locks are swept every 100 ms, so a test that
+// waits for a lock timeout waits for the lock duration only; lockDuration
+// zero keeps the broker's default (30 s). A real cluster keeps its own
+// settings (share tests there are run on Kafka 4.2+, see
+// requireShareGroups).
+func startShareCluster(t *testing.T, lockDuration time.Duration, opts ...kfake.Opt) *kafkatest.Cluster {
+	t.Helper()
+	cfg := map[string]string{"share.record.lock.sweep.interval.ms": "100"}
+	if lockDuration > 0 {
+		cfg["group.share.record.lock.duration.ms"] = itoa(lockDuration.Milliseconds())
+	}
+	opts = append([]kfake.Opt{kfake.BrokerConfigs(cfg)}, opts...)
+	return kafkatest.Start(t, kafkatest.WithKfakeOpts(opts...))
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// newShareSub makes a ShareSubscriber on c for group, starting at the log
+// start, with short timings; mod changes the config first. It is closed at
+// cleanup.
+func newShareSub(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.ShareSubscriberConfig)) *safeack.ShareSubscriber {
+	t.Helper()
+	cfg := safeack.ShareSubscriberConfig{
+		Brokers:       c.Brokers(),
+		ShareGroup:    group,
+		InitialOffset: sarama.OffsetOldest,
+		DrainTimeout:  500 * time.Millisecond,
+		MaxInFlight:   16,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	sub, err := safeack.NewShareSubscriber(cfg, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+// subscribeShare subscribes sub to topic, skipping the test when the
+// cluster does not serve share groups, and waits until the member joined.
+func subscribeShare(t *testing.T, sub *safeack.ShareSubscriber, topic string) <-chan *message.Message {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, topic)
+	if errors.Is(err, safeack.ErrShareGroupsUnsupported) {
+		t.Skipf("share groups not served by this cluster: %v", err)
+	}
+	require.NoError(t, err)
+	wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer wcancel()
+	require.NoError(t, sub.WaitReady(wctx))
+	return msgs
+}
+
+// shareSeen records what a consumer got, by value.
+type shareSeen struct {
+	mu     sync.Mutex
+	counts map[string]int
+	dcs    map[string][]int32 // delivery counts, in arrival order
+}
+
+func newShareSeen() *shareSeen {
+	return &shareSeen{counts: make(map[string]int), dcs: make(map[string][]int32)}
+}
+
+func (s *shareSeen) add(msg *message.Message) {
+	dc, _ := safeack.MessageDeliveryCountFromCtx(msg.Context())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := string(msg.Payload)
+	s.counts[v]++
+	s.dcs[v] = append(s.dcs[v], dc)
+}
+
+func (s *shareSeen) count(v string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts[v]
+}
+
+func (s *shareSeen) distinct() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.counts)
+}
+
+func (s *shareSeen) deliveryCounts(v string) []int32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int32(nil), s.dcs[v]...)
+}
+
+func (s *shareSeen) total() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.counts {
+		n += c
+	}
+	return n
+}
+
+// shareTotals sums a ShareSubscriber's counters over its partitions.
+func shareTotals(sub *safeack.ShareSubscriber) (total safeack.ShareCounters, inFlight int) {
+	for _, st := range sub.Stats() {
+		total.Received += st.Received
+		total.Redelivered += st.Redelivered
+		total.Accepted += st.Accepted
+		total.Released += st.Released
+		total.Rejected += st.Rejected
+		total.DeadLettered += st.DeadLettered
+		total.ReleasedAtClose += st.ReleasedAtClose
+		total.Deferred += st.Deferred
+		total.AckErrors += st.AckErrors
+		total.MaxDeliveryCount = max(total.MaxDeliveryCount, st.MaxDeliveryCount)
+		inFlight += st.InFlight
+	}
+	return total, inFlight
+}
