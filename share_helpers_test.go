@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -30,7 +32,32 @@ func startShareCluster(t *testing.T, lockDuration time.Duration, opts ...kfake.O
 		cfg["group.share.record.lock.duration.ms"] = itoa(lockDuration.Milliseconds())
 	}
 	opts = append([]kfake.Opt{kfake.BrokerConfigs(cfg)}, opts...)
-	return kafkatest.Start(t, kafkatest.WithKfakeOpts(opts...))
+	c := kafkatest.Start(t, kafkatest.WithKfakeOpts(opts...))
+	requireShareGroups(t, c)
+	return c
+}
+
+// requireShareGroups skips the test when the cluster does not serve share
+// groups (a real cluster before Kafka 4.2, or without share groups
+// enabled): its brokers do not list the share group requests.
+func requireShareGroups(t *testing.T, c *kafkatest.Cluster) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	require.NoError(t, err, "ApiVersions")
+	served := map[int16]bool{}
+	for _, k := range resp.ApiKeys {
+		served[k.ApiKey] = true
+	}
+	for _, k := range []kmsg.Key{kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge} {
+		if !served[int16(k)] {
+			t.Skipf("the cluster does not serve share groups (no %s in ApiVersions): needs Kafka 4.2+ with share groups enabled", kmsg.NameForKey(int16(k)))
+		}
+	}
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
