@@ -40,6 +40,10 @@ type shareDelivery struct {
 	msg      *message.Message
 	cancel   context.CancelFunc
 	handedAt time.Time
+	// lockSpan is what was left of the acquisition lock when the record
+	// was handed out; renewAt when to renew it next. Member loop only.
+	lockSpan time.Duration
+	renewAt  time.Time
 
 	// status is zero until the record is answered, then the kgo ack
 	// status sent: the first answer wins.

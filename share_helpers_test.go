@@ -160,6 +160,7 @@ func shareTotals(sub *safeack.ShareSubscriber) (total safeack.ShareCounters, inF
 		total.ReleasedAtClose += st.ReleasedAtClose
 		total.Deferred += st.Deferred
 		total.AckErrors += st.AckErrors
+		total.LockRenewals += st.LockRenewals
 		total.MaxDeliveryCount = max(total.MaxDeliveryCount, st.MaxDeliveryCount)
 		inFlight += st.InFlight
 	}

@@ -30,6 +30,9 @@ type ShareCounters struct {
 	UnmarshalFailures uint64
 	// Deferred counts completions deferred with Defer.
 	Deferred uint64
+	// LockRenewals counts acquisition lock renewals (KIP-1222) of records
+	// whose answer took more than half their lock.
+	LockRenewals uint64
 	// AckErrors counts partition acknowledgements the broker refused (for
 	// example after the acquisition lock expired): their records are
 	// delivered again.

@@ -310,14 +310,18 @@ func setShareAutoOffsetReset(ctx context.Context, client *kgo.Client, group stri
 // run runs every member until the subscription stops; then it flushes the
 // acks and releases and leaves.
 func (sub *shareSubscription) run() {
-	flushDone := make(chan struct{})
-	go sub.flushLoop(flushDone)
+	flushDone, flushEnded := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(flushEnded)
+		sub.flushLoop(flushDone)
+	}()
 	var wg sync.WaitGroup
 	for _, m := range sub.members {
 		wg.Go(m.run)
 	}
 	wg.Wait()
 	close(flushDone)
+	<-flushEnded // no FlushAcks of its own may run beside the clients' Close
 	sub.leave()
 }
 
@@ -326,6 +330,8 @@ func (sub *shareSubscription) run() {
 // the subscription stops; then it drains and releases what is left.
 func (m *shareMember) run() {
 	sub := m.sub
+	renew := time.NewTicker(renewCheck)
+	defer renew.Stop()
 	for sub.stop.Err() == nil {
 		fetches := m.client.PollRecords(sub.stop, sub.cfg.MaxInFlight)
 		if fetches.IsClientClosed() || sub.stop.Err() != nil {
@@ -340,7 +346,7 @@ func (m *shareMember) run() {
 		})
 		batch := sub.take(fetches.Records())
 		sub.handOut(batch)
-		sub.await(batch)
+		sub.await(batch, renew.C)
 	}
 }
 
@@ -363,6 +369,12 @@ func (sub *shareSubscription) take(recs []*kgo.Record) []*shareDelivery {
 func (sub *shareSubscription) handOut(batch []*shareDelivery) {
 	for i, d := range batch {
 		d.handedAt = time.Now()
+		// The lock runs from the broker's fetch: what is left of it now
+		// is a little less than its duration, a safe span to renew by.
+		if deadline := d.rec.AcquisitionDeadline(); !deadline.IsZero() {
+			d.lockSpan = deadline.Sub(d.handedAt)
+			d.renewAt = d.handedAt.Add(d.lockSpan / 2)
+		}
 		sub.track(d)
 		go d.watch()
 		select {
@@ -379,33 +391,59 @@ func (sub *shareSubscription) handOut(batch []*shareDelivery) {
 	}
 }
 
-// await waits until every delivery of the batch is answered. On stop it
-// waits up to DrainTimeout more, then releases the rest.
-func (sub *shareSubscription) await(batch []*shareDelivery) {
-	for _, d := range batch {
+// await waits until every delivery of the batch is answered, renewing the
+// acquisition locks of those that take long. On stop it waits up to
+// DrainTimeout more, then releases the rest.
+func (sub *shareSubscription) await(batch []*shareDelivery, renew <-chan time.Time) {
+	for i := 0; i < len(batch); {
 		select {
-		case <-d.done:
-			continue
+		case <-batch[i].done:
+			i++
+		case now := <-renew:
+			sub.renew(batch[i:], now)
 		case <-sub.stop.Done():
+			sub.drain(batch[i:], renew)
+			return
 		}
-		sub.drain(batch)
+	}
+}
+
+func (sub *shareSubscription) drain(batch []*shareDelivery, renew <-chan time.Time) {
+	timer := time.NewTimer(sub.cfg.DrainTimeout)
+	defer timer.Stop()
+	for i := 0; i < len(batch); {
+		select {
+		case <-batch[i].done:
+			i++
+			continue
+		case now := <-renew:
+			sub.renew(batch[i:], now)
+			continue
+		case <-timer.C:
+		}
+		for _, rest := range batch[i:] {
+			rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
+		}
 		return
 	}
 }
 
-func (sub *shareSubscription) drain(batch []*shareDelivery) {
-	timer := time.NewTimer(sub.cfg.DrainTimeout)
-	defer timer.Stop()
+// renewCheck is how often a member looks for acquisition locks to renew.
+const renewCheck = 100 * time.Millisecond
+
+// renew extends the acquisition lock (KIP-1222) of the deliveries still
+// unanswered half-way through their lock, so that a long handler (or an
+// unresolved Completion) keeps its record instead of seeing it delivered
+// to another member.
+func (sub *shareSubscription) renew(batch []*shareDelivery, now time.Time) {
 	for _, d := range batch {
-		select {
-		case <-d.done:
+		if d.lockSpan <= 0 || now.Before(d.renewAt) || d.status.Load() != 0 {
 			continue
-		case <-timer.C:
 		}
-		for _, rest := range batch {
-			rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
-		}
-		return
+		d.rec.Ack(kgo.AckRenew)
+		d.renewAt = now.Add(d.lockSpan / 2)
+		sub.acked.Store(true) // flushed within AckFlushInterval
+		sub.s.stats.count(d.rec.Topic, d.rec.Partition, func(c *ShareCounters) { c.LockRenewals++ })
 	}
 }
 

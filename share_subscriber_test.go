@@ -349,3 +349,43 @@ func (refusingUnmarshaler) Unmarshal(m *sarama.ConsumerMessage) (*message.Messag
 	}
 	return message.NewMessage(fmt.Sprint(m.Offset), m.Value), nil
 }
+
+// TestShareLockRenewed: a handler that takes three times the acquisition
+// lock (1 s here) keeps its record: its lock is renewed, no other member
+// gets the record meanwhile, and its Ack is accepted.
+func TestShareLockRenewed(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, time.Second)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	slow := newShareSub(t, c, group, nil)
+	msgs := subscribeShare(t, slow, topic)
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("slow")})
+	var m *message.Message
+	select {
+	case m = <-msgs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no message")
+	}
+	// Another member joins while the record is being handled.
+	other := newShareSub(t, c, group, nil)
+	others := subscribeShare(t, other, topic)
+	seen := newShareSeen()
+	go func() {
+		for m := range others {
+			seen.add(m)
+			m.Ack()
+		}
+	}()
+	time.Sleep(3 * time.Second) // the handler's work: three lock durations
+	m.Ack()
+	kafkatest.WaitFor(t, 10*time.Second, "the slow record accepted", func() bool {
+		tot, _ := shareTotals(slow)
+		return tot.Accepted == 1
+	})
+	time.Sleep(1500 * time.Millisecond) // a lock expiring after the ack would show now
+	tot, _ := shareTotals(slow)
+	assert.Zero(t, tot.AckErrors, "the broker refused the ack: the lock had expired")
+	assert.GreaterOrEqual(t, tot.LockRenewals, uint64(2))
+	assert.Zero(t, seen.count("slow"), "the other member got the record while it was being handled")
+}

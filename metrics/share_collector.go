@@ -24,7 +24,8 @@ import (
 // safeack_share_dead_lettered_records_total,
 // safeack_share_released_at_close_records_total,
 // safeack_share_redelivered_records_total (received with a delivery count
-// above one), safeack_share_ack_errors_total (partition acknowledgements the
+// above one), safeack_share_lock_renewals_total,
+// safeack_share_skipped_closing_records_total, safeack_share_ack_errors_total (partition acknowledgements the
 // broker refused) and the gauge safeack_share_max_delivery_count. To
 // register a Collector and a ShareCollector in one registry, tell them apart
 // with WithConstLabels.
@@ -36,6 +37,7 @@ type ShareCollector struct {
 	offered, unmarshalFailures, deferred             *prometheus.Desc
 	accepted, released, rejected, deadLettered       *prometheus.Desc
 	releasedAtClose, redelivered, ackErrors, skipped *prometheus.Desc
+	renewals                                         *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*ShareCollector)(nil)
@@ -68,6 +70,7 @@ func NewShareCollector(sub *safeack.ShareSubscriber, opts ...Option) *ShareColle
 		releasedAtClose:   desc("share_released_at_close_records_total", "Records released because the subscription ended before they were answered."),
 		redelivered:       desc("share_redelivered_records_total", "Records received with a delivery count above one."),
 		ackErrors:         desc("share_ack_errors_total", "Partition acknowledgements the broker refused; their records are delivered again."),
+		renewals:          desc("share_lock_renewals_total", "Acquisition lock renewals of records whose answer took more than half their lock."),
 		skipped:           desc("share_skipped_closing_records_total", "Messages whose handler SkipRevoked did not run because the subscriber was closing."),
 	}
 }
@@ -78,7 +81,7 @@ func (c *ShareCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.inFlight, c.oldestOffset, c.oldestAge, c.maxDeliveryCount,
 		c.offered, c.unmarshalFailures, c.deferred,
 		c.accepted, c.released, c.rejected, c.deadLettered,
-		c.releasedAtClose, c.redelivered, c.ackErrors, c.skipped,
+		c.releasedAtClose, c.redelivered, c.ackErrors, c.skipped, c.renewals,
 	} {
 		ch <- d
 	}
@@ -111,5 +114,6 @@ func (c *ShareCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.redelivered, s.Redelivered)
 		counter(c.ackErrors, s.AckErrors)
 		counter(c.skipped, s.SkippedClosing)
+		counter(c.renewals, s.LockRenewals)
 	}
 }
