@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -62,11 +63,43 @@ func requireShareGroups(t *testing.T, c *kafkatest.Cluster) {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
+// setShareGroupConfigs sets group configs (IncrementalAlterConfigs on the
+// group) on a real cluster, where the broker's defaults are long for tests
+// (a 5 s heartbeat interval, which paces assignments, and a 30 s
+// acquisition lock); the embedded broker is configured at start.
+func setShareGroupConfigs(t *testing.T, c *kafkatest.Cluster, group string, configs map[string]string) {
+	t.Helper()
+	if c.Embedded() {
+		return
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
+	require.NoError(t, err)
+	defer cl.Close()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = group
+	for name, value := range configs {
+		cfg := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		cfg.Name, cfg.Value = name, &value
+		res.Configs = append(res.Configs, cfg)
+	}
+	req.Resources = append(req.Resources, res)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	for _, r := range resp.Resources {
+		require.NoError(t, kerr.ErrorForCode(r.ErrorCode), "group configs %v", configs)
+	}
+}
+
 // newShareSub makes a ShareSubscriber on c for group, starting at the log
 // start, with short timings; mod changes the config first. It is closed at
 // cleanup.
 func newShareSub(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.ShareSubscriberConfig)) *safeack.ShareSubscriber {
 	t.Helper()
+	setShareGroupConfigs(t, c, group, map[string]string{"share.heartbeat.interval.ms": "500"})
 	cfg := safeack.ShareSubscriberConfig{
 		Brokers:       c.Brokers(),
 		ShareGroup:    group,

@@ -358,6 +358,7 @@ func TestShareLockRenewed(t *testing.T) {
 	c := startShareCluster(t, time.Second)
 	topic := c.NewTopic(t, 1)
 	group := c.NewGroup(t)
+	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": "1000"})
 	slow := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, slow, topic)
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("slow")})
