@@ -39,7 +39,16 @@ var ErrShareGroupsUnsupported = errors.New("safeack: the cluster does not serve 
 // handed to DeadLetter. Acks are sent in batches, with the next fetch or
 // within AckFlushInterval, and Close sends them before it leaves; records
 // handed out and not answered by then are released, so that another member
-// gets them at once rather than after the acquisition lock times out.
+// gets them at once rather than after the acquisition lock times out. A
+// record still unanswered half-way through its lock has the lock renewed
+// (KIP-1222), so a long handler keeps its record.
+//
+// Each Subscribe call runs Members members (one kgo client each). A member
+// takes up to MaxInFlight records per poll and polls again only once every
+// message of the last poll is answered: the share group client accepts at
+// the next poll what the last one left unanswered (Kafka's own share
+// consumer has the same rule). A slow message therefore holds its member's
+// next poll; more Members, or more processes, keep the work flowing.
 //
 // The record of a message is found with the same context helpers as a
 // Subscriber's (MessagePartitionFromCtx, MessagePartitionOffsetFromCtx,
@@ -539,10 +548,12 @@ func (s *ShareSubscriber) Close() error {
 }
 
 // Ready reports whether every subscription is a member of its share group,
-// as Subscriber.Ready does: nil when every Subscribe call not yet ended had
-// its last share group heartbeat answered, else an error wrapping
-// ErrNotReady that says what each is doing. Before the first Subscribe it
-// reports ErrNotReady, after Close ErrSubscriberClosed. It does no I/O.
+// as Subscriber.Ready does: nil when every member of every Subscribe call
+// not yet ended had its last share group heartbeat answered, else an error
+// wrapping ErrNotReady that says what each is doing. The broker may hand a
+// new member its partitions a heartbeat later
+// (share.heartbeat.interval.ms, 5 s by default). Before the first Subscribe
+// it reports ErrNotReady, after Close ErrSubscriberClosed. It does no I/O.
 func (s *ShareSubscriber) Ready() error {
 	if s.closed.Load() {
 		return ErrSubscriberClosed
