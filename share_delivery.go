@@ -50,8 +50,9 @@ type shareDelivery struct {
 	status atomic.Int32
 	done   chan struct{}
 
-	// reject makes a Nack reject the record (RejectPoison).
-	reject atomic.Bool
+	// reject makes a Nack reject the record (RejectPoison); skipped says
+	// SkipRevoked did not run its handler.
+	reject, skipped atomic.Bool
 
 	deferMu  sync.Mutex
 	deferral *shareDeferral
@@ -325,7 +326,15 @@ func (d *shareDelivery) skipIfClosing(msg *message.Message) bool {
 	if answered {
 		return false
 	}
+	d.skipped.Store(true)
 	d.finish(kgo.AckRelease, outcomeSkipped)
 	msg.Nack()
 	return true
+}
+
+// deferredFor reports whether delivery msg deferred its completion.
+func (d *shareDelivery) deferredFor(msg *message.Message) bool {
+	d.deferMu.Lock()
+	defer d.deferMu.Unlock()
+	return d.deferral != nil && d.msg == msg
 }
