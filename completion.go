@@ -55,6 +55,11 @@ var errFailedWithoutReason = errors.New("safeack: deferred completion failed")
 // message not delivered by a safeack Subscriber gives
 // ErrNotSafeackMessage; one already acked or nacked (for example behind
 // middleware.InstantAck) gives ErrAlreadyAnswered.
+//
+// For a message of a ShareSubscriber, Done accepts the record and Fail
+// releases it (or rejects it at MaxDeliveries); until it is resolved the
+// message counts as in flight and its member does not poll again (see
+// ShareSubscriberConfig.MaxInFlight), its acquisition lock renewed.
 func Defer(msg *message.Message) (*Completion, error) {
 	r, ok := partition.FromContext(msg.Context())
 	if !ok {
