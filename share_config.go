@@ -116,10 +116,11 @@ type ShareSubscriberConfig struct {
 	// topic's partitions to have leaders. Default 10 s.
 	WaitForTopicCreationTimeout time.Duration
 
-	// ClientOptions are added to the kgo client options of each
-	// subscription (for example TLS, SASL, kgo.ClientID). Options that set
-	// the group, the topics or the share fetch size are safeack's and are
-	// applied after these.
+	// ClientOptions are added to the kgo client options of each member
+	// (for example kgo.DialTLSConfig, kgo.SASL, kgo.ClientID,
+	// kgo.FetchMaxWait). They must not name topics, groups or partitions
+	// to consume: the group, the topic and the share fetch size are
+	// safeack's, set after these.
 	ClientOptions []kgo.Opt
 }
 
