@@ -270,15 +270,13 @@ func checkShareSupport(ctx context.Context, client *kgo.Client) error {
 	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
 		return err
 	}
-	need := map[int16]bool{int16(kmsg.ShareGroupHeartbeat): false, int16(kmsg.ShareFetch): false, int16(kmsg.ShareAcknowledge): false}
+	served := make(map[int16]bool, len(resp.ApiKeys))
 	for _, k := range resp.ApiKeys {
-		if _, ok := need[k.ApiKey]; ok {
-			need[k.ApiKey] = true
-		}
+		served[k.ApiKey] = true
 	}
-	for k, ok := range need {
-		if !ok {
-			return fmt.Errorf("%w: the broker does not serve %s", ErrShareGroupsUnsupported, kmsg.NameForKey(k))
+	for _, k := range []kmsg.Key{kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge} {
+		if !served[int16(k)] {
+			return fmt.Errorf("%w: the broker does not serve %s", ErrShareGroupsUnsupported, kmsg.NameForKey(int16(k)))
 		}
 	}
 	return nil

@@ -13,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -389,4 +391,23 @@ func TestShareLockRenewed(t *testing.T) {
 	assert.Zero(t, tot.AckErrors, "the broker refused the ack: the lock had expired")
 	assert.GreaterOrEqual(t, tot.LockRenewals, uint64(2))
 	assert.Zero(t, seen.count("slow"), "the other member got the record while it was being handled")
+}
+
+// TestShareUnsupportedBroker: on a broker that does not serve share groups
+// (Kafka 3.9's requests), Subscribe fails with ErrShareGroupsUnsupported,
+// naming the missing request, and nothing is left running.
+func TestShareUnsupportedBroker(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t, kafkatest.WithKfakeOpts(kfake.MaxVersions(kversion.V3_9_0())))
+	c.RequireEmbedded(t)
+	sub, err := safeack.NewShareSubscriber(safeack.ShareSubscriberConfig{Brokers: c.Brokers(), ShareGroup: "g"}, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, c.NewTopic(t, 1))
+	require.ErrorIs(t, err, safeack.ErrShareGroupsUnsupported)
+	assert.Nil(t, msgs)
+	assert.Contains(t, err.Error(), "ShareGroupHeartbeat")
+	assert.ErrorIs(t, sub.Ready(), safeack.ErrNotReady)
+	require.NoError(t, sub.Close())
 }
