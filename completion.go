@@ -34,7 +34,8 @@ var ErrAlreadyAnswered = errors.New("safeack: message already acked or nacked")
 // meanwhile; after that they change nothing, and the partition's next
 // owner handles their records again.
 type Completion struct {
-	d *partition.Deferral // of the deferred delivery; nil for a message of another subscriber
+	d  *partition.Deferral // of the deferred delivery; nil for a message of another subscriber
+	sd *shareDeferral      // of a ShareSubscriber's deferred delivery
 	// resolved and result serve a message of another subscriber:
 	// DeferredCompletion waits on result before returning.
 	resolved atomic.Bool
@@ -54,9 +55,17 @@ var errFailedWithoutReason = errors.New("safeack: deferred completion failed")
 // message not delivered by a safeack Subscriber gives
 // ErrNotSafeackMessage; one already acked or nacked (for example behind
 // middleware.InstantAck) gives ErrAlreadyAnswered.
+//
+// For a message of a ShareSubscriber, Done accepts the record and Fail
+// releases it (or rejects it at MaxDeliveries); until it is resolved the
+// message counts as in flight and its member does not poll again (see
+// ShareSubscriberConfig.MaxInFlight), its acquisition lock renewed.
 func Defer(msg *message.Message) (*Completion, error) {
 	r, ok := partition.FromContext(msg.Context())
 	if !ok {
+		if sd, ok := shareFromContext(msg.Context()); ok {
+			return deferShare(sd, msg)
+		}
 		return nil, ErrNotSafeackMessage
 	}
 	d, ok := r.Defer(msg, func(d *partition.Deferral) any { return &Completion{d: d} })
@@ -87,6 +96,8 @@ func (c *Completion) resolve(err error) {
 	case c == nil:
 	case c.d != nil:
 		c.d.Resolve(err)
+	case c.sd != nil:
+		c.sd.resolve(err)
 	case c.resolved.CompareAndSwap(false, true):
 		c.result <- err // capacity 1, sent once
 	}
@@ -95,6 +106,9 @@ func (c *Completion) resolve(err error) {
 // Offset returns the Kafka offset of the deferred record, or -1 for a
 // message of another subscriber.
 func (c *Completion) Offset() int64 {
+	if c.sd != nil {
+		return c.sd.d.rec.Offset
+	}
 	if c.d == nil {
 		return -1
 	}
@@ -104,6 +118,9 @@ func (c *Completion) Offset() int64 {
 // Partition returns the Kafka partition of the deferred record, or -1 for
 // a message of another subscriber.
 func (c *Completion) Partition() int32 {
+	if c.sd != nil {
+		return c.sd.d.rec.Partition
+	}
 	if c.d == nil {
 		return -1
 	}
@@ -117,6 +134,9 @@ func (c *Completion) Partition() int32 {
 // until the drain gives up (DrainTimeout), and an ack before then still
 // counts. It is false for messages not delivered by a safeack Subscriber.
 func AssignmentEnded(msg *message.Message) bool {
+	if d, ok := shareFromContext(msg.Context()); ok {
+		return d.ended()
+	}
 	r, ok := partition.FromContext(msg.Context())
 	return ok && r.AssignmentEnded()
 }
@@ -125,6 +145,9 @@ func AssignmentEnded(msg *message.Message) bool {
 // before its handler started, so that the partition's next owner handles
 // it and nothing is acked for it here. It reports whether it did.
 func skipIfRevoked(msg *message.Message) bool {
+	if d, ok := shareFromContext(msg.Context()); ok {
+		return d.skipIfClosing(msg)
+	}
 	r, ok := partition.FromContext(msg.Context())
 	return ok && r.SkipIfEnded(msg)
 }

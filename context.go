@@ -9,10 +9,13 @@ import (
 )
 
 // recordFromCtx returns the Kafka record of a message delivered by a
-// Subscriber.
+// Subscriber or a ShareSubscriber.
 func recordFromCtx(ctx context.Context) (*sarama.ConsumerMessage, bool) {
 	r, ok := partition.FromContext(ctx)
 	if !ok {
+		if d, ok := shareFromContext(ctx); ok {
+			return d.cm, true
+		}
 		return nil, false
 	}
 	return r.Message(), true

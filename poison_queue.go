@@ -98,5 +98,8 @@ func endedBySubscriber(ctx context.Context) bool {
 	if r, ok := partition.FromContext(ctx); ok {
 		return r.AssignmentEnded()
 	}
+	if d, ok := shareFromContext(ctx); ok {
+		return d.ended() // a ShareSubscriber closing (or its Subscribe context ended)
+	}
 	return ctx.Err() != nil
 }

@@ -35,6 +35,7 @@ const (
 type subStatus struct {
 	topic string
 	group string
+	kind  string // "consumer group" or "share group"
 	phase phase
 	err   error // what ended the last connection, in phaseConnecting
 }
@@ -42,22 +43,26 @@ type subStatus struct {
 // readiness tracks the phase of every subscription of a Subscriber.
 type readiness struct {
 	mu   sync.Mutex
-	subs map[*subscription]*subStatus
+	subs map[any]*subStatus // by subscription: *subscription or *shareSubscription
 	// changed is closed, and replaced, at every change: WaitReady waits
 	// on it instead of polling.
 	changed chan struct{}
 }
 
 func (r *readiness) set(sub *subscription, p phase, err error) {
+	r.setKey(sub, sub.topic, sub.cfg.ConsumerGroup, "consumer group", p, err)
+}
+
+func (r *readiness) setKey(key any, topic, group, kind string, p phase, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.subs == nil {
-		r.subs = make(map[*subscription]*subStatus)
+		r.subs = make(map[any]*subStatus)
 	}
-	st := r.subs[sub]
+	st := r.subs[key]
 	if st == nil {
-		st = &subStatus{topic: sub.topic, group: sub.cfg.ConsumerGroup}
-		r.subs[sub] = st
+		st = &subStatus{topic: topic, group: group, kind: kind}
+		r.subs[key] = st
 	}
 	st.phase, st.err = p, err
 	r.notifyLocked()
@@ -65,13 +70,15 @@ func (r *readiness) set(sub *subscription, p phase, err error) {
 
 // remove forgets an ended subscription, except a fenced one: Ready keeps
 // telling why it ended.
-func (r *readiness) remove(sub *subscription) {
+func (r *readiness) remove(sub *subscription) { r.removeKey(sub) }
+
+func (r *readiness) removeKey(key any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if st := r.subs[sub]; st != nil && st.phase == phaseFenced {
+	if st := r.subs[key]; st != nil && st.phase == phaseFenced {
 		return
 	}
-	delete(r.subs, sub)
+	delete(r.subs, key)
 	r.notifyLocked()
 }
 
@@ -111,7 +118,7 @@ func (r *readiness) check() (<-chan struct{}, error) {
 			why = append(why, fmt.Sprintf("topic %q: stopped: %v", st.topic, st.err))
 			errs = append(errs, st.err)
 		case st.phase == phaseJoining:
-			why = append(why, fmt.Sprintf("topic %q: joining consumer group %q", st.topic, st.group))
+			why = append(why, fmt.Sprintf("topic %q: joining %s %q", st.topic, st.kind, st.group))
 		case st.err != nil:
 			why = append(why, fmt.Sprintf("topic %q: reconnecting after: %v", st.topic, st.err))
 		default:

@@ -117,6 +117,12 @@ func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
 				at := r.DeliveredAt()
 				ev.DeliveredAt, ev.Wait = at, max(start.Sub(at), 0)
 			}
+			sd, shared := shareFromContext(msg.Context())
+			if shared {
+				ev.FromSafeack = true
+				ev.Topic, ev.Partition, ev.Offset = sd.rec.Topic, sd.rec.Partition, sd.rec.Offset
+				ev.DeliveredAt, ev.Wait = sd.handedAt, max(start.Sub(sd.handedAt), 0)
+			}
 			returned := false
 			defer func() {
 				ev.Duration = time.Since(start)
@@ -125,13 +131,13 @@ func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
 					// Panicking: report, and let the panic go on to the
 					// Recoverer or router that handles it.
 					ev.Outcome, ev.Err = OutcomeNack, ErrHandlerPanicked
-				case ours && r.Skipped() && answered(msg.Nacked()):
+				case (ours && r.Skipped() || shared && sd.skipped.Load()) && answered(msg.Nacked()):
 					ev.Outcome = OutcomeSkipped
 				case err != nil:
 					ev.Outcome, ev.Err = OutcomeNack, err
 				case answered(msg.Nacked()):
 					ev.Outcome = OutcomeNack
-				case ours && r.Deferred(msg):
+				case ours && r.Deferred(msg) || shared && sd.deferredFor(msg):
 					ev.Outcome = OutcomeDeferred
 				default:
 					ev.Outcome = OutcomeAck

@@ -104,6 +104,16 @@
 //     member drains, and a read_committed reader must see exactly one
 //     output per input record. TestTxnRouterChaosCooperative runs the
 //     same with cooperative-sticky balancing.
+//   - TestShareChaos (share_test.go): safeack.ShareSubscriber instead of
+//     the checks above: three members of one share group on one
+//     partition, two of them processes SIGKILLed mid-batch and restarted,
+//     one in-process member throughout, a producer writing records and,
+//     one in a hundred, poison records (rejected by RejectPoison). After a
+//     drain by the in-process member: every record handled at least once,
+//     the group's lag 0 (DescribeShareGroupOffsets), no record delivered
+//     again after the in-process member accepted or rejected it, the killed
+//     members' records back with a higher delivery count, and every member
+//     given work. Skipped on a cluster without share groups.
 //
 // Running it:
 //

@@ -1,0 +1,205 @@
+package safeack
+
+import (
+	"context"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Defaults applied by NewShareSubscriber to zero-valued fields.
+const (
+	// DefaultShareMaxDeliveries equals the broker's default
+	// group.share.delivery.count.limit (5).
+	DefaultShareMaxDeliveries = 5
+	// DefaultShareAckFlushInterval bounds how long an ack waits before it
+	// is sent when no fetch carries it sooner.
+	DefaultShareAckFlushInterval = 100 * time.Millisecond
+)
+
+// ShareSubscriberConfig configures a ShareSubscriber: a Watermill subscriber
+// on a Kafka share group (KIP-932, Kafka 4.2 and later). Field names shared
+// with SubscriberConfig have the same meaning.
+//
+// Share groups keep no order: records of one partition are handed to any
+// member, and to one member's handlers, at the same time and complete in
+// any order; a released record comes back after records behind it. Use a
+// Subscriber (a consumer group) when order matters.
+type ShareSubscriberConfig struct {
+	// Brokers lists the Kafka bootstrap brokers, host:port.
+	Brokers []string
+
+	// ShareGroup is the share group the subscriber joins. Required.
+	ShareGroup string
+
+	// Unmarshaler turns Kafka records into Watermill messages. The record is
+	// given as a *sarama.ConsumerMessage (topic, partition, offset, key,
+	// value, headers, timestamp), so a watermill-kafka Unmarshaler works
+	// unchanged. Default: kafka.DefaultMarshaler{}.
+	Unmarshaler kafka.Unmarshaler
+
+	// Ordering must be nil or point to Unordered: share groups promise no
+	// order. A configuration carried over from a Subscriber with
+	// OrderByKey or OrderByPartition is refused rather than run unordered
+	// without a word.
+	Ordering *Ordering
+
+	// MaxInFlight bounds the messages one member hands out at once: it is
+	// the number of records a member takes from the share group per poll,
+	// and its next poll waits until every message of the last one is
+	// answered (kgo accepts what a poll left unanswered when it polls
+	// again; Kafka's own share consumer has the same rule). A slow message
+	// therefore holds its member's next poll: Members gives a Subscribe
+	// call several polls in flight. A member fetches only when it polls,
+	// so no record is acquired to wait in a buffer. Default 64.
+	MaxInFlight int
+
+	// Members is how many members of the share group each Subscribe call
+	// runs (one kgo client each), all handing out on its channel: up to
+	// Members x MaxInFlight messages are unanswered at once. Default 1.
+	Members int
+
+	// MaxDeliveries is the delivery attempt at which a Nack no longer
+	// releases the record: it is rejected instead (or dead-lettered, see
+	// DeadLetter), and a record that arrives with a delivery count above it
+	// (after acquisition lock timeouts) is not handed out but dealt with the
+	// same way. Keep it at or below the broker's
+	// group.share.delivery.count.limit (default 5): past that limit the
+	// broker archives a released record itself, unseen by safeack.
+	// Default DefaultShareMaxDeliveries.
+	MaxDeliveries int
+
+	// DeadLetter, when set, is called for a record past MaxDeliveries
+	// instead of rejecting it, with its message (the message's context is
+	// the subscription's). When it returns nil the record is accepted; when
+	// it returns an error, the error is logged and the record released, so
+	// that the dead-lettering is tried again at its next delivery (the
+	// broker's delivery count limit ends that at worst: it archives the
+	// record).
+	DeadLetter func(ctx context.Context, msg *message.Message) error
+
+	// OnUnmarshalError decides the fate of a record the Unmarshaler
+	// rejects. Nil (the default) rejects the record and logs the error. A
+	// non-nil handler is given the raw record instead: when it returns nil
+	// the record is accepted (for example after publishing it to a
+	// dead-letter topic), and when it returns an error the record is
+	// released, to be tried at its next delivery.
+	OnUnmarshalError func(ctx context.Context, msg *sarama.ConsumerMessage, err error) error
+
+	// InitialOffset is where the share group starts on a partition it has
+	// no state for: sarama.OffsetOldest (the log start) or
+	// sarama.OffsetNewest (records produced from then on, the broker's
+	// default). Subscribe sets the group's share.auto.offset.reset config
+	// accordingly (IncrementalAlterConfigs on the group). Zero leaves the
+	// group's config as it is.
+	InitialOffset int64
+
+	// AckFlushInterval is the longest an ack waits before Subscribe's
+	// client sends it: acks ride on the next fetch when one goes out
+	// sooner. Default DefaultShareAckFlushInterval.
+	AckFlushInterval time.Duration
+
+	// DrainTimeout is how long Close (or the end of Subscribe's context)
+	// waits for handed-out messages to be answered before it cancels their
+	// contexts and releases their records. Acks given in time are sent
+	// before the member leaves. Default DefaultDrainTimeout.
+	DrainTimeout time.Duration
+
+	// InitializeTopicDetails is used by SubscribeInitialize to create the
+	// topic.
+	InitializeTopicDetails *sarama.TopicDetail
+
+	// WaitForTopicCreationTimeout bounds SubscribeInitialize's wait for the
+	// topic's partitions to have leaders. Default 10 s.
+	WaitForTopicCreationTimeout time.Duration
+
+	// ClientOptions are added to the kgo client options of each member
+	// (for example kgo.DialTLSConfig, kgo.SASL, kgo.ClientID,
+	// kgo.FetchMaxWait). They must not name topics, groups or partitions
+	// to consume: the group, the topic and the share fetch size are
+	// safeack's, set after these.
+	ClientOptions []kgo.Opt
+}
+
+func (c ShareSubscriberConfig) withDefaults() ShareSubscriberConfig {
+	if c.Unmarshaler == nil {
+		c.Unmarshaler = kafka.DefaultMarshaler{}
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.Members == 0 {
+		c.Members = 1
+	}
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = DefaultShareMaxDeliveries
+	}
+	if c.AckFlushInterval == 0 {
+		c.AckFlushInterval = DefaultShareAckFlushInterval
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.WaitForTopicCreationTimeout == 0 {
+		c.WaitForTopicCreationTimeout = 10 * time.Second
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c, after defaults are
+// applied. Each error wraps ErrInvalidConfig and names the field.
+func (c ShareSubscriberConfig) Validate() error {
+	c = c.withDefaults()
+	if len(c.Brokers) == 0 {
+		return fieldError("Brokers", "no brokers given")
+	}
+	for i, b := range c.Brokers {
+		if b == "" {
+			return fieldError("Brokers", "entry %d is empty", i)
+		}
+	}
+	if c.ShareGroup == "" {
+		return fieldError("ShareGroup", "empty: a share subscriber needs a share group")
+	}
+	if c.Ordering != nil && *c.Ordering != Unordered {
+		return fieldError("Ordering", "%v: share groups keep no order (records of a partition go to every member at once and complete in any order); use Unordered, or a Subscriber on a consumer group to keep order", *c.Ordering)
+	}
+	if c.MaxInFlight < 0 {
+		return fieldError("MaxInFlight", "negative size %d", c.MaxInFlight)
+	}
+	if c.MaxInFlight > 1<<20 {
+		return fieldError("MaxInFlight", "%d is above %d records per poll", c.MaxInFlight, 1<<20)
+	}
+	if c.Members < 0 || c.Members > 64 {
+		return fieldError("Members", "%d is not between 1 and 64", c.Members)
+	}
+	if c.MaxDeliveries < 0 {
+		return fieldError("MaxDeliveries", "negative count %d", c.MaxDeliveries)
+	}
+	switch c.InitialOffset {
+	case 0, sarama.OffsetOldest, sarama.OffsetNewest:
+	default:
+		return fieldError("InitialOffset", "%d: only sarama.OffsetOldest (%d) or sarama.OffsetNewest (%d) (share.auto.offset.reset earliest or latest), or zero to leave the group's config", c.InitialOffset, sarama.OffsetOldest, sarama.OffsetNewest)
+	}
+	if c.AckFlushInterval < 0 {
+		return fieldError("AckFlushInterval", "negative duration %v", c.AckFlushInterval)
+	}
+	if c.AckFlushInterval > 0 && c.AckFlushInterval < minCommitInterval {
+		return fieldError("AckFlushInterval", "%v is below %v", c.AckFlushInterval, minCommitInterval)
+	}
+	if c.DrainTimeout < 0 {
+		return fieldError("DrainTimeout", "negative duration %v", c.DrainTimeout)
+	}
+	if c.WaitForTopicCreationTimeout < 0 {
+		return fieldError("WaitForTopicCreationTimeout", "negative duration %v", c.WaitForTopicCreationTimeout)
+	}
+	for i, o := range c.ClientOptions {
+		if o == nil {
+			return fieldError("ClientOptions", "entry %d is nil", i)
+		}
+	}
+	return nil
+}

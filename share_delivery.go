@@ -1,0 +1,340 @@
+package safeack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// outcome says why a delivery ended as it did, for Stats and logs.
+type outcome int
+
+const (
+	outcomeAcked outcome = iota
+	outcomeNacked
+	outcomeRejectedPoison   // RejectPoison
+	outcomeMaxDeliveries    // a Nack at MaxDeliveries, or received past it
+	outcomeDeadLettered     // DeadLetter took it: accepted
+	outcomeDeadLetterFailed // DeadLetter failed: released
+	outcomeUnmarshalFailed  // rejected, or released after OnUnmarshalError failed
+	outcomeUnmarshalHandled // OnUnmarshalError took it: accepted
+	outcomeReleasedAtClose
+	outcomeSkipped // SkipRevoked: the subscriber was closing
+)
+
+type shareDeliveryCtxKey struct{}
+
+// shareDelivery is one delivery of a share group record.
+type shareDelivery struct {
+	sub      *shareSubscription
+	rec      *kgo.Record
+	cm       *sarama.ConsumerMessage
+	msg      *message.Message
+	cancel   context.CancelFunc
+	handedAt time.Time
+	// lockSpan is what was left of the acquisition lock when the record
+	// was handed out; renewAt when to renew it next. Member loop only.
+	lockSpan time.Duration
+	renewAt  time.Time
+
+	// status is zero until the record is answered, then the kgo ack
+	// status sent: the first answer wins.
+	status atomic.Int32
+	done   chan struct{}
+
+	// reject makes a Nack reject the record (RejectPoison); skipped says
+	// SkipRevoked did not run its handler.
+	reject, skipped atomic.Bool
+
+	deferMu  sync.Mutex
+	deferral *shareDeferral
+	answered bool // the router acked or nacked
+}
+
+// newDelivery makes the delivery of r, or answers r at once when it is
+// past MaxDeliveries or cannot be unmarshalled; then it returns nil.
+func (sub *shareSubscription) newDelivery(r *kgo.Record) *shareDelivery {
+	cm := saramaMessage(r)
+	sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) {
+		c.Received++
+		if n := r.DeliveryCount(); n > 1 {
+			c.Redelivered++
+		}
+		c.MaxDeliveryCount = max(c.MaxDeliveryCount, r.DeliveryCount())
+	})
+	d := &shareDelivery{sub: sub, rec: r, cm: cm, done: make(chan struct{})}
+	msg, err := sub.cfg.Unmarshaler.Unmarshal(cm)
+	if err != nil {
+		sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) { c.UnmarshalFailures++ })
+		fields := d.fields()
+		if sub.cfg.OnUnmarshalError == nil {
+			sub.logger.Error("Cannot unmarshal record; rejecting it", err, fields)
+			d.finish(kgo.AckReject, outcomeUnmarshalFailed)
+			return nil
+		}
+		if herr := sub.cfg.OnUnmarshalError(sub.msgCtx, cm, err); herr != nil {
+			sub.logger.Error("OnUnmarshalError failed; releasing the record", herr, fields)
+			d.finish(kgo.AckRelease, outcomeUnmarshalFailed)
+			return nil
+		}
+		d.finish(kgo.AckAccept, outcomeUnmarshalHandled)
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.WithValue(sub.msgCtx, shareDeliveryCtxKey{}, d))
+	msg.SetContext(ctx)
+	d.msg, d.cancel = msg, cancel
+	if int(r.DeliveryCount()) > sub.cfg.MaxDeliveries {
+		sub.logger.Info("Record received past MaxDeliveries; not handed out", d.fields())
+		d.giveUp()
+		return nil
+	}
+	return d
+}
+
+func saramaMessage(r *kgo.Record) *sarama.ConsumerMessage {
+	cm := &sarama.ConsumerMessage{
+		Topic:     r.Topic,
+		Partition: r.Partition,
+		Offset:    r.Offset,
+		Key:       r.Key,
+		Value:     r.Value,
+		Timestamp: r.Timestamp,
+	}
+	for _, h := range r.Headers {
+		cm.Headers = append(cm.Headers, &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+	}
+	return cm
+}
+
+func (d *shareDelivery) fields() watermill.LogFields {
+	return watermill.LogFields{"partition": d.rec.Partition, "offset": d.rec.Offset, "delivery_count": d.rec.DeliveryCount()}
+}
+
+// watch turns the router's answer into the record's.
+func (d *shareDelivery) watch() {
+	select {
+	case <-d.msg.Acked():
+		if df := d.answer(); df != nil {
+			df.ackedNow()
+			return
+		}
+		d.finish(kgo.AckAccept, outcomeAcked)
+	case <-d.msg.Nacked():
+		d.answer()
+		d.nacked()
+	case <-d.done:
+	}
+}
+
+// answer notes the router's answer and cancels the message's context; it
+// returns the deferral the Ack must wait for, if any.
+func (d *shareDelivery) answer() *shareDeferral {
+	d.deferMu.Lock()
+	d.answered = true
+	df := d.deferral
+	d.deferMu.Unlock()
+	d.cancel()
+	return df
+}
+
+// nacked releases the record, or gives up on it at MaxDeliveries.
+func (d *shareDelivery) nacked() {
+	if d.reject.Load() {
+		d.finish(kgo.AckReject, outcomeRejectedPoison)
+		return
+	}
+	if int(d.rec.DeliveryCount()) >= d.sub.cfg.MaxDeliveries {
+		d.giveUp()
+		return
+	}
+	d.finish(kgo.AckRelease, outcomeNacked)
+}
+
+// giveUp dead-letters or rejects a record past MaxDeliveries.
+func (d *shareDelivery) giveUp() {
+	cfg := d.sub.cfg
+	if cfg.DeadLetter == nil {
+		d.sub.logger.Error("Record reached MaxDeliveries; rejecting it", nil, d.fields())
+		d.finish(kgo.AckReject, outcomeMaxDeliveries)
+		return
+	}
+	if err := cfg.DeadLetter(d.sub.msgCtx, d.msg); err != nil {
+		d.sub.logger.Error("DeadLetter failed; releasing the record to try again", err, d.fields())
+		d.finish(kgo.AckRelease, outcomeDeadLetterFailed)
+		return
+	}
+	d.finish(kgo.AckAccept, outcomeDeadLettered)
+}
+
+// finish answers the record once: the first call wins.
+func (d *shareDelivery) finish(status kgo.AckStatus, why outcome) {
+	if !d.status.CompareAndSwap(0, int32(status)) {
+		return
+	}
+	d.rec.Ack(status)
+	d.sub.acked.Store(true)
+	if d.cancel != nil {
+		d.cancel()
+	}
+	d.sub.untrack(d)
+	d.sub.s.stats.count(d.rec.Topic, d.rec.Partition, func(c *ShareCounters) {
+		switch status {
+		case kgo.AckAccept:
+			c.Accepted++
+		case kgo.AckRelease:
+			c.Released++
+		case kgo.AckReject:
+			c.Rejected++
+		}
+		switch why {
+		case outcomeDeadLettered:
+			c.DeadLettered++
+		case outcomeReleasedAtClose:
+			c.ReleasedAtClose++
+		case outcomeSkipped:
+			c.SkippedClosing++
+		}
+	})
+	close(d.done)
+}
+
+// ended reports whether the subscription stopped handing out: its
+// ShareSubscriber is closing or Subscribe's context ended.
+func (d *shareDelivery) ended() bool { return d.sub.stop.Err() != nil }
+
+func shareFromContext(ctx context.Context) (*shareDelivery, bool) {
+	if ctx == nil {
+		return nil, false
+	}
+	d, ok := ctx.Value(shareDeliveryCtxKey{}).(*shareDelivery)
+	return d, ok
+}
+
+// MessageDeliveryCountFromCtx returns the share group delivery count of a
+// message delivered by a ShareSubscriber: 1 at the first delivery, one more
+// at each delivery after a release or an acquisition lock timeout.
+func MessageDeliveryCountFromCtx(ctx context.Context) (int32, bool) {
+	d, ok := shareFromContext(ctx)
+	if !ok {
+		return 0, false
+	}
+	return d.rec.DeliveryCount(), true
+}
+
+// shareDeferral is the deferred completion of a share delivery.
+type shareDeferral struct {
+	d      *shareDelivery
+	handle *Completion
+
+	mu        sync.Mutex
+	resolved  bool
+	result    error
+	routerAck bool
+}
+
+// deferShare is Defer for a message of a ShareSubscriber.
+func deferShare(d *shareDelivery, msg *message.Message) (*Completion, error) {
+	d.deferMu.Lock()
+	defer d.deferMu.Unlock()
+	if d.deferral != nil {
+		return d.deferral.handle, nil
+	}
+	if d.answered || d.msg != msg || d.status.Load() != 0 {
+		return nil, ErrAlreadyAnswered
+	}
+	df := &shareDeferral{d: d}
+	df.handle = &Completion{sd: df}
+	d.deferral = df
+	d.sub.s.stats.count(d.rec.Topic, d.rec.Partition, func(c *ShareCounters) { c.Deferred++ })
+	return df.handle, nil
+}
+
+func (df *shareDeferral) resolve(err error) {
+	df.mu.Lock()
+	if df.resolved {
+		df.mu.Unlock()
+		return
+	}
+	df.resolved, df.result = true, err
+	apply := df.routerAck
+	df.mu.Unlock()
+	if apply {
+		df.apply(err)
+	}
+}
+
+func (df *shareDeferral) ackedNow() {
+	df.mu.Lock()
+	df.routerAck = true
+	apply, err := df.resolved, df.result
+	df.mu.Unlock()
+	if apply {
+		df.apply(err)
+	}
+}
+
+func (df *shareDeferral) apply(err error) {
+	if err == nil {
+		df.d.finish(kgo.AckAccept, outcomeAcked)
+		return
+	}
+	df.d.nacked()
+}
+
+// ErrRejected is what RejectPoison wraps around the handler's error when it
+// has the record rejected.
+var ErrRejected = errors.New("safeack: record rejected (share group REJECT): archived, never delivered again")
+
+// RejectPoison is router middleware for a ShareSubscriber: a message whose
+// handler fails is rejected, so the broker archives its record and never
+// delivers it again; the handler's error, wrapped with ErrRejected, goes on
+// to the router, which nacks the message. Place it outside
+// middleware.Retry, so that only a record that failed every retry is
+// rejected. A failure while the subscriber closes is not taken for
+// poison: the record is released for another member. To dead-letter
+// instead, use PoisonQueue (the record is then accepted once published).
+// Messages of other subscribers pass through unchanged.
+func RejectPoison(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		d, ok := shareFromContext(msg.Context())
+		events, err := h(msg)
+		if err != nil && ok && d.msg == msg && !d.ended() {
+			d.reject.Store(true)
+			err = fmt.Errorf("%w: %w", ErrRejected, err)
+		}
+		return events, err
+	}
+}
+
+// skipIfClosing nacks msg, releasing its record, when its ShareSubscriber
+// is closing before its handler started. It reports whether it did.
+func (d *shareDelivery) skipIfClosing(msg *message.Message) bool {
+	if !d.ended() || d.msg != msg {
+		return false
+	}
+	d.deferMu.Lock()
+	answered := d.answered
+	d.deferMu.Unlock()
+	if answered {
+		return false
+	}
+	d.skipped.Store(true)
+	d.finish(kgo.AckRelease, outcomeSkipped)
+	msg.Nack()
+	return true
+}
+
+// deferredFor reports whether delivery msg deferred its completion.
+func (d *shareDelivery) deferredFor(msg *message.Message) bool {
+	d.deferMu.Lock()
+	defer d.deferMu.Unlock()
+	return d.deferral != nil && d.msg == msg
+}
