@@ -117,6 +117,7 @@
 //   - docs/start-positions.md: where a partition starts (new groups,
 //     commits out of range, added partitions, no consumer group)
 //   - docs/exactly-once.md: exactly-once Kafka-to-Kafka routers
+//   - docs/share-groups.md: NewShareSubscriber on Kafka 4.2+ share groups
 //   - docs/middleware.md: the middleware chain, dead letters, deferred
 //     completion
 //   - docs/operations.md: connecting, readiness, Stats and metrics,
