@@ -29,9 +29,12 @@ import (
 const EnvBrokers = "SAFEACK_KAFKA_BROKERS"
 
 // EnvVersion names the environment variable that overrides the Kafka version
-// Sarama assumes (for example "3.6.0"), for real clusters older than
+// Sarama assumes (for example "3.9.2"), for real clusters older than
 // DefaultVersion. Sarama negotiates request versions through ApiVersions
-// anyway, so this is rarely needed.
+// anyway, so this is rarely needed. scripts/kafka.sh and
+// scripts/kafka-cluster.sh read the same variable as the version of the
+// broker to start, so one export runs the tests as a client of that version
+// (what .ci/run does for each version it tests).
 const EnvVersion = "SAFEACK_KAFKA_VERSION"
 
 // DefaultVersion is the Kafka version SaramaConfig declares. Sarama clamps
