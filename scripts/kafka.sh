@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Single-node Apache Kafka 4.1.2 broker (KRaft, combined broker+controller) on
-# loopback, for integration tests. No Docker, no Kafka tarball: the jars come
-# from Maven Central through Maven (scripts/kafka/pom.xml) and are cached.
+# Single-node Apache Kafka broker (KRaft, combined broker+controller) on
+# loopback, for integration tests: 4.1.2 by default, or the version
+# SAFEACK_KAFKA_VERSION names (3.9.x, the last 3.x line, and any 4.x; tested:
+# 3.9.2, 4.1.2, 4.4.0). No Docker, no Kafka tarball: the jars come from Maven
+# Central through Maven (scripts/kafka/pom.xml) and are cached per version.
+# Share groups (KIP-932) are on from 4.2 (start checks it).
 #
 # Usage: scripts/kafka.sh start|stop|restart|status|fetch|classpath|logs|run CLASS [ARGS...]
 #
@@ -10,7 +13,8 @@
 #              prints `SAFEACK_KAFKA_BROKERS=127.0.0.1:PORT` on stdout (all
 #              other messages go to stderr), so
 #                eval "export $(scripts/kafka.sh start)"
-#              exports it. Already running -> prints the same line, exit 0.
+#              exports it. Already running -> prints the same line, exit 0
+#              (a broker of another version there -> error, exit 1).
 #              On failure: last 50 broker log lines on stderr, exit 1.
 #   stop       SIGTERM, SIGKILL after $SAFEACK_KAFKA_STOP_TIMEOUT s, then remove
 #              the data dir. Idempotent (exit 0 when nothing runs).
@@ -23,9 +27,12 @@
 #              scripts/kafka.sh run org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:29092 --list
 #
 # Environment (all optional):
+#   SAFEACK_KAFKA_VERSION          Kafka version to run                (4.1.2)
+#                                  (internal/kafkatest reads it too: the
+#                                  Sarama Version of the tests)
 #   SAFEACK_KAFKA_PORT             PLAINTEXT port                      (29092)
 #   SAFEACK_KAFKA_CONTROLLER_PORT  CONTROLLER port                     (PORT+1)
-#   SAFEACK_KAFKA_CACHE            jar cache    (~/.cache/safeack/kafka-4.1.2)
+#   SAFEACK_KAFKA_CACHE            jar cache    (~/.cache/safeack/kafka-VERSION)
 #   SAFEACK_KAFKA_DATA_DIR         data dir: config, pid, log, log.dirs
 #                                  (${TMPDIR:-/tmp}/safeack-kafka-PORT)
 #   SAFEACK_KAFKA_HEAP             JVM max heap                        (512m)
@@ -35,9 +42,15 @@
 #   SAFEACK_KAFKA_JVM_OPTS         extra broker JVM flags, space-separated
 #   SAFEACK_KAFKA_EXTRA_PROPS      extra server.properties lines, newline-separated
 #   SAFEACK_KAFKA_MVN              maven binary                        (mvn)
+#
+# What differs between versions is kept in one place (version_settings and
+# write_node_config below, shared with scripts/kafka-cluster.sh): 3.x logs
+# through reload4j (log4j.properties) and has BrokerApiVersionsCommand in
+# kafka.admin; 4.x logs through Log4j 2; share-group settings from 4.0 (the
+# share coordinator's topic) and 4.2 (short share-group minimums).
 set -euo pipefail
 
-KAFKA_VERSION=4.1.2
+KAFKA_VERSION=$(printf '%s' "${SAFEACK_KAFKA_VERSION:-4.1.2}" | tr -d '[:space:]')
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 POM="$SCRIPT_DIR/kafka/pom.xml"
 
@@ -67,6 +80,39 @@ TAG="-Dsafeack.kafka.datadir=$DATA_DIR"
 log() { printf 'kafka.sh: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+# ------------------------------------------------------------- version -------
+
+# version_settings parses KAFKA_VERSION and sets what depends on it:
+#   KAFKA_MAJOR, KAFKA_MINOR  numbers
+#   LOGGING                   log4j2 (4.x) or reload4j (3.x, Log4j 1.2 API)
+#   API_VERSIONS_CLASS        the BrokerApiVersionsCommand class (moved to
+#                             kafka-tools in 4.0)
+# Only 3.9.x and 4.x: KRaft without ZooKeeper is production-ready from 3.3,
+# but 3.9 is the last 3.x line and the only one this config is tested on.
+# shellcheck disable=SC2034 # API_VERSIONS_CLASS: for scripts/kafka-cluster.sh
+version_settings() {
+  [[ "$KAFKA_VERSION" =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)$ ]] ||
+    die "SAFEACK_KAFKA_VERSION='$KAFKA_VERSION' is not a release version like 4.1.2"
+  KAFKA_MAJOR=$((10#${BASH_REMATCH[1]}))
+  KAFKA_MINOR=$((10#${BASH_REMATCH[2]}))
+  if ((KAFKA_MAJOR == 4)); then
+    LOGGING=log4j2
+    API_VERSIONS_CLASS=org.apache.kafka.tools.BrokerApiVersionsCommand
+  elif ((KAFKA_MAJOR == 3 && KAFKA_MINOR == 9)); then
+    LOGGING=reload4j
+    API_VERSIONS_CLASS=kafka.admin.BrokerApiVersionsCommand
+  else
+    die "Kafka $KAFKA_VERSION is not supported by these scripts: use 3.9.x (the last 3.x line) or 4.x (SAFEACK_KAFKA_VERSION)"
+  fi
+}
+
+# version_at_least MAJOR MINOR: KAFKA_VERSION is MAJOR.MINOR.x or later.
+version_at_least() {
+  ((KAFKA_MAJOR > $1 || (KAFKA_MAJOR == $1 && KAFKA_MINOR >= $2)))
+}
+
+version_settings
+
 # ---------------------------------------------------------------- java -------
 
 java_bin() {
@@ -95,8 +141,20 @@ check_java() {
 
 # ---------------------------------------------------------------- jars -------
 
+# RESOLVER names how resolve_jars fills the cache: a cache made another way
+# (or from another pom) is resolved again.
+RESOLVER=2
+
 pom_stamp() {
-  { printf '%s\n' "$KAFKA_VERSION"; cat "$POM"; } | cksum | cut -d' ' -f1
+  { printf '%s\n' "$KAFKA_VERSION" "$RESOLVER"; cat "$POM"; } | cksum | cut -d' ' -f1
+}
+
+# has_slf4j_binding DIR: DIR holds the SLF4J binding of this version's
+# logging (without it the broker logs nothing, and start waits in vain).
+has_slf4j_binding() {
+  local pattern=log4j-slf4j-impl-
+  [[ "$LOGGING" == reload4j ]] && pattern=slf4j-reload4j-
+  compgen -G "$1/$pattern*.jar" >/dev/null
 }
 
 cache_complete() {
@@ -107,7 +165,8 @@ cache_complete() {
   while IFS= read -r jar; do
     [[ -f "$LIBS/$jar" ]] || return 1
   done <"$CACHE/libs.list"
-  [[ -f "$LIBS/kafka_2.13-$KAFKA_VERSION.jar" && -f "$LIBS/kafka-tools-$KAFKA_VERSION.jar" ]]
+  [[ -f "$LIBS/kafka_2.13-$KAFKA_VERSION.jar" && -f "$LIBS/kafka-tools-$KAFKA_VERSION.jar" ]] &&
+    has_slf4j_binding "$LIBS"
 }
 
 resolve_jars() {
@@ -125,15 +184,33 @@ resolve_jars() {
     log "resolving Kafka $KAFKA_VERSION jars from Maven Central into $LIBS ..."
     local tmp="$CACHE/libs.tmp.$$" mvnlog="$CACHE/mvn.log" t0=$SECONDS
     rm -rf "$tmp" "$tmp.build"
-    if ! "$MVN" -B -q -f "$POM" dependency:copy-dependencies \
-        "-Dsafeack.kafka.libs=$tmp" >"$mvnlog" 2>&1; then
+    local mvnargs=(-B -q -f "$POM" "-Dkafka.version=$KAFKA_VERSION"
+      "-Dsafeack.kafka.line=$KAFKA_MAJOR" "-Dsafeack.kafka.libs=$tmp")
+    if ! "$MVN" "${mvnargs[@]}" dependency:copy-dependencies >"$mvnlog" 2>&1; then
       tail -n 50 "$mvnlog" >&2 || true
       rm -rf "$tmp" "$tmp.build"
-      die "maven failed to resolve the Kafka jars (full log: $mvnlog)"
+      die "maven failed to resolve the Kafka $KAFKA_VERSION jars (is $KAFKA_VERSION on Maven Central? full log: $mvnlog)"
     fi
-    rm -rf "$tmp.build"
     [[ -f "$tmp/kafka_2.13-$KAFKA_VERSION.jar" ]] ||
       die "maven succeeded but $tmp/kafka_2.13-$KAFKA_VERSION.jar is missing"
+    if [[ "$LOGGING" == log4j2 ]]; then
+      # The Log4j 2 binding of the log4j-core this Kafka brought (see the pom).
+      local core l4j
+      core=$(cd "$tmp" && compgen -G 'log4j-core-*.jar' | head -n1) ||
+        die "Kafka $KAFKA_VERSION brought no log4j-core (see $tmp)"
+      l4j=${core#log4j-core-}
+      l4j=${l4j%.jar}
+      if ! "$MVN" "${mvnargs[@]}" dependency:copy \
+          "-Dartifact=org.apache.logging.log4j:log4j-slf4j-impl:$l4j" \
+          "-DoutputDirectory=$tmp" >>"$mvnlog" 2>&1; then
+        tail -n 50 "$mvnlog" >&2 || true
+        rm -rf "$tmp" "$tmp.build"
+        die "maven failed to fetch log4j-slf4j-impl $l4j (full log: $mvnlog)"
+      fi
+    fi
+    rm -rf "$tmp.build"
+    has_slf4j_binding "$tmp" ||
+      die "no SLF4J binding for $LOGGING among the resolved jars in $tmp"
     rm -rf "$LIBS" "$CACHE/.complete"
     mv "$tmp" "$LIBS"
     (cd "$LIBS" && ls -1 -- *.jar) >"$CACHE/libs.list"
@@ -263,56 +340,127 @@ random_cluster_id() {
   printf '%s\n' "$id"
 }
 
-write_config() {
-  cat >"$CONFIG" <<EOF
-# generated by scripts/kafka.sh -- single-node KRaft test broker
+# write_node_config NODE_ID BROKER_PORT CONTROLLER_PORT VOTERS NODES [EXTRA]
+# writes $CONFIG (and the log configs, into $DATA_DIR) for one combined
+# broker+controller node of an NODES-node KRaft cluster: the one generator
+# for scripts/kafka.sh's single broker (NODES 1) and scripts/kafka-cluster.sh's
+# nodes. VOTERS is controller.quorum.voters (ID@HOST:PORT,...; a static
+# quorum, which 3.9 and 4.x both take). EXTRA: lines appended as they are.
+write_node_config() {
+  local id=$1 port=$2 cport=$3 voters=$4 nodes=$5 extra=${6:-}
+  local rf=1 isr=1 parts=1 txparts=1
+  if ((nodes > 1)); then
+    rf=$((nodes < 3 ? nodes : 3)) isr=2 parts=12 txparts=4
+    ((rf >= 2)) || isr=1
+  fi
+  mkdir -p "$DATA_DIR/data"
+  {
+    cat <<EOF
+# generated by scripts/kafka.sh -- Kafka $KAFKA_VERSION, node $id of a $nodes-node KRaft test cluster
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
+node.id=$id
+controller.quorum.voters=$voters
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT
+listeners=PLAINTEXT://$HOST:$port,CONTROLLER://$HOST:$cport
+advertised.listeners=PLAINTEXT://$HOST:$port
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs=$DATA_DIR/data
 
 num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
+unclean.leader.election.enable=false
 auto.create.topics.enable=true
 delete.topic.enable=true
 
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+offsets.topic.replication.factor=$rf
+offsets.topic.num.partitions=$parts
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
+transaction.state.log.num.partitions=$txparts
 
 # fast group joins; allow short session timeouts so tests that kill members are quick
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=1000
 group.consumer.min.session.timeout.ms=1000
 group.consumer.min.heartbeat.interval.ms=500
+EOF
+    if version_at_least 4 0; then
+      cat <<EOF
 
-# small machine (2 cores)
+# share groups' state topic (KIP-932; 4.0 on)
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
+share.coordinator.state.topic.num.partitions=$txparts
+EOF
+    fi
+    if version_at_least 4 2; then
+      # Share groups are on in 4.2+ through the share.version feature, which
+      # a storage formatted at the release's own metadata version finalizes
+      # (cmd_start checks it). The broker decides a share group's session,
+      # heartbeat and record lock times; lower their minimums so a test can
+      # shorten them per group (share.session.timeout.ms, ... group configs).
+      cat <<EOF
+
+# share groups: Kafka's defaults, but tests may set shorter group configs
+group.share.min.session.timeout.ms=1000
+group.share.min.heartbeat.interval.ms=500
+group.share.min.record.lock.duration.ms=1000
+EOF
+    fi
+    if ((nodes > 1)); then
+      cat <<EOF
+
+# A dead or hung node is fenced (its partitions led elsewhere, it leaves
+# every ISR) 6 s after its last heartbeat to the controller, not 9 s: quick
+# failover, still safe from a loaded machine's pauses.
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=6000
+EOF
+    fi
+    cat <<EOF
+
+# small machine (2 cores, up to three JVMs)
 num.network.threads=2
 num.io.threads=2
+num.replica.fetchers=1
 background.threads=2
 num.recovery.threads.per.data.dir=1
 log.cleaner.threads=1
 log.segment.bytes=67108864
 EOF
-  if [[ -n "${SAFEACK_KAFKA_EXTRA_PROPS:-}" ]]; then
-    printf '\n# SAFEACK_KAFKA_EXTRA_PROPS\n%s\n' "$SAFEACK_KAFKA_EXTRA_PROPS" >>"$CONFIG"
-  fi
-  write_log4j
+    if [[ -n "$extra" ]]; then
+      printf '\n# extra properties (SAFEACK_KAFKA_EXTRA_PROPS / SAFEACK_CLUSTER_EXTRA_PROPS)\n%s\n' "$extra"
+    fi
+  } >"$CONFIG"
+  write_log_configs
+  printf '%s\n' "$KAFKA_VERSION" >"$DATA_DIR/version"
 }
 
-# write_log4j writes the broker's and the tool JVMs' log4j2 configs into
-# $DATA_DIR (scripts/kafka-cluster.sh uses it for each node).
-write_log4j() {
+# write_log_configs writes the broker's and the tool JVMs' logging configs
+# into $DATA_DIR: Log4j 2 properties for 4.x, Log4j 1.2 (reload4j) for 3.x.
+# Broker: INFO to stdout (the log file), state changes and the cleaner at
+# WARN; tools: WARN to stderr.
+write_log_configs() {
+  if [[ "$LOGGING" == reload4j ]]; then
+    cat >"$DATA_DIR/log4j.properties" <<'EOF'
+log4j.rootLogger=INFO, out
+log4j.appender.out=org.apache.log4j.ConsoleAppender
+log4j.appender.out.layout=org.apache.log4j.PatternLayout
+log4j.appender.out.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.log.LogCleaner=WARN
+EOF
+    cat >"$DATA_DIR/tools-log4j.properties" <<'EOF'
+log4j.rootLogger=WARN, err
+log4j.appender.err=org.apache.log4j.ConsoleAppender
+log4j.appender.err.Target=System.err
+log4j.appender.err.layout=org.apache.log4j.PatternLayout
+log4j.appender.err.layout.ConversionPattern=[%d] %p %m (%c)%n
+EOF
+    return
+  fi
   cat >"$DATA_DIR/log4j2.properties" <<'EOF'
 status = warn
 name = safeack-kafka-broker
@@ -327,7 +475,6 @@ logger.state.level = WARN
 logger.cleaner.name = kafka.log.LogCleaner
 logger.cleaner.level = WARN
 EOF
-
   cat >"$DATA_DIR/tools-log4j2.properties" <<'EOF'
 status = warn
 name = safeack-kafka-tools
@@ -341,12 +488,49 @@ rootLogger.appenderRef.err.ref = ERR
 EOF
 }
 
+# log_config_flag KIND: the JVM flag that points Log4j at $DATA_DIR's
+# config, KIND broker or tools; nothing when the file is not there.
+log_config_flag() {
+  local prefix=""
+  [[ "$1" == tools ]] && prefix=tools-
+  if [[ "$LOGGING" == reload4j ]]; then
+    [[ -f "$DATA_DIR/${prefix}log4j.properties" ]] &&
+      printf '%s\n' "-Dlog4j.configuration=file:$DATA_DIR/${prefix}log4j.properties"
+  else
+    [[ -f "$DATA_DIR/${prefix}log4j2.properties" ]] &&
+      printf '%s\n' "-Dlog4j2.configurationFile=$DATA_DIR/${prefix}log4j2.properties"
+  fi
+  return 0
+}
+
+# broker_argv sets BROKER_ARGV to the command line of the current node's
+# broker JVM ($DATA_DIR, $CONFIG, $TAG): the same for the single broker and
+# every cluster node.
+broker_argv() {
+  BROKER_ARGV=(
+    "$JAVA" "-Xmx$HEAP"
+    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
+    -XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError
+    -Djava.awt.headless=true
+    "-Dkafka.logs.dir=$DATA_DIR"
+    "$TAG"
+  )
+  if [[ -n "${SAFEACK_KAFKA_JVM_OPTS:-}" ]]; then
+    local extra
+    read -r -a extra <<<"$SAFEACK_KAFKA_JVM_OPTS"
+    BROKER_ARGV+=("${extra[@]}")
+  fi
+  local l4j
+  l4j=$(log_config_flag broker)
+  BROKER_ARGV+=(${l4j:+"$l4j"} -cp "$(classpath)" kafka.Kafka "$CONFIG")
+}
+
 # JVM flags for short-lived tool JVMs (format, readiness check)
 tool_jvm_opts() {
-  local l4j="$DATA_DIR/tools-log4j2.properties"
-  [[ -f "$l4j" ]] || l4j=""
+  local l4j
+  l4j=$(log_config_flag tools)
   printf '%s\n' -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-    -Djava.awt.headless=true ${l4j:+"-Dlog4j2.configurationFile=$l4j"}
+    -Djava.awt.headless=true ${l4j:+"$l4j"}
 }
 
 run_tool() { # class args...
@@ -369,8 +553,9 @@ cmd_start() {
   local pid
   pid=$(broker_pid)
   if [[ -n "$pid" ]]; then
+    check_running_version "$DATA_DIR/version"
     if tcp_open "$HOST" "$PORT"; then
-      log "broker already running (pid $pid, data dir $DATA_DIR)"
+      log "broker already running (Kafka $KAFKA_VERSION, pid $pid, data dir $DATA_DIR)"
       printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
       return 0
     fi
@@ -388,7 +573,7 @@ cmd_start() {
   remove_data_dir
   mkdir -p "$DATA_DIR/data"
   : >"$MARKER"
-  write_config
+  write_node_config 1 "$PORT" "$CONTROLLER_PORT" "1@$HOST:$CONTROLLER_PORT" 1 "${SAFEACK_KAFKA_EXTRA_PROPS:-}"
   local cluster_id
   cluster_id=$(random_cluster_id)
   printf '%s\n' "$cluster_id" >"$DATA_DIR/cluster.id"
@@ -402,21 +587,8 @@ cmd_start() {
   fi
 
   log "starting Kafka $KAFKA_VERSION on $HOST:$PORT (controller $HOST:$CONTROLLER_PORT, heap $HEAP) ..."
-  local jvm=(
-    "-Xmx$HEAP"
-    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
-    -XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError
-    -Djava.awt.headless=true
-    "-Dlog4j2.configurationFile=$DATA_DIR/log4j2.properties"
-    "-Dkafka.logs.dir=$DATA_DIR"
-    "$TAG"
-  )
-  if [[ -n "${SAFEACK_KAFKA_JVM_OPTS:-}" ]]; then
-    local extra
-    read -r -a extra <<<"$SAFEACK_KAFKA_JVM_OPTS"
-    jvm+=("${extra[@]}")
-  fi
-  launch_detached "$JAVA" "${jvm[@]}" -cp "$(classpath)" kafka.Kafka "$CONFIG"
+  broker_argv
+  launch_detached "${BROKER_ARGV[@]}"
 
   local deadline=$((SECONDS + START_TIMEOUT)) started="" answered=""
   pid=""
@@ -453,8 +625,44 @@ cmd_start() {
     die "broker started but did not answer on $HOST:$PORT within ${START_TIMEOUT}s (data dir kept: $DATA_DIR)"
   fi
 
-  log "broker ready in $((SECONDS - t0)) s (pid $pid, log $LOG_FILE)"
+  if ! check_share_groups "$HOST:$PORT"; then
+    tail_log 20
+    kill_broker "$pid"
+    die "Kafka $KAFKA_VERSION started without share groups (data dir kept: $DATA_DIR)"
+  fi
+
+  log "Kafka $KAFKA_VERSION ready in $((SECONDS - t0)) s (pid $pid, log $LOG_FILE)"
   printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
+}
+
+# check_running_version FILE: dies when the broker or cluster already
+# running was started as another Kafka version than KAFKA_VERSION (FILE is
+# the version its start wrote), rather than hand its address out as this one.
+check_running_version() {
+  local running=""
+  [[ -f "$1" ]] && running=$(tr -d '[:space:]' <"$1")
+  [[ -z "$running" || "$running" == "$KAFKA_VERSION" ]] ||
+    die "Kafka $running already runs for $(dirname -- "$1"), not $KAFKA_VERSION: stop it first ('$0 stop') or pick other ports (SAFEACK_KAFKA_PORT / SAFEACK_CLUSTER_PORT)"
+}
+
+# check_share_groups BOOTSTRAP: on 4.2+, where share groups are generally
+# available, succeeds only when the cluster finalized share.version >= 1 (the
+# feature that turns them on); earlier versions need nothing.
+check_share_groups() {
+  version_at_least 4 2 || return 0
+  local out level
+  if ! out=$(run_tool_timeout 30 org.apache.kafka.tools.FeatureCommand \
+      --bootstrap-server "$1" describe 2>>"$DATA_DIR/check.log"); then
+    log "kafka-features describe failed (see $DATA_DIR/check.log)"
+    return 1
+  fi
+  level=$(sed -n 's/.*Feature: share\.version[[:space:]].*FinalizedVersionLevel: \([0-9]*\).*/\1/p' <<<"$out" | head -n1)
+  if [[ -z "$level" || "$level" -lt 1 ]]; then
+    log "share.version is not finalized at 1 or more: kafka-features describe says:"
+    printf '%s\n' "$out" >&2
+    return 1
+  fi
+  log "share groups on (share.version $level)"
 }
 
 cmd_stop() {
@@ -477,7 +685,7 @@ cmd_status() {
     return 3
   fi
   if tcp_open "$HOST" "$PORT"; then
-    log "running (pid $pid) on $HOST:$PORT, data dir $DATA_DIR"
+    log "running (Kafka $(cat "$DATA_DIR/version" 2>/dev/null || echo '?'), pid $pid) on $HOST:$PORT, data dir $DATA_DIR"
     printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
     return 0
   fi

@@ -29,9 +29,12 @@ import (
 const EnvBrokers = "SAFEACK_KAFKA_BROKERS"
 
 // EnvVersion names the environment variable that overrides the Kafka version
-// Sarama assumes (for example "3.6.0"), for real clusters older than
+// Sarama assumes (for example "3.9.2"), for real clusters older than
 // DefaultVersion. Sarama negotiates request versions through ApiVersions
-// anyway, so this is rarely needed.
+// anyway, so this is rarely needed. scripts/kafka.sh and
+// scripts/kafka-cluster.sh read the same variable as the version of the
+// broker to start, so one export runs the tests as a client of that version
+// (what .ci/run does for each version it tests).
 const EnvVersion = "SAFEACK_KAFKA_VERSION"
 
 // DefaultVersion is the Kafka version SaramaConfig declares. Sarama clamps
@@ -304,7 +307,8 @@ func (c *Cluster) closeClients() {
 
 // NewTopic creates a topic with the given number of partitions, named after
 // the test plus a random suffix so runs against a shared real cluster never
-// collide, and waits until metadata shows every partition with a leader.
+// collide, and waits until metadata shows every partition with a leader that
+// answers for it (a ListOffsets succeeds).
 func (c *Cluster) NewTopic(tb testing.TB, partitions int) string {
 	tb.Helper()
 	return c.NewTopicWithConfig(tb, partitions, nil)
@@ -331,7 +335,12 @@ func (c *Cluster) NewTopicWithConfig(tb testing.TB, partitions int, configs map[
 	if err := admin.CreateTopic(name, detail, false); err != nil {
 		tb.Fatalf("kafkatest: creating topic %s: %v", name, err)
 	}
-	WaitFor(tb, 15*time.Second, fmt.Sprintf("topic %s to have %d partitions with leaders", name, partitions), func() bool {
+	// A leader in Metadata is not enough: a KRaft broker publishes the new
+	// partition in its metadata before its replica manager has made the
+	// log, and answers ListOffsets or Fetch in between with
+	// NOT_LEADER_OR_FOLLOWER, which Sarama's ConsumePartition does not
+	// wait out. Each partition's leader must answer a ListOffsets.
+	WaitFor(tb, 15*time.Second, fmt.Sprintf("topic %s to have %d partitions served by their leaders", name, partitions), func() bool {
 		if err := client.RefreshMetadata(name); err != nil {
 			return false
 		}
@@ -340,13 +349,30 @@ func (c *Cluster) NewTopicWithConfig(tb testing.TB, partitions int, configs map[
 			return false
 		}
 		for _, p := range ps {
-			if _, err := client.Leader(name, p); err != nil {
+			if !partitionServed(client, name, p) {
 				return false
 			}
 		}
 		return true
 	})
 	return name
+}
+
+// partitionServed reports whether the leader Metadata names for
+// topic/partition answers a ListOffsets for it without error.
+func partitionServed(client sarama.Client, topic string, partition int32) bool {
+	leader, err := client.Leader(topic, partition)
+	if err != nil {
+		return false
+	}
+	req := &sarama.OffsetRequest{Version: 1}
+	req.AddBlock(topic, partition, sarama.OffsetNewest, 1)
+	resp, err := leader.GetAvailableOffsets(req)
+	if err != nil {
+		return false
+	}
+	block := resp.GetBlock(topic, partition)
+	return block != nil && block.Err == sarama.ErrNoError
 }
 
 // NewGroup returns a consumer group name unique to this test and run. Nothing

@@ -348,3 +348,28 @@ func TestObserveCommitsBesideEndedLogs(t *testing.T) {
 		require.Equal(t, i+1, log.Len(), "commit %d not observed", i)
 	}
 }
+
+// NewTopic returns only once every partition's leader serves it. A real
+// (KRaft) broker names a new partition's leader in Metadata before that
+// leader has made the partition's log, and answers a ListOffsets or Fetch
+// sent in between with NOT_LEADER_OR_FOLLOWER; Sarama's ConsumePartition
+// retries its ListOffsets once, at once, and then fails. Each partition is
+// asked once, straight to its leader, right after NewTopic.
+func TestNewTopicServesAtOnce(t *testing.T) {
+	c := Start(t)
+	client, _ := c.clients(t)
+	for range 20 {
+		topic := c.NewTopic(t, 4)
+		for p := range int32(4) {
+			leader, err := client.Leader(topic, p)
+			require.NoError(t, err)
+			req := &sarama.OffsetRequest{Version: 1}
+			req.AddBlock(topic, p, sarama.OffsetNewest, 1)
+			resp, err := leader.GetAvailableOffsets(req)
+			require.NoError(t, err)
+			block := resp.GetBlock(topic, p)
+			require.NotNil(t, block, "no answer for %s/%d", topic, p)
+			require.Equal(t, sarama.ErrNoError, block.Err, "ListOffsets %s/%d right after NewTopic: %v", topic, p, block.Err)
+		}
+	}
+}
