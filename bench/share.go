@@ -293,6 +293,7 @@ func startShare(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, grou
 		failOnce sync.Once
 		mu       sync.Mutex
 		stdins   []io.Closer
+		procs    []*os.Process
 		exited   []chan struct{}
 		poisoned atomic.Int64
 		perChild = make([]atomic.Int64, c.members)
@@ -305,10 +306,12 @@ func startShare(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, grou
 		for _, s := range stdins {
 			_ = s.Close()
 		}
-		for _, e := range exited {
+		for i, e := range exited {
 			select {
 			case <-e:
 			case <-time.After(30 * time.Second):
+				_ = procs[i].Kill() // a member that does not close; its reader ends with it
+				<-e
 			}
 		}
 		mu.Lock()
@@ -335,7 +338,7 @@ func startShare(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, grou
 			return nil, err
 		}
 		ex := make(chan struct{})
-		stdins, exited = append(stdins, stdin), append(exited, ex)
+		stdins, exited, procs = append(stdins, stdin), append(exited, ex), append(procs, cmd.Process)
 		go func() {
 			defer close(ex)
 			sc := bufio.NewScanner(stdout)
