@@ -26,6 +26,7 @@ type brokerEnv struct {
 
 	mu     sync.Mutex
 	topics map[string]*topic // by spec name
+	extra  []string          // other topics the runs created (dead-letter topics), deleted with topics
 	stop   func()
 }
 
@@ -158,12 +159,25 @@ func (env *brokerEnv) close() {
 				logf("delete topic %s: %v", t.name, err)
 			}
 		}
+		for _, name := range env.extra {
+			if err := env.admin.DeleteTopic(name); err != nil {
+				logf("delete topic %s: %v", name, err)
+			}
+		}
 		env.mu.Unlock()
 	}
 	if env.admin != nil {
 		_ = env.admin.Close() // closes the client too
 	}
 	env.stop()
+}
+
+// addTopic has a topic a run created deleted at the end, like the produced
+// ones.
+func (env *brokerEnv) addTopic(name string) {
+	env.mu.Lock()
+	env.extra = append(env.extra, name)
+	env.mu.Unlock()
 }
 
 // topicFor returns the produced topic for spec, creating and filling it on

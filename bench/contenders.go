@@ -56,7 +56,11 @@ func (t *ackTracker) setFirst(d time.Duration) {
 	}
 }
 
-func (t *ackTracker) acked(i int) {
+func (t *ackTracker) acked(i int) { t.ackedAfter(i, time.Since(t.base)) }
+
+// ackedAfter records an ack of record i that happened el after base (a
+// child process reports its acks with their times).
+func (t *ackTracker) ackedAfter(i int, el time.Duration) {
 	if i < 0 {
 		return // a warm-up record of the steady workload
 	}
@@ -65,7 +69,6 @@ func (t *ackTracker) acked(i int) {
 		return
 	}
 	if t.seen[i].Add(1) == 1 {
-		el := time.Since(t.base)
 		t.ackAt[i].Store(uint32(el/time.Microsecond) + 1)
 		if t.uniq.Add(1) == int64(t.n) {
 			t.last.Store(int64(el))
@@ -104,6 +107,9 @@ type contender struct {
 	failErr error
 	// ext holds the figures a consumer in another process measured itself.
 	ext *extStats
+	// extra, when set, gives workload-specific figures (result.extra)
+	// after the contender stopped.
+	extra func() map[string]float64
 }
 
 func (c *contender) err() error { return c.failErr }
@@ -122,7 +128,12 @@ type extStats struct {
 // is reported to tr.
 func startContender(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, group string, tr *ackTracker) (*contender, error) {
 	switch c.kind {
+	case kindShare:
+		return startShare(ctx, env, c, t, group, tr)
 	case kindSafeack:
+		if c.poisonEvery > 0 || c.share {
+			return startGroupRouter(ctx, env, c, t, group, tr)
+		}
 		cfg, err := safeackConfig(env, c, group)
 		if err != nil {
 			return nil, err

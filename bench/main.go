@@ -66,7 +66,7 @@ func main() {
 	var (
 		brokers     = flag.String("brokers", "", "comma-separated bootstrap brokers of a real cluster; empty starts an embedded kfake broker")
 		inproc      = flag.Bool("inproc-broker", false, "run the embedded kfake broker inside this process instead of a child process (its CPU and memory then count in every measurement)")
-		workloads   = flag.String("workloads", "all", "comma-separated workloads: "+strings.Join(workloadNames(), ", ")+"; aliases: all, issue3 (= issue3a,zero-work)")
+		workloads   = flag.String("workloads", "all", "comma-separated workloads: "+strings.Join(workloadNames(), ", ")+"; aliases: all, issue3 (= issue3a,zero-work), share (= share-io,share-zero,share-poison)")
 		contenders  = flag.String("contenders", "", "comma-separated prefixes of contender labels to run (e.g. safeack/unordered,wm-kafka); empty runs all")
 		reps        = flag.Int("reps", 3, "repetitions of every run; the table shows the median and min–max")
 		quick       = flag.Bool("quick", false, "smaller record counts for a fast smoke run")
@@ -99,11 +99,16 @@ func main() {
 		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
 		restartChild = flag.String("restart-child", "", "internal: run the first consumer of restart-cost (JSON spec)")
 		commitWatch  = flag.String("commit-watch", "", "internal: watch a group's committed offsets (JSON spec)")
+		shareMember  = flag.String("share-member", "", "internal: run one share group member of a share contender (JSON spec)")
 	)
 	flag.Parse()
 
 	if *steadyChild != "" {
 		runSteadyProducer(*steadyChild)
+		return
+	}
+	if *shareMember != "" {
+		runShareMember(*shareMember)
 		return
 	}
 	if *commitWatch != "" {
@@ -386,6 +391,10 @@ func resolveWorkloads(names []string) ([]string, error) {
 			add("zero-work")
 		case "issue3b":
 			add("zero-work")
+		case "share":
+			add("share-io")
+			add("share-zero")
+			add("share-poison")
 		default:
 			if !slices.Contains(workloadNames(), n) {
 				return nil, fmt.Errorf("unknown workload %q (have %s, all, issue3)", n, strings.Join(workloadNames(), ", "))

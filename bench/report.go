@@ -61,6 +61,7 @@ var colTitles = map[string]string{
 	"xideal":   "×ideal",
 	"xwmk":     "×wm-kafka",
 	"xbare":    "×bare",
+	"xgroup":   "×group",
 	"commit":   "commit s",
 	"cpu":      "CPU s",
 	"cpupm":    "CPU s/M rec",
@@ -84,6 +85,9 @@ var colTitles = map[string]string{
 	"x:phase2":    "handled after restart",
 	"x:dups":      "handled twice",
 	"x:recovery":  "recovery s",
+	// share workloads
+	"x:poisoned": "poison handled",
+	"x:busiest":  "busiest member %",
 }
 
 // rows returns the table: header, then one row per label, ideal and refs.
@@ -230,6 +234,8 @@ func (s *section) cell(col, label string, rs []*result) string {
 		return ratio(s.medianRate(label), s.medianRate("wm-kafka"))
 	case "xbare":
 		return ratio(s.medianRate(label), s.medianRate("sarama-bare"))
+	case "xgroup":
+		return ratio(s.medianRate(label), s.medianRate(shareGroupLabel))
 	case "commit":
 		if rs[0].noKafka {
 			return ""
@@ -399,7 +405,7 @@ func writeMarkdown(path, header string, sections []*section, goals string) error
 	for _, s := range sections {
 		b.WriteString(s.markdown())
 	}
-	if g, ok := strings.CutPrefix(goals, "## goals (issue 17), from the runs above\n"); ok {
+	if g, ok := strings.CutPrefix(goals, goalsHeader); ok {
 		b.WriteString("### goals (issue 17)\n\n```\n" + strings.TrimRight(g, "\n") + "\n```\n")
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)

@@ -90,10 +90,19 @@ func selected(label string) bool {
 // can, its warm-up topic is produced first (with -pc-warmup).
 func selectedCases(ctx context.Context, env *brokerEnv, w *workload) ([]*caseSpec, error) {
 	var cases []*caseSpec
-	pcSkipped := false
+	pcSkipped, shareSkipped := false, false
 	for _, c := range w.cases {
 		if !selected(c.label) {
 			continue
+		}
+		if c.kind == kindShare {
+			if err := shareReady(ctx, env); err != nil {
+				if !shareSkipped {
+					w.notes = append(w.notes, fmt.Sprintf("share rows skipped: %v.", err))
+					shareSkipped = true
+				}
+				continue
+			}
 		}
 		if c.kind == kindPC {
 			if err := pcReady(); err != nil {
@@ -285,6 +294,9 @@ func runCaseWith(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, 
 	}
 	r.rssPeak = peakRSS()
 	r.dups = tr.total.Load() - tr.uniq.Load()
+	if con.extra != nil {
+		r.extra = con.extra()
+	}
 	if x := con.ext; x != nil { // another process: its own figures
 		r.cpu, r.heapPeak, r.rssPeak, r.heapBase, r.allocs = x.cpu, x.heap, x.rss, 0, -1
 		r.busy, r.dups = x.busy, x.dups

@@ -42,10 +42,11 @@ const (
 	kindLocal   // no Kafka: the work alone, at the same concurrency
 	kindCeiling // no Kafka: a Watermill router over an in-memory GoChannel
 	kindPC      // Confluent Parallel Consumer, a Java child process
+	kindShare   // safeack.ShareSubscriber members, one child process each
 )
 
 // commits reports whether the contender commits offsets to the group.
-func (k contenderKind) commits() bool { return k != kindLocal && k != kindCeiling }
+func (k contenderKind) commits() bool { return k != kindLocal && k != kindCeiling && k != kindShare }
 
 // caseSpec is one row of a workload's table: a contender on a topic.
 type caseSpec struct {
@@ -58,6 +59,13 @@ type caseSpec struct {
 	settings map[string]string
 	router   bool    // safeack: consumed through a message.Router instead of reading the channel
 	rate     float64 // steady: records/s to offer
+	// The share workloads (share.go): members = child processes of a
+	// share contender; poisonEvery > 0 makes every poisonEvery-th record
+	// (index % poisonEvery == poisonEvery-1) fail its handler; share marks
+	// the consumer-group row of a share workload (read through a Router).
+	members     int
+	poisonEvery int
+	share       bool
 }
 
 // workload is a set of cases run the same way, and how to present them.
@@ -75,7 +83,7 @@ type workload struct {
 }
 
 func workloadNames() []string {
-	return []string{"pc-published", "io-scale", "zero-work", "steady", "slow-head", "restart-cost", "issue3a", "txn-router"}
+	return []string{"pc-published", "io-scale", "zero-work", "steady", "slow-head", "restart-cost", "issue3a", "txn-router", "share-io", "share-zero", "share-poison"}
 }
 
 // buildWorkload returns the named workload, sized by -quick.
@@ -97,6 +105,12 @@ func buildWorkload(name string) *workload {
 		return issue3a()
 	case "txn-router":
 		return txnRouter()
+	case "share-io":
+		return shareIO()
+	case "share-zero":
+		return shareZero()
+	case "share-poison":
+		return sharePoison()
 	}
 	panic("unknown workload " + name)
 }
