@@ -131,7 +131,7 @@ func (s *Subscriber) Stats() []PartitionStats {
 type registry struct {
 	mu      sync.Mutex
 	workers map[*partition.Worker]time.Time
-	ended   map[TopicPartition]*PartitionTotals // for Totals: see totals.go
+	ended   map[TopicPartition]*PartitionTotals // for Totals
 }
 
 func (r *registry) attach(w *partition.Worker) {
@@ -193,4 +193,147 @@ func partitionStats(w *partition.Worker) PartitionStats {
 		TailEncodes:         s.TailEncodes,
 		PartitionCounters:   PartitionCounters(s.Counters),
 	}
+}
+
+// PartitionTotals are the counters of one topic-partition summed over every
+// assignment of it this Subscriber has had. PartitionStats counts over one
+// assignment and starts again from zero when the partition is reassigned (a
+// rebalance, a reconnect); PartitionTotals never go down, so they suit
+// monitoring counters. An ended assignment's counters are added when it
+// ends; anything it counts after that (a late nack of an abandoned message)
+// is not.
+type PartitionTotals struct {
+	TopicPartition
+	// Assignments counts the assignments of the partition to this
+	// Subscriber, the current one included.
+	Assignments uint64
+	// Owned reports whether the Subscriber owns the partition now.
+	Owned bool
+	// PartitionCounters sum the counters of every assignment.
+	PartitionCounters
+}
+
+// Totals returns the cumulative counters of every topic-partition the
+// Subscriber has owned since it was created, ordered by topic and
+// partition. Partitions it no longer owns stay in the list with Owned
+// false.
+func (s *Subscriber) Totals() []PartitionTotals {
+	r := &s.registry
+	r.mu.Lock()
+	sums := make(map[TopicPartition]PartitionTotals, len(r.ended))
+	for tp, t := range r.ended {
+		sums[tp] = *t
+	}
+	for w := range r.workers {
+		tp := TopicPartition{Topic: w.Topic(), Partition: w.Partition()}
+		t := sums[tp]
+		t.add(partitionStats(w).PartitionCounters)
+		t.Owned = true
+		sums[tp] = t
+	}
+	r.mu.Unlock()
+	out := make([]PartitionTotals, 0, len(sums))
+	for tp, t := range sums {
+		t.TopicPartition = tp
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b PartitionTotals) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
+}
+
+// assigned counts a new assignment. The caller holds r.mu.
+func (r *registry) assigned(w *partition.Worker) {
+	r.totalsOf(w).Assignments++
+}
+
+// retire adds the counters of an ending assignment to its partition's
+// totals. The caller holds r.mu, and w is still in r.workers.
+func (r *registry) retire(w *partition.Worker) {
+	r.totalsOf(w).add(partitionStats(w).PartitionCounters)
+}
+
+func (r *registry) totalsOf(w *partition.Worker) *PartitionTotals {
+	if r.ended == nil {
+		r.ended = make(map[TopicPartition]*PartitionTotals)
+	}
+	tp := TopicPartition{Topic: w.Topic(), Partition: w.Partition()}
+	t := r.ended[tp]
+	if t == nil {
+		t = &PartitionTotals{TopicPartition: tp}
+		r.ended[tp] = t
+	}
+	return t
+}
+
+// PartitionWindow is a snapshot of the records one owned partition retains:
+// those between its completed prefix and the position after the last record
+// taken from Kafka, as runs of unfinished and completed-but-blocked records.
+// It is what a live display draws to show a slow record holding a
+// partition back.
+type PartitionWindow struct {
+	TopicPartition
+	// SafeOffset, Delivered, Retained and Blocked are PartitionStats'
+	// fields of the same names, read in the same instant as Runs.
+	SafeOffset, Delivered int64
+	Retained, Blocked     int
+	// Runs are the retained records, oldest first: the first run is
+	// unfinished and starts at the oldest unfinished record; unfinished and
+	// completed runs alternate after it.
+	Runs []WindowRun
+	// Truncated reports that the partition retains more records than the
+	// maxEntries given to Windows; Runs then stop after that many.
+	Truncated bool
+}
+
+// WindowRun is a maximal run of consecutive retained records of a
+// partition that are all unfinished or all completed.
+type WindowRun struct {
+	// From is the offset of the run's first record. To is where the next
+	// run starts or, for the last run, the position after its last record:
+	// the offsets [From, To) include the holes (offsets never delivered,
+	// such as compacted ones) after the run's records.
+	From, To int64
+	// Records counts the delivered records in the run.
+	Records int
+	// Done reports whether the run's records completed (and are blocked
+	// behind an unfinished one) rather than unfinished.
+	Done bool
+}
+
+// Windows returns the retained window of every partition the Subscriber
+// owns, ordered by topic and partition, looking at no more than maxEntries
+// records per partition (all of them when maxEntries <= 0). Each partition
+// is read under its lock in O(min(retained, maxEntries)), so a display
+// polling a few times a second should pass a bound of a few thousand.
+func (s *Subscriber) Windows(maxEntries int) []PartitionWindow {
+	r := &s.registry
+	r.mu.Lock()
+	out := make([]PartitionWindow, 0, len(r.workers))
+	for w := range r.workers {
+		out = append(out, partitionWindow(w, maxEntries))
+	}
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b PartitionWindow) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
+}
+
+// partitionWindow converts a worker's window.
+func partitionWindow(w *partition.Worker, maxEntries int) PartitionWindow {
+	ts, runs, truncated := w.Window(maxEntries)
+	out := PartitionWindow{
+		TopicPartition: TopicPartition{Topic: w.Topic(), Partition: w.Partition()},
+		SafeOffset:     ts.SafeOffset,
+		Delivered:      ts.Delivered,
+		Retained:       ts.Retained,
+		Blocked:        ts.Blocked,
+		Truncated:      truncated,
+	}
+	for _, r := range runs {
+		out.Runs = append(out.Runs, WindowRun(r))
+	}
+	return out
 }
