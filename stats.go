@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -288,19 +289,12 @@ type PartitionWindow struct {
 }
 
 // WindowRun is a maximal run of consecutive retained records of a
-// partition that are all unfinished or all completed.
-type WindowRun struct {
-	// From is the offset of the run's first record. To is where the next
-	// run starts or, for the last run, the position after its last record:
-	// the offsets [From, To) include the holes (offsets never delivered,
-	// such as compacted ones) after the run's records.
-	From, To int64
-	// Records counts the delivered records in the run.
-	Records int
-	// Done reports whether the run's records completed (and are blocked
-	// behind an unfinished one) rather than unfinished.
-	Done bool
-}
+// partition that are all unfinished or all completed: From and To bound
+// the offsets [From, To) (the holes after the run's records included),
+// Records counts its delivered records, and Done tells completed runs from
+// unfinished ones. It is the frontier package's type, which documents the
+// fields.
+type WindowRun = frontier.WindowRun
 
 // Windows returns the retained window of every partition the Subscriber
 // owns, ordered by topic and partition, looking at no more than maxEntries
@@ -324,16 +318,13 @@ func (s *Subscriber) Windows(maxEntries int) []PartitionWindow {
 // partitionWindow converts a worker's window.
 func partitionWindow(w *partition.Worker, maxEntries int) PartitionWindow {
 	ts, runs, truncated := w.Window(maxEntries)
-	out := PartitionWindow{
+	return PartitionWindow{
 		TopicPartition: TopicPartition{Topic: w.Topic(), Partition: w.Partition()},
 		SafeOffset:     ts.SafeOffset,
 		Delivered:      ts.Delivered,
 		Retained:       ts.Retained,
 		Blocked:        ts.Blocked,
+		Runs:           runs,
 		Truncated:      truncated,
 	}
-	for _, r := range runs {
-		out.Runs = append(out.Runs, WindowRun(r))
-	}
-	return out
 }
