@@ -105,29 +105,19 @@ func runSteady(ctx context.Context, env *brokerEnv, w *workload) (*section, erro
 	if err != nil {
 		return sec, err
 	}
-	var firstErr error
-	for rep := 1; rep <= opt.reps; rep++ {
-		for _, c := range cases {
-			if ctx.Err() != nil {
-				return sec, ctx.Err()
-			}
-			r := steadyOnce(ctx, env, w, c, rep)
-			sec.add(c.label, r)
-			if r.err != nil {
-				logf("  %-26s rep %d: ERROR %v", c.label, rep, r.err)
-				if firstErr == nil {
-					firstErr = fmt.Errorf("%s: %w", c.label, r.err)
-				}
-				continue
-			}
-			logf("  %-26s rep %d: offered %s rec/s  startup %5.3fs  e2e p50/p99/p99.9/max %s/%s/%s/%s ms  end lag %s  ack→commit p50/p99 %s/%s ms  cpu %.2fs  dups %d",
-				c.label, rep, fmtRate(r.offered), r.startup.Seconds(),
-				fmtMs(ms(r.e2e.p50)), fmtMs(ms(r.e2e.p99)), fmtMs(ms(r.e2e.p999)), fmtMs(ms(r.e2e.max)),
-				fmtCommit(r.endLag), fmtMs(ms(r.cover.p50)), fmtMs(ms(r.cover.p99)), r.cpu.Seconds(), r.dups)
-		}
+	failed, err := repeatCases(ctx, sec, cases, 26, func(c *caseSpec, rep int) (*result, error) {
+		return steadyOnce(ctx, env, w, c, rep), nil
+	}, func(r *result) string {
+		return fmt.Sprintf("offered %s rec/s  startup %5.3fs  e2e p50/p99/p99.9/max %s/%s/%s/%s ms  end lag %s  ack→commit p50/p99 %s/%s ms  cpu %.2fs  dups %d",
+			fmtRate(r.offered), r.startup.Seconds(),
+			fmtMs(ms(r.e2e.p50)), fmtMs(ms(r.e2e.p99)), fmtMs(ms(r.e2e.p999)), fmtMs(ms(r.e2e.max)),
+			fmtCommit(r.endLag), fmtMs(ms(r.cover.p50)), fmtMs(ms(r.cover.p99)), r.cpu.Seconds(), r.dups)
+	})
+	if err != nil {
+		return sec, err
 	}
 	sec.noteCommitWatch()
-	return sec, firstErr
+	return sec, failed
 }
 
 func steadyOnce(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, rep int) *result {
