@@ -64,23 +64,10 @@ type commitWatch struct {
 // startCommitWatch starts a watcher for group on t and returns once it
 // polled for the first time.
 func startCommitWatch(env *brokerEnv, t *topic, group string) (*commitWatch, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	spec := watchSpec{Brokers: env.brokers, Topic: t.name, Group: group, Partitions: len(t.ends), Poll: opt.commitPoll}
 	js, _ := json.Marshal(spec)
-	cmd := exec.Command(exe, "-commit-watch", string(js))
-	stdin, err := cmd.StdinPipe()
+	cmd, stdin, stdout, err := startSelf("-commit-watch", string(js))
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	w := &commitWatch{cmd: cmd, stdin: stdin, done: make(chan struct{}), notify: make(chan struct{}),

@@ -306,13 +306,16 @@ func serveKfakeChild() {
 	c.Close()
 }
 
-// startKfakeChild starts this binary as a kfake broker process.
-func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error) {
+// startSelf starts this binary again with args, for work that runs in a
+// process of its own (a broker, a producer, a commit watcher). The child's
+// stderr is ours; its stdin and stdout are pipes: it serves until its stdin
+// closes (our exit closes it too), and reports on stdout.
+func startSelf(args ...string) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	cmd = exec.Command(exe, "-kfake-serve")
+	cmd := exec.Command(exe, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, nil, nil, err
@@ -323,6 +326,15 @@ func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	return cmd, stdin, stdout, nil
+}
+
+// startKfakeChild starts this binary as a kfake broker process.
+func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error) {
+	cmd, stdin, stdout, err := startSelf("-kfake-serve")
+	if err != nil {
 		return nil, nil, nil, err
 	}
 	line, err := bufio.NewReader(stdout).ReadString('\n')

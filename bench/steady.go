@@ -221,10 +221,6 @@ type steadySpec struct {
 }
 
 func startSteadyProducer(env *brokerEnv, t *topic, rate float64) (*steadyProducer, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "safeack-bench-steady-")
 	if err != nil {
 		return nil, err
@@ -232,17 +228,8 @@ func startSteadyProducer(env *brokerEnv, t *topic, rate float64) (*steadyProduce
 	spec := steadySpec{Brokers: env.brokers, Topic: t.name, Partitions: t.spec.partitions, N: t.spec.n, Rate: rate,
 		Keys: t.spec.keys, ValueSize: t.spec.valueSize, TimesFile: filepath.Join(dir, "times")}
 	js, _ := json.Marshal(spec)
-	cmd := exec.Command(exe, "-steady-produce", string(js))
-	stdin, err := cmd.StdinPipe()
+	cmd, stdin, stdout, err := startSelf("-steady-produce", string(js))
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
