@@ -16,6 +16,17 @@ type TopicPartition struct {
 	Partition int32
 }
 
+func (tp TopicPartition) topicPartition() TopicPartition { return tp }
+
+// sortByTopicPartition orders the snapshots Stats, Totals and Windows
+// return by topic, then partition.
+func sortByTopicPartition[T interface{ topicPartition() TopicPartition }](s []T) {
+	slices.SortFunc(s, func(a, b T) int {
+		x, y := a.topicPartition(), b.topicPartition()
+		return cmp.Or(cmp.Compare(x.Topic, y.Topic), cmp.Compare(x.Partition, y.Partition))
+	})
+}
+
 // PartitionStats is a snapshot of one partition owned by a Subscriber.
 type PartitionStats struct {
 	TopicPartition
@@ -163,9 +174,7 @@ func (r *registry) snapshot() []PartitionStats {
 		out = append(out, ps)
 	}
 	r.mu.Unlock()
-	slices.SortFunc(out, func(a, b PartitionStats) int {
-		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
-	})
+	sortByTopicPartition(out)
 	return out
 }
 
@@ -238,9 +247,7 @@ func (s *Subscriber) Totals() []PartitionTotals {
 		t.TopicPartition = tp
 		out = append(out, t)
 	}
-	slices.SortFunc(out, func(a, b PartitionTotals) int {
-		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
-	})
+	sortByTopicPartition(out)
 	return out
 }
 
@@ -309,9 +316,7 @@ func (s *Subscriber) Windows(maxEntries int) []PartitionWindow {
 		out = append(out, partitionWindow(w, maxEntries))
 	}
 	r.mu.Unlock()
-	slices.SortFunc(out, func(a, b PartitionWindow) int {
-		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
-	})
+	sortByTopicPartition(out)
 	return out
 }
 
