@@ -134,8 +134,9 @@ func answered(ch <-chan struct{}) bool {
 // message is nacked without redelivery: nothing is acked for it, the
 // committed offset stays before it, and the partition's next owner handles
 // it. It is counted in SkippedRevoked (PartitionStats during the drain,
-// Subscriber.Totals after it) and reported to Telemetry as OutcomeSkipped. Place it after (inside) any middleware that
-// may delay the handler, and before (outside) any that does work.
+// Subscriber.Totals after it) and reported to Telemetry as
+// OutcomeSkipped. Place it after (inside) any middleware that may delay
+// the handler, and before (outside) any that does work.
 //
 // Messages of any other subscriber, and messages already acked or nacked,
 // pass through unchanged.
@@ -164,10 +165,9 @@ const (
 // metadata, under MetadataTopic, MetadataPartition, MetadataOffset and
 // MetadataKey, overwriting values of the same names (which, arriving from
 // upstream, would describe another record; a key-less record's message
-// has no MetadataKey). Placed outside
-// PoisonQueue, it makes the dead-lettered copy say where the
-// record came from. Partition and offset are decimal; the key is the raw
-// bytes.
+// has no MetadataKey). Placed outside PoisonQueue, it makes the
+// dead-lettered copy say where the record came from. Partition and offset
+// are decimal; the key is the raw bytes.
 //
 // Messages of any other subscriber pass through unchanged.
 func KafkaMetadata(h message.HandlerFunc) message.HandlerFunc {
