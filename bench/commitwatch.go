@@ -183,13 +183,7 @@ func coveredAt(ch []commitChange, off int64) (int64, bool) {
 // close stops the watcher and waits for its summary line.
 func (w *commitWatch) close() {
 	w.closed.Do(func() {
-		_ = w.stdin.Close()
-		select {
-		case <-w.done:
-		case <-time.After(5 * time.Second):
-			_ = w.cmd.Process.Kill()
-			<-w.done
-		}
+		stopSelf(w.cmd, w.stdin, w.done, 5*time.Second)
 		_ = w.cmd.Wait()
 	})
 }

@@ -345,17 +345,24 @@ func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error
 	}
 	addrs = splitList(strings.TrimSpace(strings.TrimPrefix(line, "ADDRS ")))
 	closeFn = func() {
-		_ = stdin.Close()
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		stopSelf(cmd, stdin, done, 5*time.Second)
 	}
 	return addrs, cmd, closeFn, nil
+}
+
+// stopSelf ends a child started by startSelf: it closes the child's stdin,
+// which tells it to finish, and kills it when exited is not closed within
+// grace; it returns once exited is closed.
+func stopSelf(cmd *exec.Cmd, stdin io.Closer, exited <-chan struct{}, grace time.Duration) {
+	_ = stdin.Close()
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
 }
 
 func splitList(s string) []string {

@@ -311,13 +311,7 @@ func (p *steadyProducer) times(n int) ([]int64, error) {
 
 func (p *steadyProducer) close() {
 	p.closeOnce.Do(func() {
-		_ = p.stdin.Close()
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
+		stopSelf(p.cmd, p.stdin, p.exited, 10*time.Second)
 		_ = os.RemoveAll(p.dir)
 	})
 }
