@@ -62,6 +62,43 @@ type DeliveryObserver interface {
 	Answered(o Outcome, err error)
 }
 
+// Outcome is what became of a message in its handler, as Telemetry sees
+// it when the handler returns, or of a delivery, as a DeliveryObserver
+// sees it.
+type Outcome int
+
+const (
+	// OutcomeAck: the handler returned nil; the router acks.
+	OutcomeAck Outcome = iota + 1
+	// OutcomeNack: the handler returned an error or panicked, or nacked
+	// the message itself; the record is redelivered.
+	OutcomeNack
+	// OutcomeDeferred: the handler returned nil after deferring the
+	// completion (Defer, CompletionFromCtx); the record completes when
+	// the Completion is resolved.
+	OutcomeDeferred
+	// OutcomeSkipped: SkipRevoked did not run the handler; the partition's
+	// next owner handles the record.
+	OutcomeSkipped
+)
+
+// String names the outcome.
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeAck:
+		return "ack"
+	case OutcomeNack:
+		return "nack"
+	case OutcomeDeferred:
+		return "deferred"
+	case OutcomeSkipped:
+		return "skipped"
+	case OutcomeAbandoned:
+		return "abandoned"
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
 // OutcomeAbandoned is what becomes of a delivery whose assignment ended
 // (a revocation, Close) before it was answered, once DrainTimeout passed:
 // the record is left for the partition's next owner. Only a

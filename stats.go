@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -13,6 +14,17 @@ import (
 type TopicPartition struct {
 	Topic     string
 	Partition int32
+}
+
+func (tp TopicPartition) topicPartition() TopicPartition { return tp }
+
+// sortByTopicPartition orders the snapshots Stats, Totals and Windows
+// return by topic, then partition.
+func sortByTopicPartition[T interface{ topicPartition() TopicPartition }](s []T) {
+	slices.SortFunc(s, func(a, b T) int {
+		x, y := a.topicPartition(), b.topicPartition()
+		return cmp.Or(cmp.Compare(x.Topic, y.Topic), cmp.Compare(x.Partition, y.Partition))
+	})
 }
 
 // PartitionStats is a snapshot of one partition owned by a Subscriber.
@@ -131,7 +143,7 @@ func (s *Subscriber) Stats() []PartitionStats {
 type registry struct {
 	mu      sync.Mutex
 	workers map[*partition.Worker]time.Time
-	ended   map[TopicPartition]*PartitionTotals // for Totals: see totals.go
+	ended   map[TopicPartition]*PartitionTotals // for Totals
 }
 
 func (r *registry) attach(w *partition.Worker) {
@@ -162,9 +174,7 @@ func (r *registry) snapshot() []PartitionStats {
 		out = append(out, ps)
 	}
 	r.mu.Unlock()
-	slices.SortFunc(out, func(a, b PartitionStats) int {
-		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
-	})
+	sortByTopicPartition(out)
 	return out
 }
 
@@ -192,5 +202,134 @@ func partitionStats(w *partition.Worker) PartitionStats {
 		TailTruncated:       s.TailTruncated,
 		TailEncodes:         s.TailEncodes,
 		PartitionCounters:   PartitionCounters(s.Counters),
+	}
+}
+
+// PartitionTotals are the counters of one topic-partition summed over every
+// assignment of it this Subscriber has had. PartitionStats counts over one
+// assignment and starts again from zero when the partition is reassigned (a
+// rebalance, a reconnect); PartitionTotals never go down, so they suit
+// monitoring counters. An ended assignment's counters are added when it
+// ends; anything it counts after that (a late nack of an abandoned message)
+// is not.
+type PartitionTotals struct {
+	TopicPartition
+	// Assignments counts the assignments of the partition to this
+	// Subscriber, the current one included.
+	Assignments uint64
+	// Owned reports whether the Subscriber owns the partition now.
+	Owned bool
+	// PartitionCounters sum the counters of every assignment.
+	PartitionCounters
+}
+
+// Totals returns the cumulative counters of every topic-partition the
+// Subscriber has owned since it was created, ordered by topic and
+// partition. Partitions it no longer owns stay in the list with Owned
+// false.
+func (s *Subscriber) Totals() []PartitionTotals {
+	r := &s.registry
+	r.mu.Lock()
+	sums := make(map[TopicPartition]PartitionTotals, len(r.ended))
+	for tp, t := range r.ended {
+		sums[tp] = *t
+	}
+	for w := range r.workers {
+		tp := TopicPartition{Topic: w.Topic(), Partition: w.Partition()}
+		t := sums[tp]
+		t.add(partitionStats(w).PartitionCounters)
+		t.Owned = true
+		sums[tp] = t
+	}
+	r.mu.Unlock()
+	out := make([]PartitionTotals, 0, len(sums))
+	for tp, t := range sums {
+		t.TopicPartition = tp
+		out = append(out, t)
+	}
+	sortByTopicPartition(out)
+	return out
+}
+
+// assigned counts a new assignment. The caller holds r.mu.
+func (r *registry) assigned(w *partition.Worker) {
+	r.totalsOf(w).Assignments++
+}
+
+// retire adds the counters of an ending assignment to its partition's
+// totals. The caller holds r.mu, and w is still in r.workers.
+func (r *registry) retire(w *partition.Worker) {
+	r.totalsOf(w).add(partitionStats(w).PartitionCounters)
+}
+
+func (r *registry) totalsOf(w *partition.Worker) *PartitionTotals {
+	if r.ended == nil {
+		r.ended = make(map[TopicPartition]*PartitionTotals)
+	}
+	tp := TopicPartition{Topic: w.Topic(), Partition: w.Partition()}
+	t := r.ended[tp]
+	if t == nil {
+		t = &PartitionTotals{TopicPartition: tp}
+		r.ended[tp] = t
+	}
+	return t
+}
+
+// PartitionWindow is a snapshot of the records one owned partition retains:
+// those between its completed prefix and the position after the last record
+// taken from Kafka, as runs of unfinished and completed-but-blocked records.
+// It is what a live display draws to show a slow record holding a
+// partition back.
+type PartitionWindow struct {
+	TopicPartition
+	// SafeOffset, Delivered, Retained and Blocked are PartitionStats'
+	// fields of the same names, read in the same instant as Runs.
+	SafeOffset, Delivered int64
+	Retained, Blocked     int
+	// Runs are the retained records, oldest first: the first run is
+	// unfinished and starts at the oldest unfinished record; unfinished and
+	// completed runs alternate after it.
+	Runs []WindowRun
+	// Truncated reports that the partition retains more records than the
+	// maxEntries given to Windows; Runs then stop after that many.
+	Truncated bool
+}
+
+// WindowRun is a maximal run of consecutive retained records of a
+// partition that are all unfinished or all completed: From and To bound
+// the offsets [From, To) (the holes after the run's records included),
+// Records counts its delivered records, and Done tells completed runs from
+// unfinished ones. It is the frontier package's type, which documents the
+// fields.
+type WindowRun = frontier.WindowRun
+
+// Windows returns the retained window of every partition the Subscriber
+// owns, ordered by topic and partition, looking at no more than maxEntries
+// records per partition (all of them when maxEntries <= 0). Each partition
+// is read under its lock in O(min(retained, maxEntries)), so a display
+// polling a few times a second should pass a bound of a few thousand.
+func (s *Subscriber) Windows(maxEntries int) []PartitionWindow {
+	r := &s.registry
+	r.mu.Lock()
+	out := make([]PartitionWindow, 0, len(r.workers))
+	for w := range r.workers {
+		out = append(out, partitionWindow(w, maxEntries))
+	}
+	r.mu.Unlock()
+	sortByTopicPartition(out)
+	return out
+}
+
+// partitionWindow converts a worker's window.
+func partitionWindow(w *partition.Worker, maxEntries int) PartitionWindow {
+	ts, runs, truncated := w.Window(maxEntries)
+	return PartitionWindow{
+		TopicPartition: TopicPartition{Topic: w.Topic(), Partition: w.Partition()},
+		SafeOffset:     ts.SafeOffset,
+		Delivered:      ts.Delivered,
+		Retained:       ts.Retained,
+		Blocked:        ts.Blocked,
+		Runs:           runs,
+		Truncated:      truncated,
 	}
 }

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -124,20 +124,7 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 // pause waits ReconnectRetrySleep before a reconnect. It reports false
 // when ctx ended or the Subscriber closed meanwhile.
 func (sub *subscription) pause(ctx context.Context) bool {
-	d := sub.cfg.retrySleep()
-	if d <= 0 {
-		return !sub.stopping(ctx)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-sub.subscriber.closing:
-		return false
-	}
+	return backoff.Wait(ctx, sub.cfg.retrySleep(), sub.subscriber.closing)
 }
 
 func (sub *subscription) stopping(ctx context.Context) bool {

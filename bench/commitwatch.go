@@ -64,23 +64,10 @@ type commitWatch struct {
 // startCommitWatch starts a watcher for group on t and returns once it
 // polled for the first time.
 func startCommitWatch(env *brokerEnv, t *topic, group string) (*commitWatch, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	spec := watchSpec{Brokers: env.brokers, Topic: t.name, Group: group, Partitions: len(t.ends), Poll: opt.commitPoll}
 	js, _ := json.Marshal(spec)
-	cmd := exec.Command(exe, "-commit-watch", string(js))
-	stdin, err := cmd.StdinPipe()
+	cmd, stdin, stdout, err := startSelf("-commit-watch", string(js))
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	w := &commitWatch{cmd: cmd, stdin: stdin, done: make(chan struct{}), notify: make(chan struct{}),
@@ -196,13 +183,7 @@ func coveredAt(ch []commitChange, off int64) (int64, bool) {
 // close stops the watcher and waits for its summary line.
 func (w *commitWatch) close() {
 	w.closed.Do(func() {
-		_ = w.stdin.Close()
-		select {
-		case <-w.done:
-		case <-time.After(5 * time.Second):
-			_ = w.cmd.Process.Kill()
-			<-w.done
-		}
+		stopSelf(w.cmd, w.stdin, w.done, 5*time.Second)
 		_ = w.cmd.Wait()
 	})
 }

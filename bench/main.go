@@ -311,13 +311,16 @@ func serveKfakeChild() {
 	c.Close()
 }
 
-// startKfakeChild starts this binary as a kfake broker process.
-func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error) {
+// startSelf starts this binary again with args, for work that runs in a
+// process of its own (a broker, a producer, a commit watcher). The child's
+// stderr is ours; its stdin and stdout are pipes: it serves until its stdin
+// closes (our exit closes it too), and reports on stdout.
+func startSelf(args ...string) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	cmd = exec.Command(exe, "-kfake-serve")
+	cmd := exec.Command(exe, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, nil, nil, err
@@ -330,6 +333,15 @@ func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error
 	if err := cmd.Start(); err != nil {
 		return nil, nil, nil, err
 	}
+	return cmd, stdin, stdout, nil
+}
+
+// startKfakeChild starts this binary as a kfake broker process.
+func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error) {
+	cmd, stdin, stdout, err := startSelf("-kfake-serve")
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil || !strings.HasPrefix(line, "ADDRS ") {
 		_ = cmd.Process.Kill()
@@ -338,17 +350,24 @@ func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error
 	}
 	addrs = splitList(strings.TrimSpace(strings.TrimPrefix(line, "ADDRS ")))
 	closeFn = func() {
-		_ = stdin.Close()
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		stopSelf(cmd, stdin, done, 5*time.Second)
 	}
 	return addrs, cmd, closeFn, nil
+}
+
+// stopSelf ends a child started by startSelf: it closes the child's stdin,
+// which tells it to finish, and kills it when exited is not closed within
+// grace; it returns once exited is closed.
+func stopSelf(cmd *exec.Cmd, stdin io.Closer, exited <-chan struct{}, grace time.Duration) {
+	_ = stdin.Close()
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
 }
 
 func splitList(s string) []string {

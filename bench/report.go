@@ -171,26 +171,7 @@ func (s *section) cell(col, label string, rs []*result) string {
 		if rs[0].noKafka {
 			return ""
 		}
-		never := 0
-		var vals []float64
-		for _, r := range rs {
-			if r.endLag < 0 {
-				never++
-			} else {
-				vals = append(vals, r.endLag.Seconds())
-			}
-		}
-		if len(vals) == 0 {
-			return "never"
-		}
-		out := sec3(median(vals))
-		if len(vals) > 1 {
-			out += fmt.Sprintf(" [%s–%s]", sec3(slices.Min(vals)), sec3(slices.Max(vals)))
-		}
-		if never > 0 {
-			out += fmt.Sprintf(" (%d never)", never)
-		}
-		return out
+		return untilCell(rs, func(r *result) time.Duration { return r.endLag }, true)
 	case "cover":
 		if rs[0].noKafka {
 			return ""
@@ -240,23 +221,7 @@ func (s *section) cell(col, label string, rs []*result) string {
 		if rs[0].noKafka {
 			return ""
 		}
-		never := 0
-		var vals []float64
-		for _, r := range rs {
-			if r.commit < 0 {
-				never++
-			} else {
-				vals = append(vals, r.commit.Seconds())
-			}
-		}
-		if len(vals) == 0 {
-			return "never"
-		}
-		out := sec3(median(vals))
-		if never > 0 {
-			out += fmt.Sprintf(" (%d never)", never)
-		}
-		return out
+		return untilCell(rs, func(r *result) time.Duration { return r.commit }, false)
 	case "cpu":
 		return fmt.Sprintf("%.2f", med(func(r *result) float64 { return r.cpu.Seconds() }))
 	case "cpupm":
@@ -427,6 +392,33 @@ func mapf[T any](xs []T, f func(T) float64) []float64 {
 	out := make([]float64, len(xs))
 	for i, x := range xs {
 		out[i] = f(x)
+	}
+	return out
+}
+
+// untilCell is the cell of a time until something happened, in seconds:
+// the median over the runs where it happened (get >= 0), with the range
+// when withRange and more than one did, and how many runs never saw it.
+func untilCell(rs []*result, get func(*result) time.Duration, withRange bool) string {
+	never := 0
+	var vals []float64
+	for _, r := range rs {
+		if d := get(r); d < 0 {
+			never++
+		} else {
+			vals = append(vals, d.Seconds())
+		}
+	}
+	if len(vals) == 0 {
+		return "never"
+	}
+	sec3 := func(x float64) string { return fmt.Sprintf("%.3f", x) }
+	out := sec3(median(vals))
+	if withRange && len(vals) > 1 {
+		out += fmt.Sprintf(" [%s–%s]", sec3(slices.Min(vals)), sec3(slices.Max(vals)))
+	}
+	if never > 0 {
+		out += fmt.Sprintf(" (%d never)", never)
 	}
 	return out
 }

@@ -78,33 +78,20 @@ func restartCost() *workload {
 
 func runRestart(ctx context.Context, env *brokerEnv, w *workload) (*section, error) {
 	sec := newSection(w)
-	var firstErr error
-	for rep := 1; rep <= opt.reps; rep++ {
-		for _, c := range w.cases {
-			if !selected(c.label) {
-				continue
-			}
-			if ctx.Err() != nil {
-				return sec, ctx.Err()
-			}
-			t, err := env.topicFor(ctx, c.topic)
-			if err != nil {
-				return sec, err
-			}
-			r := restartOnce(ctx, env, w, c, t, rep)
-			sec.add(c.label, r)
-			if r.err != nil {
-				logf("  %-30s rep %d: ERROR %v", c.label, rep, r.err)
-				if firstErr == nil {
-					firstErr = fmt.Errorf("%s: %w", c.label, r.err)
-				}
-				continue
-			}
-			logf("  %-30s rep %d: behind %.0f committed %.0f meta %.0fB crash %.3fs handled-after %.0f twice %.0f recovery %.3fs",
-				c.label, rep, r.extra["behind"], r.extra["committed"], r.extra["meta"], r.extra["crash"], r.extra["phase2"], r.extra["dups"], r.extra["recovery"])
+	failed, err := repeatCases(ctx, sec, selectedOnly(w), 30, func(c *caseSpec, rep int) (*result, error) {
+		t, err := env.topicFor(ctx, c.topic)
+		if err != nil {
+			return nil, err
 		}
+		return restartOnce(ctx, env, w, c, t, rep), nil
+	}, func(r *result) string {
+		return fmt.Sprintf("behind %.0f committed %.0f meta %.0fB crash %.3fs handled-after %.0f twice %.0f recovery %.3fs",
+			r.extra["behind"], r.extra["committed"], r.extra["meta"], r.extra["crash"], r.extra["phase2"], r.extra["dups"], r.extra["recovery"])
+	})
+	if err != nil {
+		return sec, err
 	}
-	return sec, firstErr
+	return sec, failed
 }
 
 // restartSpec is what the first consumer needs; it crosses a process

@@ -137,30 +137,64 @@ func runStandard(ctx context.Context, env *brokerEnv, w *workload) (*section, er
 			return sec, err
 		}
 	}
-	var firstErr error
+	failed, err := repeatCases(ctx, sec, cases, 26, func(c *caseSpec, rep int) (*result, error) {
+		t, _ := env.topicFor(ctx, c.topic)
+		return runCase(ctx, env, w, c, t, rep), nil
+	}, func(r *result) string {
+		return fmt.Sprintf("%7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  end lag %s  ack→commit p50/p99 %s/%s ms (by offset %s/%s)  cpu %.2fs  heap %s  live %s  gcs %d  allocs/rec %.1f  dups %d  occupancy %.2f  mean handler %s",
+			r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), fmtCommit(r.endLag), fmtMs(ms(r.cover.p50)), fmtMs(ms(r.cover.p99)), fmtMs(ms(r.coverOffset.p50)), fmtMs(ms(r.coverOffset.p99)),
+			r.cpu.Seconds(), fmtMB(r.heapPeak-min(r.heapBase, r.heapPeak)), fmtMB(r.livePeak-min(r.heapBase, r.livePeak)), r.gcs, r.allocs, r.dups,
+			r.occupancy(), time.Duration(int64(r.busy)/int64(max(r.n, 1))).Round(time.Microsecond))
+	})
+	if err != nil {
+		return sec, err
+	}
+	sec.noteCommitWatch()
+	return sec, failed
+}
+
+// repeatCases is the repetition loop of every workload: it runs each case
+// once per repetition, -reps times, interleaving the cases within a
+// repetition so drift hits them all alike, and adds every result to sec.
+// once runs one case; an error from it (a topic that cannot be made) stops
+// the loop and is returned as err, as is the error of an ended ctx. A run
+// that failed (its result's err) is logged and the loop goes on; failed is
+// the first such failure. line formats the progress line of a run that
+// succeeded, after its label (padded to width) and repetition.
+func repeatCases(ctx context.Context, sec *section, cases []*caseSpec, width int,
+	once func(c *caseSpec, rep int) (*result, error), line func(r *result) string) (failed, err error) {
 	for rep := 1; rep <= opt.reps; rep++ {
 		for _, c := range cases {
 			if ctx.Err() != nil {
-				return sec, ctx.Err()
+				return failed, ctx.Err()
 			}
-			t, _ := env.topicFor(ctx, c.topic)
-			r := runCase(ctx, env, w, c, t, rep)
+			r, err := once(c, rep)
+			if err != nil {
+				return failed, err
+			}
 			sec.add(c.label, r)
 			if r.err != nil {
-				logf("  %-26s rep %d: ERROR %v", c.label, rep, r.err)
-				if firstErr == nil {
-					firstErr = fmt.Errorf("%s: %w", c.label, r.err)
+				logf("  %-*s rep %d: ERROR %v", width, c.label, rep, r.err)
+				if failed == nil {
+					failed = fmt.Errorf("%s: %w", c.label, r.err)
 				}
 				continue
 			}
-			logf("  %-26s rep %d: %7.3fs  %9.0f rec/s  startup %5.3fs  commit %s  end lag %s  ack→commit p50/p99 %s/%s ms (by offset %s/%s)  cpu %.2fs  heap %s  live %s  gcs %d  allocs/rec %.1f  dups %d  occupancy %.2f  mean handler %s",
-				c.label, rep, r.wall.Seconds(), r.rate(), r.startup.Seconds(), fmtCommit(r.commit), fmtCommit(r.endLag), fmtMs(ms(r.cover.p50)), fmtMs(ms(r.cover.p99)), fmtMs(ms(r.coverOffset.p50)), fmtMs(ms(r.coverOffset.p99)),
-				r.cpu.Seconds(), fmtMB(r.heapPeak-min(r.heapBase, r.heapPeak)), fmtMB(r.livePeak-min(r.heapBase, r.livePeak)), r.gcs, r.allocs, r.dups,
-				r.occupancy(), time.Duration(int64(r.busy)/int64(max(r.n, 1))).Round(time.Microsecond))
+			logf("  %-*s rep %d: %s", width, c.label, rep, line(r))
 		}
 	}
-	sec.noteCommitWatch()
-	return sec, firstErr
+	return failed, nil
+}
+
+// selectedOnly returns w's cases that -contenders selects.
+func selectedOnly(w *workload) []*caseSpec {
+	var cases []*caseSpec
+	for _, c := range w.cases {
+		if selected(c.label) {
+			cases = append(cases, c)
+		}
+	}
+	return cases
 }
 
 // noteCommitWatch states how commit times were observed.

@@ -105,29 +105,19 @@ func runSteady(ctx context.Context, env *brokerEnv, w *workload) (*section, erro
 	if err != nil {
 		return sec, err
 	}
-	var firstErr error
-	for rep := 1; rep <= opt.reps; rep++ {
-		for _, c := range cases {
-			if ctx.Err() != nil {
-				return sec, ctx.Err()
-			}
-			r := steadyOnce(ctx, env, w, c, rep)
-			sec.add(c.label, r)
-			if r.err != nil {
-				logf("  %-26s rep %d: ERROR %v", c.label, rep, r.err)
-				if firstErr == nil {
-					firstErr = fmt.Errorf("%s: %w", c.label, r.err)
-				}
-				continue
-			}
-			logf("  %-26s rep %d: offered %s rec/s  startup %5.3fs  e2e p50/p99/p99.9/max %s/%s/%s/%s ms  end lag %s  ack→commit p50/p99 %s/%s ms  cpu %.2fs  dups %d",
-				c.label, rep, fmtRate(r.offered), r.startup.Seconds(),
-				fmtMs(ms(r.e2e.p50)), fmtMs(ms(r.e2e.p99)), fmtMs(ms(r.e2e.p999)), fmtMs(ms(r.e2e.max)),
-				fmtCommit(r.endLag), fmtMs(ms(r.cover.p50)), fmtMs(ms(r.cover.p99)), r.cpu.Seconds(), r.dups)
-		}
+	failed, err := repeatCases(ctx, sec, cases, 26, func(c *caseSpec, rep int) (*result, error) {
+		return steadyOnce(ctx, env, w, c, rep), nil
+	}, func(r *result) string {
+		return fmt.Sprintf("offered %s rec/s  startup %5.3fs  e2e p50/p99/p99.9/max %s/%s/%s/%s ms  end lag %s  ack→commit p50/p99 %s/%s ms  cpu %.2fs  dups %d",
+			fmtRate(r.offered), r.startup.Seconds(),
+			fmtMs(ms(r.e2e.p50)), fmtMs(ms(r.e2e.p99)), fmtMs(ms(r.e2e.p999)), fmtMs(ms(r.e2e.max)),
+			fmtCommit(r.endLag), fmtMs(ms(r.cover.p50)), fmtMs(ms(r.cover.p99)), r.cpu.Seconds(), r.dups)
+	})
+	if err != nil {
+		return sec, err
 	}
 	sec.noteCommitWatch()
-	return sec, firstErr
+	return sec, failed
 }
 
 func steadyOnce(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, rep int) *result {
@@ -231,10 +221,6 @@ type steadySpec struct {
 }
 
 func startSteadyProducer(env *brokerEnv, t *topic, rate float64) (*steadyProducer, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "safeack-bench-steady-")
 	if err != nil {
 		return nil, err
@@ -242,17 +228,8 @@ func startSteadyProducer(env *brokerEnv, t *topic, rate float64) (*steadyProduce
 	spec := steadySpec{Brokers: env.brokers, Topic: t.name, Partitions: t.spec.partitions, N: t.spec.n, Rate: rate,
 		Keys: t.spec.keys, ValueSize: t.spec.valueSize, TimesFile: filepath.Join(dir, "times")}
 	js, _ := json.Marshal(spec)
-	cmd := exec.Command(exe, "-steady-produce", string(js))
-	stdin, err := cmd.StdinPipe()
+	cmd, stdin, stdout, err := startSelf("-steady-produce", string(js))
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
@@ -334,13 +311,7 @@ func (p *steadyProducer) times(n int) ([]int64, error) {
 
 func (p *steadyProducer) close() {
 	p.closeOnce.Do(func() {
-		_ = p.stdin.Close()
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
+		stopSelf(p.cmd, p.stdin, p.exited, 10*time.Second)
 		_ = os.RemoveAll(p.dir)
 	})
 }

@@ -52,43 +52,31 @@ func txnRouter() *workload {
 
 func runTxnRouter(ctx context.Context, env *brokerEnv, w *workload) (*section, error) {
 	sec := newSection(w)
-	var firstErr error
 	alo := map[int]float64{}
-	for rep := 1; rep <= opt.reps; rep++ {
-		for _, c := range w.cases {
-			if !selected(c.label) {
-				continue
-			}
-			if ctx.Err() != nil {
-				return sec, ctx.Err()
-			}
-			t, err := env.topicFor(ctx, c.topic)
-			if err != nil {
-				return sec, err
-			}
-			settle()
-			r := txnRouterOnce(ctx, env, w, c, t, rep)
-			if r.err == nil {
-				if c.settings["kind"] == txnAtLeastOnce {
-					alo[c.topic.partitions] = r.rate()
-				}
-				if base := alo[c.topic.partitions]; base > 0 {
-					r.extra["vs_alo"] = r.rate() / base
-				}
-			}
-			sec.add(c.label, r)
-			if r.err != nil {
-				logf("  %-30s rep %d: ERROR %v", c.label, rep, r.err)
-				if firstErr == nil {
-					firstErr = fmt.Errorf("%s: %w", c.label, r.err)
-				}
-				continue
-			}
-			logf("  %-30s rep %d: wall %.3fs rate %.0f/s cpu %.2fs txns %.0f commit %.1fms (max %.1fms) endlag %.3fs",
-				c.label, rep, r.wall.Seconds(), r.rate(), r.cpu.Seconds(), r.extra["txns"], r.extra["commit_ms"], r.extra["commit_max_ms"], r.extra["endlag_s"])
+	failed, err := repeatCases(ctx, sec, selectedOnly(w), 30, func(c *caseSpec, rep int) (*result, error) {
+		t, err := env.topicFor(ctx, c.topic)
+		if err != nil {
+			return nil, err
 		}
+		settle()
+		r := txnRouterOnce(ctx, env, w, c, t, rep)
+		if r.err == nil {
+			if c.settings["kind"] == txnAtLeastOnce {
+				alo[c.topic.partitions] = r.rate()
+			}
+			if base := alo[c.topic.partitions]; base > 0 {
+				r.extra["vs_alo"] = r.rate() / base
+			}
+		}
+		return r, nil
+	}, func(r *result) string {
+		return fmt.Sprintf("wall %.3fs rate %.0f/s cpu %.2fs txns %.0f commit %.1fms (max %.1fms) endlag %.3fs",
+			r.wall.Seconds(), r.rate(), r.cpu.Seconds(), r.extra["txns"], r.extra["commit_ms"], r.extra["commit_max_ms"], r.extra["endlag_s"])
+	})
+	if err != nil {
+		return sec, err
 	}
-	return sec, firstErr
+	return sec, failed
 }
 
 func txnRouterOnce(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec, t *topic, rep int) *result {

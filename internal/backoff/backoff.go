@@ -39,12 +39,32 @@ func (d *Doubling) Reset() { d.last = 0 }
 
 // Sleep waits d, and reports false when ctx ended first.
 func Sleep(ctx context.Context, d time.Duration) bool {
+	return Wait(ctx, d, nil)
+}
+
+// Wait waits d, and reports false when ctx ended or stop was closed first
+// (a nil stop is never closed). For d <= 0 it does not wait: it reports
+// whether neither had ended, without the race of a timer that is due at
+// once against a context already ended.
+func Wait(ctx context.Context, d time.Duration, stop <-chan struct{}) bool {
+	if d <= 0 {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-stop:
+			return false
+		default:
+			return true
+		}
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return true
 	case <-ctx.Done():
+		return false
+	case <-stop:
 		return false
 	}
 }

@@ -37,3 +37,24 @@ func TestSleepEndsWithItsContext(t *testing.T) {
 		t.Fatal("Sleep did not return when its context had ended")
 	}
 }
+
+func TestWaitEndsWithStop(t *testing.T) {
+	stop := make(chan struct{})
+	if !Wait(context.Background(), 0, stop) {
+		t.Fatal("Wait(0) reported an end with nothing ended")
+	}
+	close(stop)
+	if Wait(context.Background(), 0, stop) {
+		t.Fatal("Wait(0) reported a full wait after stop closed")
+	}
+	done := make(chan bool, 1)
+	go func() { done <- Wait(context.Background(), time.Hour, stop) }()
+	select {
+	case ok := <-done:
+		if ok {
+			t.Fatal("Wait reported a full wait after stop closed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return when stop was closed")
+	}
+}

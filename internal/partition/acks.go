@@ -2,9 +2,10 @@ package partition
 
 import (
 	"context"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/safeack/safeack/internal/backoff"
 )
 
 // answer is what became of one delivery, as its waiter saw it.
@@ -186,11 +187,7 @@ func (w *Worker) nacked(r *Record, releaseToken func()) {
 	if d := w.cfg.NackResendSleep; d > 0 {
 		release()
 		w.wakeRun()
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-w.ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(w.ctx, d) {
 			return
 		}
 	}
