@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,7 +31,8 @@ import (
 // a Router (as the bench's share-zero does) and through its channel, and a
 // bare kgo share consumer doing the same (accept each record), with the
 // options safeack sets. Each iteration is a fresh share group reading the
-// same SAFEACK_SHARE_PERF_N records (default 50,000; 100 B, 8 partitions).
+// same SAFEACK_SHARE_PERF_N records (default 50,000; 100 B, 8 partitions),
+// SAFEACK_SHARE_PERF_MAXINFLIGHT (default 64) records per poll.
 //
 // The broker runs in this process: its goroutines carry the pprof label
 // side=broker and the consumer's side=client, so a profile splits them
@@ -44,6 +46,11 @@ func BenchmarkShareZero(b *testing.B) {
 	if v := os.Getenv("SAFEACK_SHARE_PERF_N"); v != "" {
 		var err error
 		n, err = strconv.Atoi(v)
+		require.NoError(b, err)
+	}
+	if v := os.Getenv("SAFEACK_SHARE_PERF_MAXINFLIGHT"); v != "" {
+		var err error
+		perfMaxInFlight, err = strconv.Atoi(v)
 		require.NoError(b, err)
 	}
 	var c *kafkatest.Cluster
@@ -83,12 +90,17 @@ func BenchmarkShareZero(b *testing.B) {
 			b.ReportMetric(recs/wall.Seconds(), "rec/s")
 			b.ReportMetric(float64(cpu.Microseconds())/recs, "cpu-us/rec")
 			b.ReportMetric(float64(mallocs)/recs, "mallocs/rec")
-			if read := shareBytesRead.Load() - read0; read > 0 {
+			if read := shareBytesRead.Load() - read0; strings.HasPrefix(cons.name, "kgo") {
 				b.ReportMetric(float64(read)/recs, "read-B/rec")
 			}
 		})
 	}
 }
+
+// perfMaxInFlight is the records per poll of every consumer (MaxInFlight
+// of a ShareSubscriber): SAFEACK_SHARE_PERF_MAXINFLIGHT, default
+// safeack.DefaultMaxInFlight.
+var perfMaxInFlight = safeack.DefaultMaxInFlight
 
 // shareMeasure is one consume phase: the wall time from the first record
 // taken to the last one answered, and from the consumer's start to the
@@ -215,9 +227,9 @@ func setEarliest(b *testing.B, c *kafkatest.Cluster, group string) {
 }
 
 // runKgoShare is a bare kgo share consumer: it accepts each record of a
-// poll of 64 and polls again. strict: with the options a ShareSubscriber
+// poll (perfMaxInFlight) and polls again. strict: with the options a ShareSubscriber
 // member sets (at most 64 records acquired per fetch, one fetch per poll);
-// else kgo's defaults beside ShareMaxRecords(64) (the broker may acquire
+// else kgo's defaults beside ShareMaxRecords (the broker may acquire
 // whole batches, fetches run ahead of polls).
 func runKgoShare(b *testing.B, c *kafkatest.Cluster, topic, group string, n int, strict bool, got func(int)) {
 	opts := []kgo.Opt{
@@ -225,7 +237,7 @@ func runKgoShare(b *testing.B, c *kafkatest.Cluster, topic, group string, n int,
 		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.ShareGroup(group),
 		kgo.ConsumeTopics(topic),
-		kgo.ShareMaxRecords(int32(safeack.DefaultMaxInFlight)),
+		kgo.ShareMaxRecords(int32(perfMaxInFlight)),
 	}
 	if strict {
 		opts = append(opts, kgo.ShareMaxRecordsStrict(), kgo.MaxConcurrentFetches(0))
@@ -236,7 +248,7 @@ func runKgoShare(b *testing.B, c *kafkatest.Cluster, topic, group string, n int,
 	defer cl.Close()
 	var done int
 	for done < n {
-		fs := cl.PollRecords(context.Background(), safeack.DefaultMaxInFlight)
+		fs := cl.PollRecords(context.Background(), perfMaxInFlight)
 		if fs.IsClientClosed() {
 			return
 		}
@@ -256,6 +268,7 @@ func runSafeackShare(b *testing.B, c *kafkatest.Cluster, topic, group string, n 
 		Brokers:       c.Brokers(),
 		ShareGroup:    group,
 		InitialOffset: sarama.OffsetOldest,
+		MaxInFlight:   perfMaxInFlight,
 	}, nil)
 	require.NoError(b, err)
 	defer sub.Close()
