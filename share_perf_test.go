@@ -53,6 +53,11 @@ func BenchmarkShareZero(b *testing.B) {
 		perfMaxInFlight, err = strconv.Atoi(v)
 		require.NoError(b, err)
 	}
+	if v := os.Getenv("SAFEACK_SHARE_PERF_FETCH_BYTES"); v != "" {
+		fb, err := strconv.Atoi(v)
+		require.NoError(b, err)
+		perfFetchOpts = []kgo.Opt{kgo.FetchMaxBytes(int32(fb)), kgo.FetchMaxPartitionBytes(int32(fb))}
+	}
 	var c *kafkatest.Cluster
 	pprof.Do(context.Background(), pprof.Labels("side", "broker"), func(context.Context) {
 		c = startShareCluster(b, 0)
@@ -101,6 +106,11 @@ func BenchmarkShareZero(b *testing.B) {
 // of a ShareSubscriber): SAFEACK_SHARE_PERF_MAXINFLIGHT, default
 // safeack.DefaultMaxInFlight.
 var perfMaxInFlight = safeack.DefaultMaxInFlight
+
+// perfFetchOpts are kgo options given to the strict kgo consumer and to
+// the ShareSubscriber (ClientOptions): SAFEACK_SHARE_PERF_FETCH_BYTES sets
+// FetchMaxBytes and FetchMaxPartitionBytes.
+var perfFetchOpts []kgo.Opt
 
 // shareMeasure is one consume phase: the wall time from the first record
 // taken to the last one answered, and from the consumer's start to the
@@ -179,9 +189,17 @@ func processCPU() time.Duration {
 }
 
 // produceIndexed produces n records of 100 B, record i to partition i % 8,
-// its index in its first 8 bytes.
+// its index in its first 8 bytes, in batches of up to
+// SAFEACK_SHARE_PERF_BATCH_BYTES (kgo's default 1 MB: here a partition's
+// records fit in one or two batches).
 func produceIndexed(b *testing.B, c *kafkatest.Cluster, topic string, n int) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers()...), kgo.RecordPartitioner(kgo.ManualPartitioner())}
+	if v := os.Getenv("SAFEACK_SHARE_PERF_BATCH_BYTES"); v != "" {
+		bb, err := strconv.Atoi(v)
+		require.NoError(b, err)
+		opts = append(opts, kgo.ProducerBatchMaxBytes(int32(bb)))
+	}
+	cl, err := kgo.NewClient(opts...)
 	require.NoError(b, err)
 	defer cl.Close()
 	ctx := context.Background()
@@ -241,6 +259,7 @@ func runKgoShare(b *testing.B, c *kafkatest.Cluster, topic, group string, n int,
 	}
 	if strict {
 		opts = append(opts, kgo.ShareMaxRecordsStrict(), kgo.MaxConcurrentFetches(0))
+		opts = append(opts, perfFetchOpts...)
 	}
 	opts = append(opts, kgo.WithHooks(shareReadBytes{}))
 	cl, err := kgo.NewClient(opts...)
@@ -269,6 +288,7 @@ func runSafeackShare(b *testing.B, c *kafkatest.Cluster, topic, group string, n 
 		ShareGroup:    group,
 		InitialOffset: sarama.OffsetOldest,
 		MaxInFlight:   perfMaxInFlight,
+		ClientOptions: perfFetchOpts,
 	}, nil)
 	require.NoError(b, err)
 	defer sub.Close()
