@@ -32,13 +32,31 @@ const (
 
 type shareDeliveryCtxKey struct{}
 
+// deliveryCtx is a message's context: its own cancellation (Context) and
+// the delivery for the context helpers. It lives inside the delivery, so
+// a message costs no allocation of its own for it.
+type deliveryCtx struct {
+	context.Context
+	d *shareDelivery
+}
+
+func (c *deliveryCtx) Value(key any) any {
+	if _, ok := key.(shareDeliveryCtxKey); ok {
+		return c.d
+	}
+	return c.Context.Value(key)
+}
+
 // shareDelivery is one delivery of a share group record.
 type shareDelivery struct {
-	sub      *shareSubscription
-	rec      *kgo.Record
-	cm       *sarama.ConsumerMessage
-	msg      *message.Message
-	cancel   context.CancelFunc
+	sub    *shareSubscription
+	rec    *kgo.Record
+	cm     *sarama.ConsumerMessage
+	msg    *message.Message
+	cancel context.CancelFunc
+	ctx    deliveryCtx
+	// ctr holds the counters of the record's partition (stats.mu).
+	ctr      *ShareCounters
 	handedAt time.Time
 	// lockSpan is what was left of the acquisition lock when the record
 	// was handed out; renewAt when to renew it next. Member loop only.
@@ -63,17 +81,17 @@ type shareDelivery struct {
 // past MaxDeliveries or cannot be unmarshalled; then it returns nil.
 func (sub *shareSubscription) newDelivery(r *kgo.Record) *shareDelivery {
 	cm := saramaMessage(r)
-	sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) {
+	d := &shareDelivery{sub: sub, rec: r, cm: cm, done: make(chan struct{})}
+	d.ctr = sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) {
 		c.Received++
 		if n := r.DeliveryCount(); n > 1 {
 			c.Redelivered++
 		}
 		c.MaxDeliveryCount = max(c.MaxDeliveryCount, r.DeliveryCount())
 	})
-	d := &shareDelivery{sub: sub, rec: r, cm: cm, done: make(chan struct{})}
 	msg, err := sub.cfg.Unmarshaler.Unmarshal(cm)
 	if err != nil {
-		sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) { c.UnmarshalFailures++ })
+		sub.s.stats.update(d.ctr, func(c *ShareCounters) { c.UnmarshalFailures++ })
 		fields := d.fields()
 		if sub.cfg.OnUnmarshalError == nil {
 			sub.logger.Error("Cannot unmarshal record; rejecting it", err, fields)
@@ -88,8 +106,9 @@ func (sub *shareSubscription) newDelivery(r *kgo.Record) *shareDelivery {
 		d.finish(kgo.AckAccept, outcomeUnmarshalHandled)
 		return nil
 	}
-	ctx, cancel := context.WithCancel(context.WithValue(sub.msgCtx, shareDeliveryCtxKey{}, d))
-	msg.SetContext(ctx)
+	ctx, cancel := context.WithCancel(sub.msgCtx)
+	d.ctx = deliveryCtx{Context: ctx, d: d}
+	msg.SetContext(&d.ctx)
 	d.msg, d.cancel = msg, cancel
 	if int(r.DeliveryCount()) > sub.cfg.MaxDeliveries {
 		sub.logger.Info("Record received past MaxDeliveries; not handed out", d.fields())
@@ -185,7 +204,7 @@ func (d *shareDelivery) finish(status kgo.AckStatus, why outcome) {
 		d.cancel()
 	}
 	d.sub.untrack(d)
-	d.sub.s.stats.count(d.rec.Topic, d.rec.Partition, func(c *ShareCounters) {
+	d.sub.s.stats.update(d.ctr, func(c *ShareCounters) {
 		switch status {
 		case kgo.AckAccept:
 			c.Accepted++
@@ -253,7 +272,7 @@ func deferShare(d *shareDelivery, msg *message.Message) (*Completion, error) {
 	df := &shareDeferral{d: d}
 	df.handle = &Completion{sd: df}
 	d.deferral = df
-	d.sub.s.stats.count(d.rec.Topic, d.rec.Partition, func(c *ShareCounters) { c.Deferred++ })
+	d.sub.s.stats.update(d.ctr, func(c *ShareCounters) { c.Deferred++ })
 	return df.handle, nil
 }
 

@@ -26,7 +26,7 @@ import (
 // zero keeps the broker's default (30 s). A real cluster keeps its own
 // settings (share tests there are run on Kafka 4.2+, see
 // requireShareGroups).
-func startShareCluster(t *testing.T, lockDuration time.Duration, opts ...kfake.Opt) *kafkatest.Cluster {
+func startShareCluster(t testing.TB, lockDuration time.Duration, opts ...kfake.Opt) *kafkatest.Cluster {
 	t.Helper()
 	cfg := map[string]string{"share.record.lock.sweep.interval.ms": "100"}
 	if lockDuration > 0 {
@@ -41,7 +41,7 @@ func startShareCluster(t *testing.T, lockDuration time.Duration, opts ...kfake.O
 // requireShareGroups skips the test when the cluster does not serve share
 // groups (a real cluster before Kafka 4.2, or without share groups
 // enabled): its brokers do not list the share group requests.
-func requireShareGroups(t *testing.T, c *kafkatest.Cluster) {
+func requireShareGroups(t testing.TB, c *kafkatest.Cluster) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
 	require.NoError(t, err)

@@ -82,7 +82,9 @@ func (r *shareRegistry) detach(sub *shareSubscription) {
 	delete(r.subs, sub)
 }
 
-func (r *shareRegistry) count(topic string, partition int32, f func(*ShareCounters)) {
+// count applies f to the counters of topic/partition, and returns them
+// for update.
+func (r *shareRegistry) count(topic string, partition int32, f func(*ShareCounters)) *ShareCounters {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.counters == nil {
@@ -95,6 +97,14 @@ func (r *shareRegistry) count(topic string, partition int32, f func(*ShareCounte
 		r.counters[tp] = c
 	}
 	f(c)
+	return c
+}
+
+// update applies f to counters count returned, without looking them up.
+func (r *shareRegistry) update(c *ShareCounters, f func(*ShareCounters)) {
+	r.mu.Lock()
+	f(c)
+	r.mu.Unlock()
 }
 
 func (r *shareRegistry) snapshot() []ShareStats {

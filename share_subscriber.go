@@ -450,7 +450,7 @@ func (sub *shareSubscription) renew(batch []*shareDelivery, now time.Time) {
 		d.rec.Ack(kgo.AckRenew)
 		d.renewAt = now.Add(d.lockSpan / 2)
 		sub.acked.Store(true) // flushed within AckFlushInterval
-		sub.s.stats.count(d.rec.Topic, d.rec.Partition, func(c *ShareCounters) { c.LockRenewals++ })
+		sub.s.stats.update(d.ctr, func(c *ShareCounters) { c.LockRenewals++ })
 	}
 }
 
