@@ -127,41 +127,39 @@ func (s *Subscriber) Stats() []PartitionStats {
 	return s.registry.snapshot()
 }
 
-// registry tracks the partitions a Subscriber owns, for Stats.
+// registry tracks the partitions a Subscriber owns, for Stats, Totals and
+// Windows: the workers of all its subscriptions.
 type registry struct {
-	mu      sync.Mutex
-	workers map[*partition.Worker]time.Time
-	ended   map[TopicPartition]*PartitionTotals // for Totals: see totals.go
+	workers workerSet
+	// mu orders attach and detach with Totals, which reads ended and
+	// workers together: an ending assignment's counters are in one of
+	// them, never both or neither.
+	mu    sync.Mutex
+	ended map[TopicPartition]*PartitionTotals // for Totals: see totals.go
 }
 
 func (r *registry) attach(w *partition.Worker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.workers == nil {
-		r.workers = make(map[*partition.Worker]time.Time)
-	}
-	r.workers[w] = time.Now()
+	r.workers.add(w)
 	r.assigned(w)
 }
 
 func (r *registry) detach(w *partition.Worker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.workers[w]; ok {
+	if r.workers.remove(w) {
 		r.retire(w)
 	}
-	delete(r.workers, w)
 }
 
 func (r *registry) snapshot() []PartitionStats {
-	r.mu.Lock()
-	out := make([]PartitionStats, 0, len(r.workers))
-	for w, at := range r.workers {
+	out := []PartitionStats{}
+	r.workers.each(func(w *partition.Worker, at time.Time) {
 		ps := partitionStats(w)
 		ps.AssignedAt = at
 		out = append(out, ps)
-	}
-	r.mu.Unlock()
+	})
 	slices.SortFunc(out, func(a, b PartitionStats) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 	})

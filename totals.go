@@ -3,6 +3,7 @@ package safeack
 import (
 	"cmp"
 	"slices"
+	"time"
 
 	"github.com/safeack/safeack/internal/partition"
 )
@@ -36,13 +37,13 @@ func (s *Subscriber) Totals() []PartitionTotals {
 	for tp, t := range r.ended {
 		sums[tp] = *t
 	}
-	for w := range r.workers {
+	r.workers.each(func(w *partition.Worker, _ time.Time) {
 		tp := TopicPartition{Topic: w.Topic(), Partition: w.Partition()}
 		t := sums[tp]
 		t.add(partitionStats(w).PartitionCounters)
 		t.Owned = true
 		sums[tp] = t
-	}
+	})
 	r.mu.Unlock()
 	out := make([]PartitionTotals, 0, len(sums))
 	for tp, t := range sums {
@@ -61,7 +62,7 @@ func (r *registry) assigned(w *partition.Worker) {
 }
 
 // retire adds the counters of an ending assignment to its partition's
-// totals. The caller holds r.mu, and w is still in r.workers.
+// totals. The caller holds r.mu, and took w out of r.workers under it.
 func (r *registry) retire(w *partition.Worker) {
 	r.totalsOf(w).add(partitionStats(w).PartitionCounters)
 }

@@ -3,6 +3,7 @@ package safeack
 import (
 	"cmp"
 	"slices"
+	"time"
 
 	"github.com/safeack/safeack/internal/partition"
 )
@@ -48,13 +49,10 @@ type WindowRun struct {
 // is read under its lock in O(min(retained, maxEntries)), so a display
 // polling a few times a second should pass a bound of a few thousand.
 func (s *Subscriber) Windows(maxEntries int) []PartitionWindow {
-	r := &s.registry
-	r.mu.Lock()
-	out := make([]PartitionWindow, 0, len(r.workers))
-	for w := range r.workers {
+	out := []PartitionWindow{}
+	s.registry.workers.each(func(w *partition.Worker, _ time.Time) {
 		out = append(out, partitionWindow(w, maxEntries))
-	}
-	r.mu.Unlock()
+	})
 	slices.SortFunc(out, func(a, b PartitionWindow) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 	})
