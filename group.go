@@ -113,10 +113,9 @@ type groupHandler struct {
 	// returned (see pinStarts).
 	pinned <-chan struct{}
 	// first holds the session's early fetches (see subscription.fetchFirstRecords).
-	first map[int32]*firstFetch
-	mu    sync.Mutex
-	// workers are the running claims' (every claim's worker is in it while it runs).
-	workers workerSet
+	first   map[int32]*firstFetch
+	mu      sync.Mutex
+	workers workerSet // the running claims'
 	stop    chan struct{}
 	done    chan struct{}
 	soon    chan struct{} // capacity 1: a partition asks for a commit now
