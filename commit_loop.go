@@ -1,12 +1,10 @@
 package safeack
 
 import (
-	"maps"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/safeack/safeack/internal/partition"
 )
 
 // commitSoon asks the commit loop to commit without waiting for the next
@@ -107,12 +105,7 @@ const maxEarlyCommitRetries = 3
 // markedOffsets returns the offset each of the session's partitions last
 // handed to Sarama.
 func (h *groupHandler) markedOffsets() map[int32]int64 {
-	h.mu.Lock()
-	workers := make([]*partition.Worker, 0, len(h.workers))
-	for _, w := range h.workers {
-		workers = append(workers, w)
-	}
-	h.mu.Unlock()
+	workers := h.workers.list()
 	out := make(map[int32]int64, len(workers))
 	for _, w := range workers {
 		out[w.Partition()] = w.Marked()
@@ -122,13 +115,7 @@ func (h *groupHandler) markedOffsets() map[int32]int64 {
 
 // markTails marks every partition's completed prefix with its tail.
 func (h *groupHandler) markTails() {
-	h.mu.Lock()
-	workers := make([]*partition.Worker, 0, len(h.workers))
-	for _, w := range h.workers {
-		workers = append(workers, w)
-	}
-	h.mu.Unlock()
-	for _, w := range workers {
+	for _, w := range h.workers.list() {
 		w.MarkTail()
 	}
 }
@@ -137,23 +124,22 @@ func (h *groupHandler) markTails() {
 // It reports whether any partition of sent (offsets handed to Sarama
 // before a commit) is still committed below it: that commit failed.
 func (h *groupHandler) confirm(sent map[int32]int64) (behind bool) {
-	h.mu.Lock()
-	parts := make([]int32, 0, len(h.workers))
-	for p := range h.workers {
-		parts = append(parts, p)
+	workers := h.workers.list()
+	parts := make([]int32, 0, len(workers))
+	for _, w := range workers {
+		parts = append(parts, w.Partition())
 	}
-	h.mu.Unlock()
 	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
 	if err != nil {
 		h.sub.logger.Debug("Cannot read back committed offsets", h.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 		return len(sent) > 0
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for p, c := range committed {
-		if w := h.workers[p]; w != nil {
+	for _, w := range workers {
+		if c, ok := committed[w.Partition()]; ok {
 			w.SetConfirmed(c.offset)
 		}
+	}
+	for p, c := range committed {
 		if off, ok := sent[p]; ok && c.offset < off {
 			behind = true
 		}
@@ -166,7 +152,7 @@ func (h *groupHandler) confirm(sent map[int32]int64) (behind bool) {
 const hwmListEvery = time.Second
 
 // listHighWaterMarks lists the high-water marks of the session's
-// partitions, for Stats (see setHighWaterMarks), on a goroutine of its own
+// partitions, for Stats (see workerSet.setHighWaterMarks), on a goroutine of its own
 // so that a broker slow to answer never holds a commit up, at most one
 // listing at a time and one per hwmListEvery.
 func (h *groupHandler) listHighWaterMarks() {
@@ -175,32 +161,8 @@ func (h *groupHandler) listHighWaterMarks() {
 		return
 	}
 	h.hwmListedAt.Store(now)
-	h.mu.Lock()
-	workers := maps.Clone(h.workers)
-	h.mu.Unlock()
 	go func() {
 		defer h.hwmListing.Store(false)
-		setHighWaterMarks(h.client, h.sub.topic, workers)
+		h.workers.setHighWaterMarks(h.client, h.sub.topic)
 	}()
-}
-
-// setHighWaterMarks lists the high-water marks of the partitions of
-// workers and gives each worker its own, for Stats: Sarama refreshes a
-// claim's only with the fetches of an unpaused partition, and a partition
-// whose fetching is paused behind a slow record would otherwise show a lag
-// frozen at the pause while records keep arriving.
-func setHighWaterMarks(client sarama.Client, topic string, workers map[int32]*partition.Worker) {
-	if len(workers) == 0 {
-		return
-	}
-	parts := make([]int32, 0, len(workers))
-	for p := range workers {
-		parts = append(parts, p)
-	}
-	// One request per leader and no retry: the next interval tries again,
-	// and the caller is not held up by a leader that is away.
-	hwms, _ := listOffsetsOnce(client, topic, parts, sarama.OffsetNewest)
-	for p, off := range hwms {
-		workers[p].SetHighWaterMark(off)
-	}
 }

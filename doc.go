@@ -59,10 +59,11 @@
 // writer), and never Watermill's middleware.InstantAck, which acks before
 // the handler runs.
 //
-// Exactly-once holds only for outputs written to Kafka: [NewTxnPublisher]
-// makes the Subscriber commit its offsets inside Kafka transactions with the
-// outputs its handlers publish, so that read_committed readers see each
-// input's outputs once. Effects outside Kafka still happen at least once.
+// Exactly-once holds only for outputs written to Kafka: [NewTxnSubscriber]
+// builds a Subscriber that commits its offsets inside Kafka transactions
+// with the outputs its handlers publish through the [TxnPublisher] built
+// with it, so that read_committed readers see each input's outputs once.
+// Effects outside Kafka still happen at least once.
 //
 // # Router middleware
 //
@@ -104,7 +105,7 @@
 //
 // ExampleNewSubscriber, Example_fromWatermillKafka (a migrated application
 // on an embedded broker), Example_routerMiddleware, ExampleDeferredCompletion,
-// ExampleSubscriber_Ready, ExampleSubscriber_Stats and ExampleNewTxnPublisher;
+// ExampleSubscriber_Ready, ExampleSubscriber_Stats and ExampleNewTxnSubscriber;
 // the frontier package has the bookkeeping on its own (ExampleTracker).
 // The router_example command (go run ./router_example) runs a router on an
 // embedded broker with a live page of each partition's frontier.

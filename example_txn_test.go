@@ -22,7 +22,7 @@ import (
 // offset past the order are committed in the same Kafka transaction, so a
 // read_committed reader of "invoices" sees one invoice per order across
 // crashes, rebalances and restarts.
-func ExampleNewTxnPublisher() {
+func ExampleNewTxnSubscriber() {
 	// An in-process Kafka-protocol broker with the two topics.
 	cluster, err := kfake.NewCluster(kfake.SeedTopics(2, "orders", "invoices"))
 	if err != nil {
@@ -44,24 +44,22 @@ func ExampleNewTxnPublisher() {
 
 	saramaCfg := safeack.DefaultSaramaSubscriberConfig()
 	saramaCfg.Consumer.Offsets.Initial = sarama.OffsetOldest // the orders came before the group
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+	// The subscriber and its transactional publisher, built together: the
+	// subscriber's offsets are committed only in the transactions that
+	// carry the invoices.
+	sub, pub, err := safeack.NewTxnSubscriber(safeack.SubscriberConfig{
 		Brokers:               brokers,
 		ConsumerGroup:         "invoicing",
 		Ordering:              safeack.Unordered,
 		OverwriteSaramaConfig: saramaCfg,
-	}, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	// Before Subscribe: from now on the subscriber's offsets are committed
-	// only in the transactions that carry the invoices.
-	pub, err := safeack.NewTxnPublisher(sub, safeack.TxnConfig{
+	}, safeack.TxnConfig{
 		TransactionalID: "invoicing-1", // unique per running instance, stable across its restarts
 		CommitInterval:  100 * time.Millisecond,
 	}, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer sub.Close()
 
 	router, err := message.NewRouter(message.RouterConfig{}, nil)
 	if err != nil {

@@ -115,7 +115,7 @@ type groupHandler struct {
 	// first holds the session's early fetches (see subscription.fetchFirstRecords).
 	first   map[int32]*firstFetch
 	mu      sync.Mutex
-	workers map[int32]*partition.Worker
+	workers workerSet // the running claims'
 	stop    chan struct{}
 	done    chan struct{}
 	soon    chan struct{} // capacity 1: a partition asks for a commit now
@@ -184,7 +184,6 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.truncated = truncated
 	h.pinned = pinned
 	h.first = first
-	h.workers = make(map[int32]*partition.Worker, len(claimed))
 	h.final = make(map[int32]committedOffset, len(claimed))
 	h.mu.Unlock()
 	h.stop, h.done = make(chan struct{}), make(chan struct{})
@@ -541,15 +540,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		}
 		w.StartFromCommit(commit.offset, commit.metadata)
 	}
-	h.mu.Lock()
-	h.workers[claim.Partition()] = w
-	h.mu.Unlock()
+	h.workers.add(w)
 	h.sub.subscriber.registry.attach(w)
 	defer func() {
 		h.sub.subscriber.registry.detach(w)
-		h.mu.Lock()
-		delete(h.workers, claim.Partition())
-		h.mu.Unlock()
+		h.workers.remove(w)
 	}()
 	w.Run(messages, h.sub.subscriber.closing)
 	if tm != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
@@ -141,104 +140,116 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 	}
 	first := sub.fetchFirstRecords(client, from)
 
-	var wg sync.WaitGroup
-	var errsMu sync.Mutex
-	var errs []error
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// The running workers, whose high-water marks are listed once per
-	// commit interval as in a group session (see setHighWaterMarks).
-	var workersMu sync.Mutex
-	workers := make(map[int32]*partition.Worker, len(starts))
-	// run starts the worker of one partition, and closes its partition
-	// consumer when the worker ends.
-	run := func(s started, firstRecords <-chan []*sarama.ConsumerMessage) error {
-		p, pc := s.partition, s.pc
-		a := partition.Assignment{
-			Topic:         sub.topic,
-			Partition:     p,
-			Start:         partition.Start{Offset: s.start, Resolved: true},
-			Pauser:        consumer,
-			HighWaterMark: pc.HighWaterMarkOffset,
-			FirstRecords:  firstRecords,
-		}
-		w, err := sub.newWorker(pctx, a)
-		if err != nil {
-			return err
-		}
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			for err := range pc.Errors() {
-				sub.logger.Error("Partition consumer error", err, w.LogFields())
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			sub.subscriber.registry.attach(w)
-			defer sub.subscriber.registry.detach(w)
-			workersMu.Lock()
-			workers[p] = w
-			workersMu.Unlock()
-			w.Run(pc.Messages(), sub.subscriber.closing)
-			workersMu.Lock()
-			delete(workers, p)
-			workersMu.Unlock()
-			sub.resume.set(p, w.Stats().SafeOffset)
-			if err := pc.Close(); err != nil {
-				errsMu.Lock()
-				errs = append(errs, err)
-				errsMu.Unlock()
-			}
-			cancel() // one partition ending ends this connection
-		}()
-		return nil
-	}
+	c := &noGroupConsumer{sub: sub, client: client, consumer: consumer}
+	c.ctx, c.cancel = context.WithCancel(ctx)
+	defer c.cancel()
 	for i, s := range starts {
 		var firstRecords <-chan []*sarama.ConsumerMessage
 		if ff := first[s.partition]; ff != nil {
 			firstRecords = ff.records
 		}
-		if err := run(s, firstRecords); err != nil {
+		if err := c.start(s, firstRecords); err != nil {
 			for _, r := range starts[i:] {
 				r.pc.Close()
 			}
-			cancel()
-			wg.Wait()
+			c.cancel()
+			c.wg.Wait()
 			return err
 		}
 	}
-	wg.Go(func() {
-		t := time.NewTicker(sub.subscriber.commitEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-pctx.Done():
-				return
-			case <-t.C:
-			}
-			workersMu.Lock()
-			listed := maps.Clone(workers)
-			workersMu.Unlock()
-			setHighWaterMarks(client, sub.topic, listed)
-		}
-	})
+	c.wg.Go(c.listHighWaterMarks)
 	if every := sub.cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency; every > 0 {
 		running := make(map[int32]bool, len(partitions))
 		for _, p := range partitions {
 			running[p] = true
 		}
-		wg.Go(func() {
-			if err := sub.watchPartitions(pctx, client, consumer, every, running, run); err != nil {
-				errsMu.Lock()
-				errs = append(errs, err)
-				errsMu.Unlock()
-				cancel()
+		c.wg.Go(func() {
+			if err := c.watchPartitions(every, running); err != nil {
+				c.fail(err)
+				c.cancel()
 			}
 		})
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	c.wg.Wait()
+	return errors.Join(c.errs...)
+}
+
+// noGroupConsumer is one connection of a subscription without a consumer
+// group: a worker for each partition of the topic, started by
+// consumePartitions and by watchPartitions as partitions are added. One
+// partition ending ends the connection.
+type noGroupConsumer struct {
+	sub      *subscription
+	client   sarama.Client
+	consumer sarama.Consumer
+	// ctx is the workers' parent; cancel ends the connection.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the workers' goroutines and the consumer's own
+	// workers are the running ones, whose high-water marks are listed
+	// once per commit interval as in a group session.
+	workers workerSet
+
+	errsMu sync.Mutex
+	errs   []error // ended the connection, for consumePartitions to return
+}
+
+// fail records an error that ends the connection.
+func (c *noGroupConsumer) fail(err error) {
+	c.errsMu.Lock()
+	c.errs = append(c.errs, err)
+	c.errsMu.Unlock()
+}
+
+// start starts the worker of one partition, and closes its partition
+// consumer when the worker ends.
+func (c *noGroupConsumer) start(s started, firstRecords <-chan []*sarama.ConsumerMessage) error {
+	sub, p, pc := c.sub, s.partition, s.pc
+	a := partition.Assignment{
+		Topic:         sub.topic,
+		Partition:     p,
+		Start:         partition.Start{Offset: s.start, Resolved: true},
+		Pauser:        c.consumer,
+		HighWaterMark: pc.HighWaterMarkOffset,
+		FirstRecords:  firstRecords,
+	}
+	w, err := sub.newWorker(c.ctx, a)
+	if err != nil {
+		return err
+	}
+	c.wg.Go(func() {
+		for err := range pc.Errors() {
+			sub.logger.Error("Partition consumer error", err, w.LogFields())
+		}
+	})
+	c.wg.Go(func() {
+		sub.subscriber.registry.attach(w)
+		defer sub.subscriber.registry.detach(w)
+		c.workers.add(w)
+		w.Run(pc.Messages(), sub.subscriber.closing)
+		c.workers.remove(w)
+		sub.resume.set(p, w.Stats().SafeOffset)
+		if err := pc.Close(); err != nil {
+			c.fail(err)
+		}
+		c.cancel() // one partition ending ends this connection
+	})
+	return nil
+}
+
+// listHighWaterMarks lists the running workers' high-water marks once per
+// commit interval, for Stats, until the connection ends.
+func (c *noGroupConsumer) listHighWaterMarks() {
+	t := time.NewTicker(c.sub.subscriber.commitEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.workers.setHighWaterMarks(c.client, c.sub.topic)
+	}
 }
 
 // started is a partition consumer and the offset it starts at.
@@ -254,8 +265,8 @@ type started struct {
 // Metadata.RefreshFrequency, and this checks as often. Partitions that
 // cannot be started yet are tried again at the next check; an error ends
 // the connection.
-func (sub *subscription) watchPartitions(ctx context.Context, client sarama.Client, consumer sarama.Consumer,
-	every time.Duration, running map[int32]bool, run func(started, <-chan []*sarama.ConsumerMessage) error) error {
+func (c *noGroupConsumer) watchPartitions(every time.Duration, running map[int32]bool) error {
+	sub, ctx, client := c.sub, c.ctx, c.client
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -276,7 +287,7 @@ func (sub *subscription) watchPartitions(ctx context.Context, client sarama.Clie
 			if running[p] || ctx.Err() != nil {
 				continue
 			}
-			pc, start, err := sub.startPartition(client, consumer, p)
+			pc, start, err := sub.startPartition(client, c.consumer, p)
 			if err != nil {
 				sub.logger.Info("Cannot start a partition added to the topic yet; retrying",
 					sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "err": err.Error()}))
@@ -285,7 +296,7 @@ func (sub *subscription) watchPartitions(ctx context.Context, client sarama.Clie
 			sub.logger.Info("Consuming a partition added to the topic",
 				sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "kafka_initial_offset": start}))
 			running[p] = true
-			if err := run(started{p, pc, start}, nil); err != nil {
+			if err := c.start(started{p, pc, start}, nil); err != nil {
 				pc.Close()
 				return err
 			}

@@ -110,7 +110,7 @@ type CommitEvent struct {
 	// Topic and Group are the subscription's topic and consumer group.
 	Topic, Group string
 	// Transactional reports a commit made in a Kafka transaction (see
-	// NewTxnPublisher), in which Outputs messages were produced.
+	// NewTxnSubscriber), in which Outputs messages were produced.
 	Transactional bool
 	Outputs       int
 	// Start is when the commit was sent, and Duration how long the broker
@@ -210,12 +210,7 @@ func (h *groupHandler) observeCommit() *commitObservation {
 	if !ok {
 		return nil
 	}
-	h.mu.Lock()
-	workers := make([]*partition.Worker, 0, len(h.workers))
-	for _, w := range h.workers {
-		workers = append(workers, w)
-	}
-	h.mu.Unlock()
+	workers := h.workers.list()
 	c := &commitObservation{a: a, topic: h.sub.topic}
 	a.mu.Lock()
 	for _, w := range workers {

@@ -139,41 +139,39 @@ func (s *Subscriber) Stats() []PartitionStats {
 	return s.registry.snapshot()
 }
 
-// registry tracks the partitions a Subscriber owns, for Stats.
+// registry tracks the partitions a Subscriber owns, for Stats, Totals and
+// Windows: the workers of all its subscriptions.
 type registry struct {
-	mu      sync.Mutex
-	workers map[*partition.Worker]time.Time
-	ended   map[TopicPartition]*PartitionTotals // for Totals
+	workers workerSet
+	// mu orders attach and detach with Totals, which reads ended and
+	// workers together: an ending assignment's counters are in one of
+	// them, never both or neither.
+	mu    sync.Mutex
+	ended map[TopicPartition]*PartitionTotals // for Totals
 }
 
 func (r *registry) attach(w *partition.Worker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.workers == nil {
-		r.workers = make(map[*partition.Worker]time.Time)
-	}
-	r.workers[w] = time.Now()
+	r.workers.add(w)
 	r.assigned(w)
 }
 
 func (r *registry) detach(w *partition.Worker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.workers[w]; ok {
+	if r.workers.remove(w) {
 		r.retire(w)
 	}
-	delete(r.workers, w)
 }
 
 func (r *registry) snapshot() []PartitionStats {
-	r.mu.Lock()
-	out := make([]PartitionStats, 0, len(r.workers))
-	for w, at := range r.workers {
+	out := []PartitionStats{}
+	r.workers.each(func(w *partition.Worker, at time.Time) {
 		ps := partitionStats(w)
 		ps.AssignedAt = at
 		out = append(out, ps)
-	}
-	r.mu.Unlock()
+	})
 	sortByTopicPartition(out)
 	return out
 }
@@ -234,13 +232,13 @@ func (s *Subscriber) Totals() []PartitionTotals {
 	for tp, t := range r.ended {
 		sums[tp] = *t
 	}
-	for w := range r.workers {
+	r.workers.each(func(w *partition.Worker, _ time.Time) {
 		tp := TopicPartition{Topic: w.Topic(), Partition: w.Partition()}
 		t := sums[tp]
 		t.add(partitionStats(w).PartitionCounters)
 		t.Owned = true
 		sums[tp] = t
-	}
+	})
 	r.mu.Unlock()
 	out := make([]PartitionTotals, 0, len(sums))
 	for tp, t := range sums {
@@ -257,7 +255,7 @@ func (r *registry) assigned(w *partition.Worker) {
 }
 
 // retire adds the counters of an ending assignment to its partition's
-// totals. The caller holds r.mu, and w is still in r.workers.
+// totals. The caller holds r.mu, and took w out of r.workers under it.
 func (r *registry) retire(w *partition.Worker) {
 	r.totalsOf(w).add(partitionStats(w).PartitionCounters)
 }
@@ -309,13 +307,10 @@ type WindowRun = frontier.WindowRun
 // is read under its lock in O(min(retained, maxEntries)), so a display
 // polling a few times a second should pass a bound of a few thousand.
 func (s *Subscriber) Windows(maxEntries int) []PartitionWindow {
-	r := &s.registry
-	r.mu.Lock()
-	out := make([]PartitionWindow, 0, len(r.workers))
-	for w := range r.workers {
+	out := []PartitionWindow{}
+	s.registry.workers.each(func(w *partition.Worker, _ time.Time) {
 		out = append(out, partitionWindow(w, maxEntries))
-	}
-	r.mu.Unlock()
+	})
 	sortByTopicPartition(out)
 	return out
 }

@@ -44,9 +44,11 @@ type Subscriber struct {
 	instanceTopic string
 
 	// txn makes the subscriptions commit through Kafka transactions (see
-	// NewTxnPublisher); subscribed tells NewTxnPublisher it is too late.
-	txn        atomic.Pointer[TxnPublisher]
-	subscribed atomic.Bool
+	// NewTxnSubscriber). Only the deprecated NewTxnPublisher sets it after
+	// NewSubscriber, under lifecycle and while subscribed (set by the
+	// first Subscribe, under lifecycle) is false.
+	txn        *TxnPublisher
+	subscribed bool
 
 	registry registry
 	ready    readiness // for Ready and WaitReady
@@ -112,6 +114,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if topic == "" {
 		return nil, errors.New("safeack: empty topic")
 	}
+	pub := s.transactional()
 	if err := s.holdInstance(topic); err != nil {
 		return nil, err
 	}
@@ -121,7 +124,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			s.releaseInstance()
 		}
 	}()
-	s.subscribed.Store(true)
 	output := make(chan *message.Message)
 	sub := &subscription{
 		subscriber: s,
@@ -139,7 +141,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	sub.workerCfg = s.cfg.workerConfig(s.logger, sub.logFields)
 	s.logger.Info("Subscribing to Kafka topic", sub.logFields)
-	if pub := s.txn.Load(); pub != nil {
+	if pub != nil {
 		if err := sub.startTxn(pub); err != nil {
 			return nil, err
 		}

@@ -155,6 +155,15 @@ func waitCond(timeout time.Duration, cond func() bool) bool {
 // closes it at the end of the test.
 func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
 	t.Helper()
+	sub, err := safeack.NewSubscriber(testSubscriberConfig(c, group, mod), testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+// testSubscriberConfig is newTestSubscriber's config: short intervals and
+// timeouts, changed by mod if it is not nil.
+func testSubscriberConfig(c *kafkatest.Cluster, group string, mod func(*safeack.SubscriberConfig)) safeack.SubscriberConfig {
 	sc := c.SaramaConfig()
 	sc.Consumer.Return.Errors = true
 	// Notice rebalances quickly.
@@ -171,10 +180,7 @@ func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod fun
 	if mod != nil {
 		mod(&cfg)
 	}
-	sub, err := safeack.NewSubscriber(cfg, testLogger())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-	return sub
+	return cfg
 }
 
 // handleAll runs handler in its own goroutine for every message of msgs,

@@ -32,7 +32,7 @@ const recordBatchVersion = 2
 // length, and the rest), which a broker's max.message.bytes counts.
 const recordBatchHeader = 61
 
-// TxnConfig configures exactly-once routing: see NewTxnPublisher.
+// TxnConfig configures exactly-once routing: see NewTxnSubscriber.
 type TxnConfig struct {
 	// TransactionalID names this instance of the router to Kafka's
 	// transaction coordinator; each subscription's producer uses
@@ -110,83 +110,184 @@ type TxnPublisher struct {
 
 var _ message.Publisher = (*TxnPublisher)(nil)
 
-// NewTxnPublisher makes sub transactional: from then on, sub commits its
+// NewTxnSubscriber validates config and txn and returns a transactional
+// Subscriber and the TxnPublisher wired to it: the Subscriber commits its
 // consumer offsets only inside the transactions that carry its handlers'
 // outputs, and never through the consumer group's own OffsetCommit (except
 // the start position of a partition the group has never committed, which
-// carries no output). It must be called before sub.Subscribe. sub must
-// have a ConsumerGroup; its consumer reads with IsolationLevel
-// ReadCommitted from then on (so that a new owner of a partition waits for
-// its previous owner's open transaction, KIP-447). Eager and cooperative
-// rebalancing (sarama.NewBalanceStrategyCooperativeSticky) are both
-// supported: a partition revoked by a cooperative rebalance commits its
-// outputs and final position in a transaction before the revocation
-// completes, while the member's other partitions go on. A nil logger
-// disables logging. Invalid configuration gives an error wrapping
-// ErrInvalidConfig that names the field.
+// carries no output). config needs a ConsumerGroup and a Sarama Version of
+// at least 2.5.0; the Subscriber's consumer reads with IsolationLevel
+// ReadCommitted (so that a new owner of a partition waits for its previous
+// owner's open transaction, KIP-447). Eager and cooperative rebalancing
+// (sarama.NewBalanceStrategyCooperativeSticky) are both supported: a
+// partition revoked by a cooperative rebalance commits its outputs and
+// final position in a transaction before the revocation completes, while
+// the member's other partitions go on. A nil logger disables logging.
+//
+// Invalid configuration gives an error wrapping ErrInvalidConfig that
+// names the field: config's fields as NewSubscriber names them, txn's with
+// the prefix "TxnConfig.", and those of config that transactional mode
+// constrains further with the prefix "SubscriberConfig.".
+func NewTxnSubscriber(config SubscriberConfig, txn TxnConfig, logger watermill.LoggerAdapter) (*Subscriber, *TxnPublisher, error) {
+	if err := config.Validate(); err != nil {
+		return nil, nil, err
+	}
+	sc := config.withDefaults()
+	txn, pcfg, err := txn.withSubscriber(&sc)
+	if err != nil {
+		return nil, nil, err
+	}
+	config.OverwriteSaramaConfig = readCommitted(sc.OverwriteSaramaConfig)
+	sub, err := NewSubscriber(config, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	pub := newTxnPublisher(sub, txn, pcfg, logger)
+	sub.txn = pub // before anyone else has sub
+	return sub, pub, nil
+}
+
+// NewTxnPublisher makes sub transactional, as NewTxnSubscriber makes a
+// Subscriber, and returns its TxnPublisher. It must be called before the
+// first sub.Subscribe, and once: later it fails with ErrInvalidConfig. sub
+// must have a ConsumerGroup and a Sarama Version of at least 2.5.0.
+//
+// Deprecated: use NewTxnSubscriber, which builds the Subscriber and its
+// TxnPublisher together, so that no Subscriber is ever used before it is
+// transactional.
 func NewTxnPublisher(sub *Subscriber, config TxnConfig, logger watermill.LoggerAdapter) (*TxnPublisher, error) {
 	if sub == nil {
 		return nil, fieldError("sub", "nil Subscriber")
 	}
+	// The one late path: sub was built plain. Subscribe reads sub.txn and
+	// sub.cfg only after taking lifecycle (see Subscriber.transactional),
+	// so they are changed under it, and only before the first Subscribe.
+	sub.lifecycle.Lock()
+	defer sub.lifecycle.Unlock()
+	config, pcfg, err := config.withSubscriber(&sub.cfg)
+	switch {
+	case err != nil:
+		return nil, err
+	case sub.txn != nil:
+		return nil, fieldError("sub", "already has a TxnPublisher")
+	case sub.subscribed:
+		return nil, fieldError("sub", "already subscribed: call NewTxnPublisher before Subscribe (or use NewTxnSubscriber)")
+	}
+	pub := newTxnPublisher(sub, config, pcfg, logger)
+	sub.txn = pub
+	sub.cfg.OverwriteSaramaConfig = readCommitted(sub.cfg.OverwriteSaramaConfig)
+	return pub, nil
+}
+
+// transactional returns the TxnPublisher of s, nil for a plain Subscriber,
+// and closes s to NewTxnPublisher: Subscribe calls it before it reads s.cfg.
+func (s *Subscriber) transactional() *TxnPublisher {
+	s.lifecycle.Lock()
+	defer s.lifecycle.Unlock()
+	s.subscribed = true
+	return s.txn
+}
+
+func newTxnPublisher(sub *Subscriber, config TxnConfig, pcfg *sarama.Config, logger watermill.LoggerAdapter) *TxnPublisher {
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	sc := sub.cfg.OverwriteSaramaConfig
+	return &TxnPublisher{sub: sub, cfg: config, pcfg: pcfg, logger: logger, topics: make(map[string]bool)}
+}
+
+// readCommitted returns a copy of a transactional subscriber's Sarama
+// config that reads with IsolationLevel ReadCommitted. Such a consumer
+// also fetches committed offsets with RequireStable: it waits for a
+// transaction of the partition's previous owner still in flight instead of
+// starting below it (Sarama's offset manager does this for ReadCommitted,
+// and so does fetchCommitted). Inputs that are themselves transactional
+// outputs are read committed too.
+func readCommitted(sc *sarama.Config) *sarama.Config {
+	c := *sc
+	c.Consumer.IsolationLevel = sarama.ReadCommitted
+	return &c
+}
+
+// txnFieldError is fieldError for a field of TxnConfig.
+func txnFieldError(field, format string, args ...any) error {
+	return fieldError("TxnConfig."+field, format, args...)
+}
+
+// Validate reports the first invalid field of c that can be judged without
+// the subscriber's config; NewTxnSubscriber checks the rest (the
+// subscriber's ConsumerGroup and Version, and the producer's Sarama config
+// when it is the subscriber's). Each error wraps ErrInvalidConfig and
+// names the field, with the prefix "TxnConfig.".
+func (c TxnConfig) Validate() error {
 	switch {
-	case config.TransactionalID == "":
-		return nil, fieldError("TransactionalID", "required: a name unique among running instances and stable across restarts")
-	case config.CommitInterval < 0:
-		return nil, fieldError("CommitInterval", "negative: %s", config.CommitInterval)
-	case config.CommitInterval > 0 && config.CommitInterval < minCommitInterval:
-		return nil, fieldError("CommitInterval", "%s is below %s: a transaction takes several round trips to the broker, and the commit loop would only spin", config.CommitInterval, minCommitInterval)
-	case sub.cfg.ConsumerGroup == "":
-		return nil, fieldError("SubscriberConfig.ConsumerGroup", "required in transactional mode: the offsets committed with the outputs are the group's")
-	case !sc.Version.IsAtLeast(sarama.V2_5_0_0):
-		return nil, fieldError("SubscriberConfig.OverwriteSaramaConfig.Version", "%s: transactional mode needs 2.5.0 or later (KIP-447: offsets fenced by generation and member id, stable offset fetches)", sc.Version)
+	case c.TransactionalID == "":
+		return txnFieldError("TransactionalID", "required: a name unique among running instances and stable across restarts")
+	case c.CommitInterval < 0:
+		return txnFieldError("CommitInterval", "negative: %s", c.CommitInterval)
+	case c.CommitInterval > 0 && c.CommitInterval < minCommitInterval:
+		return txnFieldError("CommitInterval", "%s is below %s: a transaction takes several round trips to the broker, and the commit loop would only spin", c.CommitInterval, minCommitInterval)
 	}
-	if config.CommitInterval == 0 {
-		config.CommitInterval = DefaultTxnCommitInterval
+	for i, b := range c.Brokers {
+		if b == "" {
+			return txnFieldError("Brokers", "entry %d is empty", i)
+		}
 	}
-	if config.Marshaler == nil {
-		config.Marshaler = kafka.DefaultMarshaler{}
+	if c.OverwriteSaramaConfig != nil {
+		if _, err := producerConfig(c.OverwriteSaramaConfig, c.TransactionalID, "TxnConfig.OverwriteSaramaConfig"); err != nil {
+			return err
+		}
 	}
-	if len(config.Brokers) == 0 {
-		config.Brokers = sub.cfg.Brokers
+	return nil
+}
+
+// withSubscriber validates c for a subscriber whose config (defaults
+// applied) is sc, and returns c with its defaults, some of them sc's, and
+// the producer's Sarama config.
+func (c TxnConfig) withSubscriber(sc *SubscriberConfig) (TxnConfig, *sarama.Config, error) {
+	if err := c.Validate(); err != nil {
+		return c, nil, err
 	}
-	var pcfg sarama.Config
-	if config.OverwriteSaramaConfig != nil {
-		pcfg = *config.OverwriteSaramaConfig
-	} else {
-		pcfg = *sc
+	switch {
+	case sc.ConsumerGroup == "":
+		return c, nil, fieldError("SubscriberConfig.ConsumerGroup", "required in transactional mode: the offsets committed with the outputs are the group's")
+	case !sc.OverwriteSaramaConfig.Version.IsAtLeast(sarama.V2_5_0_0):
+		return c, nil, fieldError("SubscriberConfig.OverwriteSaramaConfig.Version", "%s: transactional mode needs 2.5.0 or later (KIP-447: offsets fenced by generation and member id, stable offset fetches)", sc.OverwriteSaramaConfig.Version)
 	}
-	if !pcfg.Version.IsAtLeast(sarama.V2_5_0_0) {
-		return nil, fieldError("OverwriteSaramaConfig.Version", "%s: transactional mode needs 2.5.0 or later", pcfg.Version)
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultTxnCommitInterval
 	}
+	if c.Marshaler == nil {
+		c.Marshaler = kafka.DefaultMarshaler{}
+	}
+	if len(c.Brokers) == 0 {
+		c.Brokers = sc.Brokers
+	}
+	if c.OverwriteSaramaConfig != nil {
+		pcfg, err := producerConfig(c.OverwriteSaramaConfig, c.TransactionalID, "TxnConfig.OverwriteSaramaConfig")
+		return c, pcfg, err
+	}
+	pcfg, err := producerConfig(sc.OverwriteSaramaConfig, c.TransactionalID, "SubscriberConfig.OverwriteSaramaConfig (the producer's, TxnConfig.OverwriteSaramaConfig being nil)")
+	return c, pcfg, err
+}
+
+// producerConfig returns a copy of base with what a transactional producer
+// needs set, or an error naming field (where base comes from) when it
+// cannot serve one.
+func producerConfig(base *sarama.Config, id, field string) (*sarama.Config, error) {
+	if !base.Version.IsAtLeast(sarama.V2_5_0_0) {
+		return nil, fieldError(field+".Version", "%s: transactional mode needs 2.5.0 or later", base.Version)
+	}
+	pcfg := *base
 	pcfg.Producer.Idempotent = true
 	pcfg.Producer.RequiredAcks = sarama.WaitForAll
 	pcfg.Producer.Return.Successes = true
 	pcfg.Producer.Return.Errors = true
 	pcfg.Net.MaxOpenRequests = 1
-	pcfg.Producer.Transaction.ID = config.TransactionalID // per topic at Subscribe; validated here
+	pcfg.Producer.Transaction.ID = id // per topic at Subscribe; validated here
 	if err := pcfg.Validate(); err != nil {
-		return nil, fieldError("OverwriteSaramaConfig", "%v", err)
+		return nil, fieldError(field, "%v", err)
 	}
-
-	p := &TxnPublisher{sub: sub, cfg: config, pcfg: &pcfg, logger: logger, topics: make(map[string]bool)}
-	if !sub.txn.CompareAndSwap(nil, p) {
-		return nil, fieldError("sub", "already has a TxnPublisher")
-	}
-	if sub.subscribed.Load() {
-		sub.txn.Store(nil)
-		return nil, fieldError("sub", "already subscribed: call NewTxnPublisher before Subscribe")
-	}
-	// A read_committed consumer fetches committed offsets with
-	// RequireStable: it waits for a transaction of the partition's previous
-	// owner still in flight instead of starting below it (Sarama's offset
-	// manager does this for ReadCommitted). Inputs that are themselves
-	// transactional outputs are read committed too.
-	sub.cfg.OverwriteSaramaConfig.Consumer.IsolationLevel = sarama.ReadCommitted
-	return p, nil
+	return &pcfg, nil
 }
 
 func usesCooperative(sc *sarama.Config) bool {

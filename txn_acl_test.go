@@ -63,11 +63,10 @@ func testTxnOutputTopicNotWritable(t *testing.T, denied kmsg.ACLOperation) {
 	app := c.SaramaConfig()
 	app.Net.SASL.User, app.Net.SASL.Password = "app", "app"
 	logger := testLogger()
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: c.NewGroup(t), OverwriteSaramaConfig: app}, logger)
+	sub, pub, err := safeack.NewTxnSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: c.NewGroup(t), OverwriteSaramaConfig: app},
+		safeack.TxnConfig{TransactionalID: "txn-acl"}, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
-	pub, err := safeack.NewTxnPublisher(sub, safeack.TxnConfig{TransactionalID: "txn-acl"}, logger)
-	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{}, logger)
 	require.NoError(t, err)
 	poison, err := middleware.PoisonQueue(pub, dlq)

@@ -720,15 +720,13 @@ func (h *groupHandler) txnCommitLoop(stop, done chan struct{}) {
 // ends once one of its ConsumeClaims returns, and the next one fetches from
 // the committed offsets.
 func (h *groupHandler) endAssignments() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, w := range h.workers {
+	for _, w := range h.workers.list() {
 		w.End()
 	}
 }
 
 // errTxnNeedsGroup guards the path without a consumer group, which
-// NewTxnPublisher refuses.
+// NewTxnSubscriber (and NewTxnPublisher) refuse.
 var errTxnNeedsGroup = errors.New("safeack: transactional mode needs a consumer group")
 
 // startTxn gives the subscription its transactional commit path.

@@ -42,11 +42,9 @@ func newDefaultTxn(t *testing.T, c *kafkatest.Cluster, partitions int, txnID str
 		mod(&cfg)
 	}
 	var err error
-	d.sub, err = safeack.NewSubscriber(cfg, logger)
+	d.sub, d.pub, err = safeack.NewTxnSubscriber(cfg, safeack.TxnConfig{TransactionalID: txnID}, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.sub.Close() })
-	d.pub, err = safeack.NewTxnPublisher(d.sub, safeack.TxnConfig{TransactionalID: txnID}, logger)
-	require.NoError(t, err)
 	d.router, err = message.NewRouter(message.RouterConfig{}, logger)
 	require.NoError(t, err)
 	d.inPub, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}}, logger)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -58,7 +59,7 @@ func (r *txnRig) inputIDs() []string {
 func (r *txnRig) subscriber(t *testing.T, txnID string, mod func(*safeack.SubscriberConfig, *safeack.TxnConfig)) (*safeack.Subscriber, *safeack.TxnPublisher) {
 	t.Helper()
 	var tc safeack.TxnConfig
-	sub := newTestSubscriber(t, r.c, r.group, func(cfg *safeack.SubscriberConfig) {
+	cfg := testSubscriberConfig(r.c, r.group, func(cfg *safeack.SubscriberConfig) {
 		cfg.Ordering = safeack.Unordered
 		cfg.MaxInFlight = 32
 		tc = safeack.TxnConfig{
@@ -70,8 +71,9 @@ func (r *txnRig) subscriber(t *testing.T, txnID string, mod func(*safeack.Subscr
 			mod(cfg, &tc)
 		}
 	})
-	pub, err := safeack.NewTxnPublisher(sub, tc, testLogger())
+	sub, pub, err := safeack.NewTxnSubscriber(cfg, tc, testLogger())
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
 	return sub, pub
 }
 
@@ -444,42 +446,116 @@ func TestTxnPublishWithoutDelivery(t *testing.T) {
 	require.ErrorIs(t, pub.Publish(r.out, out), safeack.ErrAlreadyAnswered)
 }
 
-// Invalid transactional configuration is an error that names the field.
+// Invalid transactional configuration is an error that names the field,
+// and changes nothing: the caller's Sarama configs keep their values.
 func TestTxnConfigErrors(t *testing.T) {
 	c := kafkatest.Start(t)
 	group := c.NewGroup(t)
-	mk := func(mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
-		return newTestSubscriber(t, c, group, mod)
+	mk := func(mod func(*safeack.SubscriberConfig)) safeack.SubscriberConfig {
+		return testSubscriberConfig(c, group, mod)
 	}
+	oldProducer := c.SaramaConfig()
+	oldProducer.Version = sarama.V2_4_0_0
 	for _, tc := range []struct {
 		name  string
-		sub   *safeack.Subscriber
+		sub   safeack.SubscriberConfig
 		cfg   safeack.TxnConfig
 		field string
 	}{
-		{"no id", mk(nil), safeack.TxnConfig{}, "TransactionalID"},
-		{"negative interval", mk(nil), safeack.TxnConfig{TransactionalID: "x", CommitInterval: -1}, "CommitInterval"},
-		{"interval below 1 ms", mk(nil), safeack.TxnConfig{TransactionalID: "x", CommitInterval: time.Microsecond}, "CommitInterval"},
-		{"no group", mk(func(cfg *safeack.SubscriberConfig) { cfg.ConsumerGroup = "" }), safeack.TxnConfig{TransactionalID: "x"}, "ConsumerGroup"},
-		{"old version", mk(func(cfg *safeack.SubscriberConfig) { cfg.OverwriteSaramaConfig.Version = sarama.V2_4_0_0 }), safeack.TxnConfig{TransactionalID: "x"}, "Version"},
+		{"no id", mk(nil), safeack.TxnConfig{}, "TxnConfig.TransactionalID"},
+		{"negative interval", mk(nil), safeack.TxnConfig{TransactionalID: "x", CommitInterval: -1}, "TxnConfig.CommitInterval"},
+		{"interval below 1 ms", mk(nil), safeack.TxnConfig{TransactionalID: "x", CommitInterval: time.Microsecond}, "TxnConfig.CommitInterval"},
+		{"empty broker", mk(nil), safeack.TxnConfig{TransactionalID: "x", Brokers: []string{""}}, "TxnConfig.Brokers"},
+		{"old producer version", mk(nil), safeack.TxnConfig{TransactionalID: "x", OverwriteSaramaConfig: oldProducer}, "TxnConfig.OverwriteSaramaConfig.Version"},
+		{"no group", mk(func(cfg *safeack.SubscriberConfig) { cfg.ConsumerGroup = "" }), safeack.TxnConfig{TransactionalID: "x"}, "SubscriberConfig.ConsumerGroup"},
+		{"old version", mk(func(cfg *safeack.SubscriberConfig) { cfg.OverwriteSaramaConfig.Version = sarama.V2_4_0_0 }), safeack.TxnConfig{TransactionalID: "x"}, "SubscriberConfig.OverwriteSaramaConfig.Version"},
+		{"invalid subscriber config", mk(func(cfg *safeack.SubscriberConfig) { cfg.MaxInFlight = -1 }), safeack.TxnConfig{TransactionalID: "x"}, "MaxInFlight"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := safeack.NewTxnPublisher(tc.sub, tc.cfg, nil)
+			sub, pub, err := safeack.NewTxnSubscriber(tc.sub, tc.cfg, nil)
 			require.ErrorIs(t, err, safeack.ErrInvalidConfig)
-			require.ErrorContains(t, err, tc.field)
+			require.ErrorContains(t, err, tc.field+":")
+			require.Nil(t, sub)
+			require.Nil(t, pub)
+			if strings.HasPrefix(tc.field, "TxnConfig.") {
+				// What can be judged without the subscriber's config,
+				// Validate judges alone.
+				verr := tc.cfg.Validate()
+				require.ErrorIs(t, verr, safeack.ErrInvalidConfig)
+				require.ErrorContains(t, verr, tc.field+":")
+			}
+			require.Equal(t, sarama.ReadUncommitted, tc.sub.OverwriteSaramaConfig.Consumer.IsolationLevel)
 		})
 	}
-	t.Run("after subscribe", func(t *testing.T) {
-		sub := mk(nil)
+	require.NoError(t, safeack.TxnConfig{TransactionalID: "x"}.Validate())
+
+	t.Run("valid", func(t *testing.T) {
+		cfg := mk(nil)
+		sub, pub, err := safeack.NewTxnSubscriber(cfg, safeack.TxnConfig{TransactionalID: "x"}, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
+		require.NotNil(t, pub)
+		// The Subscriber's own copy reads committed; the caller's is untouched.
+		require.Equal(t, sarama.ReadUncommitted, cfg.OverwriteSaramaConfig.Consumer.IsolationLevel)
+		_, err = safeack.NewTxnPublisher(sub, safeack.TxnConfig{TransactionalID: "y"}, nil)
+		require.ErrorIs(t, err, safeack.ErrInvalidConfig, "a second TxnPublisher for a transactional Subscriber")
+	})
+
+	// The deprecated NewTxnPublisher refuses what NewTxnSubscriber does, and
+	// a Subscriber that was used already, or has a TxnPublisher.
+	plain := func(mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
+		return newTestSubscriber(t, c, group, mod)
+	}
+	t.Run("wrapper: no group", func(t *testing.T) {
+		_, err := safeack.NewTxnPublisher(plain(func(cfg *safeack.SubscriberConfig) { cfg.ConsumerGroup = "" }), safeack.TxnConfig{TransactionalID: "x"}, nil)
+		require.ErrorIs(t, err, safeack.ErrInvalidConfig)
+		require.ErrorContains(t, err, "SubscriberConfig.ConsumerGroup:")
+	})
+	t.Run("wrapper: no id", func(t *testing.T) {
+		_, err := safeack.NewTxnPublisher(plain(nil), safeack.TxnConfig{}, nil)
+		require.ErrorIs(t, err, safeack.ErrInvalidConfig)
+		require.ErrorContains(t, err, "TxnConfig.TransactionalID:")
+	})
+	t.Run("wrapper: nil subscriber", func(t *testing.T) {
+		_, err := safeack.NewTxnPublisher(nil, safeack.TxnConfig{TransactionalID: "x"}, nil)
+		require.ErrorIs(t, err, safeack.ErrInvalidConfig)
+	})
+	t.Run("wrapper: after subscribe", func(t *testing.T) {
+		sub := plain(nil)
 		mustSubscribe(t, sub, c.NewTopic(t, 1))
 		_, err := safeack.NewTxnPublisher(sub, safeack.TxnConfig{TransactionalID: "x"}, nil)
 		require.ErrorIs(t, err, safeack.ErrInvalidConfig)
 	})
-	t.Run("twice", func(t *testing.T) {
-		sub := mk(nil)
+	t.Run("wrapper: twice", func(t *testing.T) {
+		sub := plain(nil)
 		_, err := safeack.NewTxnPublisher(sub, safeack.TxnConfig{TransactionalID: "x"}, nil)
 		require.NoError(t, err)
 		_, err = safeack.NewTxnPublisher(sub, safeack.TxnConfig{TransactionalID: "y"}, nil)
 		require.ErrorIs(t, err, safeack.ErrInvalidConfig)
 	})
+}
+
+// The deprecated NewTxnPublisher still makes a plain Subscriber
+// transactional for existing users: exactly one committed output per input.
+func TestTxnPublisherDeprecatedWrapper(t *testing.T) {
+	c := kafkatest.Start(t)
+	r := newTxnRig(t, c, 2, 200)
+	sc := testSubscriberConfig(c, r.group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
+	sub, err := safeack.NewSubscriber(sc, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	pub, err := safeack.NewTxnPublisher(sub, safeack.TxnConfig{
+		TransactionalID:       "txn-wrapper",
+		CommitInterval:        50 * time.Millisecond,
+		OverwriteSaramaConfig: txnProducerConfig(c),
+	}, testLogger())
+	require.NoError(t, err)
+	require.Equal(t, sarama.ReadUncommitted, sc.OverwriteSaramaConfig.Consumer.IsolationLevel, "the caller's config changed")
+	var att attempts
+	runRouter(t, r, sub, pub, func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{outputOf(msg, att.next(msg))}, nil
+	})
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	r.requireExactlyOnce(t, rd, r.inputIDs(), 60*time.Second, 30*time.Second)
+	require.Zero(t, pub.Stats().Aborted)
 }

@@ -57,7 +57,9 @@ func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string, coop boo
 		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
 		sc.Consumer.Group.Rebalance.Timeout = kafkatest.EmbeddedSessionTimeout
 	}
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+	pc := c.SaramaConfig()
+	pc.Producer.Partitioner = sarama.NewHashPartitioner
+	sub, pub, err := safeack.NewTxnSubscriber(safeack.SubscriberConfig{
 		Brokers:               c.Brokers(),
 		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         group,
@@ -66,19 +68,12 @@ func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string, coop boo
 		DrainTimeout:          500 * time.Millisecond,
 		NackResendSleep:       10 * time.Millisecond,
 		ReconnectRetrySleep:   100 * time.Millisecond,
-	}, nil)
-	if err != nil {
-		return nil, err
-	}
-	pc := c.SaramaConfig()
-	pc.Producer.Partitioner = sarama.NewHashPartitioner
-	pub, err := safeack.NewTxnPublisher(sub, safeack.TxnConfig{
+	}, safeack.TxnConfig{
 		TransactionalID:       txnID,
 		CommitInterval:        100 * time.Millisecond,
 		OverwriteSaramaConfig: pc,
 	}, nil)
 	if err != nil {
-		_ = sub.Close()
 		return nil, err
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, nil)
