@@ -77,9 +77,20 @@ func (tel *telemetry) collect(t *testing.T) metricdata.ResourceMetrics {
 
 func newSubscriber(t *testing.T, c *kafkatest.Cluster, group string, obs safeack.Observer) *safeack.Subscriber {
 	t.Helper()
+	sub, err := safeack.NewSubscriber(subscriberConfig(c, group, obs), testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+// subscriberConfig is the tests' subscriber: unordered, with short
+// intervals and drains.
+func subscriberConfig(c *kafkatest.Cluster, group string, obs safeack.Observer) safeack.SubscriberConfig {
 	sc := c.SaramaConfig()
 	sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+	return safeack.SubscriberConfig{
 		Brokers:               c.Brokers(),
 		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         group,
@@ -89,12 +100,7 @@ func newSubscriber(t *testing.T, c *kafkatest.Cluster, group string, obs safeack
 		DrainTimeout:          300 * time.Millisecond,
 		CommitInterval:        50 * time.Millisecond,
 		Observer:              obs,
-	}, testLogger())
-	if err != nil {
-		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = sub.Close() })
-	return sub
 }
 
 func attrs(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
@@ -516,10 +522,9 @@ func TestDeferredAndTransactionSpans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub := newSubscriber(t, c, group, obs)
 	pc := c.SaramaConfig()
 	pc.Producer.Partitioner = sarama.NewHashPartitioner
-	pub, err := safeack.NewTxnPublisher(sub, safeack.TxnConfig{
+	sub, pub, err := safeack.NewTxnSubscriber(subscriberConfig(c, group, obs), safeack.TxnConfig{
 		TransactionalID:       "otel-" + group,
 		CommitInterval:        50 * time.Millisecond,
 		OverwriteSaramaConfig: pc,
@@ -527,6 +532,7 @@ func TestDeferredAndTransactionSpans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = sub.Close() })
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, testLogger())
 	if err != nil {
 		t.Fatal(err)
