@@ -464,3 +464,30 @@ func initialName(initial int64) string {
 	}
 	return "oldest"
 }
+
+// recordAcks is an outermost router middleware that records, just before
+// the router acks, the records whose handler chain returned nil. A message
+// whose context already ended (its assignment was revoked or closed) is
+// recorded as a late ack, which the commit check never credits.
+func recordAcks(acks *ackLog) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			out, err := h(m)
+			if err != nil {
+				return out, err
+			}
+			k, ok := msgPO(m)
+			acks.mu.Lock()
+			switch {
+			case !ok:
+				acks.bad = append(acks.bad, m.UUID)
+			case m.Context().Err() != nil:
+				acks.late[k] = append(acks.late[k], time.Now())
+			default:
+				acks.acks[k] = append(acks.acks[k], time.Now())
+			}
+			acks.mu.Unlock()
+			return out, err
+		}
+	}
+}

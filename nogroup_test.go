@@ -170,3 +170,37 @@ func TestNoGroupCloseLetsRunningHandlersFinish(t *testing.T) {
 	_, open := <-msgs
 	require.False(t, open, "the output channel is open after Close")
 }
+
+// TestNoGroupConsumesAddedPartitions: without a consumer group, at
+// Sarama's default OffsetNewest, partitions added to the topic while the
+// subscription runs are consumed once the subscription sees them (within
+// Metadata.RefreshFrequency, as a group notices them), from their first
+// record: every record of a partition that did not exist when Subscribe
+// returned was written after it. Before, they were never consumed at all
+// until a reconnect, which then started them at their end.
+func TestNoGroupConsumesAddedPartitions(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	c.ProduceN(t, topic, 1, 5, nil) // history, before the subscription: skipped at OffsetNewest
+	c.ForgetProduced(topic, 0, 5)
+	acks := newAckLog()
+	sub := newTestSubscriber(t, c, "", func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 200 * time.Millisecond
+	})
+	handleAll(mustSubscribe(t, sub, topic), acks.ack)
+	c.Produce(t, topic, records(0, 3)...)
+	acks.waitAllAcked(t, c, topic, mwWait)
+
+	c.AddPartitions(t, topic, 3)
+	c.Produce(t, topic, append(records(1, 4), records(2, 4)...)...)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	kafkatest.WaitFor(t, mwWait, "Stats to show every partition", func() bool {
+		return len(ownedPartitions(sub, topic)) == 3
+	})
+	c.Produce(t, topic, append(records(1, 2), records(2, 2)...)...)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	for k, n := range acks.snapshot() {
+		require.Equal(t, 1, n, "record %v handled more than once", k)
+	}
+}
