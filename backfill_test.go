@@ -20,9 +20,7 @@ import (
 // the added partitions is handled: none is skipped.
 func TestNewPartitionsRevokedWhileCatchingUp(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	configure := func(cfg *safeack.SubscriberConfig) {
 		cooperative(cfg)
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
@@ -88,9 +86,7 @@ func ackedOn(l *ackLog, p int32) int {
 // partition was added) OffsetNewest means the end.
 func TestNewPartitionStartCommittedBeforeFirstRecord(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	configure := func(cfg *safeack.SubscriberConfig) {
 		cooperative(cfg)
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest

@@ -27,9 +27,7 @@ import (
 // committed.
 func TestDeferredByKeyFailKeepsOrder(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	const n = 120
 	c.ProduceN(t, topic, 2, n, func(i int) string {
 		if i%10 == 0 {
@@ -95,8 +93,7 @@ func TestDeferredByKeyFailKeepsOrder(t *testing.T) {
 func TestMiddlewareDeferredOutOfOrder(t *testing.T) {
 	t.Parallel()
 	const n = 8
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	commits := c.ObserveCommits(t)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
 
@@ -197,8 +194,7 @@ func TestMiddlewareDeferredOutOfOrder(t *testing.T) {
 // the handler returns takes effect with the router's ack.
 func TestMiddlewareDeferredFailAndStaleHandles(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	commits := c.ObserveCommits(t)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
 
@@ -288,8 +284,7 @@ func TestMiddlewareDeferredFailAndStaleHandles(t *testing.T) {
 // the partition's new owner handles it again.
 func TestMiddlewareDeferredResolvedAfterRevoke(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	commits := c.ObserveCommits(t)
 	member := func() *safeack.Subscriber {
 		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
@@ -382,8 +377,7 @@ func TestMiddlewareDeferredResolvedAfterRevoke(t *testing.T) {
 func TestMiddlewareDeferredUnresolvedAtClose(t *testing.T) {
 	t.Parallel()
 	const drain = 300 * time.Millisecond
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.Ordering = safeack.Unordered
 		cfg.DrainTimeout = drain
@@ -434,8 +428,7 @@ func TestMiddlewareDeferredUnresolvedAtClose(t *testing.T) {
 // answered before the handler runs, so its completion cannot be deferred.
 func TestMiddlewareDeferAfterInstantAck(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	sub := newTestSubscriber(t, c, group, nil)
 	errs := make(chan error, 1)
 	mwRouter(t, sub, topic, func(m *message.Message) error {

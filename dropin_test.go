@@ -200,11 +200,7 @@ func TestWatermillKafkaContextHelpers(t *testing.T) {
 func TestMixedGroupWithWatermillKafka(t *testing.T) {
 	t.Parallel()
 	const partitions = 4
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 
 	// Holes in safeack's prefix, so its commits carry a completed tail.
 	hold := newHolder(po{0, 10}, po{1, 10}, po{2, 10}, po{3, 10})

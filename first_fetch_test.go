@@ -95,8 +95,7 @@ func (stampInterceptor) OnConsume(m *sarama.ConsumerMessage) {
 // is off: the interceptors see records on the claim).
 func TestFirstRecordsKeepSaramaInterceptors(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	const n = 20
 	c.ProduceN(t, topic, 2, n, nil)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {

@@ -198,8 +198,7 @@ func answeredAck(m *message.Message) bool {
 func TestMiddlewareRecoverer(t *testing.T) {
 	t.Parallel()
 	const n = 5
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	commits := c.ObserveCommits(t)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.OrderByPartition })
 
@@ -253,8 +252,7 @@ func TestMiddlewareTimeout(t *testing.T) {
 	t.Parallel()
 	t.Run("deadline", func(t *testing.T) {
 		t.Parallel()
-		c := kafkatest.Start(t)
-		topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+		c, topic, group := kafkatest.StartTopic(t, 1)
 		sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
 		var (
 			mu    sync.Mutex
@@ -285,8 +283,7 @@ func TestMiddlewareTimeout(t *testing.T) {
 	})
 	t.Run("revoked", func(t *testing.T) {
 		t.Parallel()
-		c := kafkatest.Start(t)
-		topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+		c, topic, group := kafkatest.StartTopic(t, 1)
 		member := func() *safeack.Subscriber {
 			return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
 		}

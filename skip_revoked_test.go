@@ -20,8 +20,7 @@ import (
 func TestMiddlewareSkipRevoked(t *testing.T) {
 	t.Parallel()
 	const partitions = 2
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, partitions)
 	commits := c.ObserveCommits(t)
 	member := func() *safeack.Subscriber {
 		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {

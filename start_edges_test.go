@@ -3,7 +3,6 @@ package safeack_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -176,27 +175,13 @@ func consumeToEnd(t *testing.T, c *kafkatest.Cluster, group, topic string, mutat
 	t.Helper()
 	sub := tailSubscriber(t, c.Brokers(), c.SaramaConfig(), group, mutate)
 	t.Cleanup(func() { _ = sub.Close() })
-	msgs, err := sub.Subscribe(context.Background(), topic)
-	require.NoError(t, err)
-	var mu sync.Mutex
-	seen := map[int64]int{}
-	go func() {
-		for msg := range msgs {
-			off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-			mu.Lock()
-			seen[off]++
-			mu.Unlock()
-			msg.Ack()
-		}
-	}()
+	seen := countAndAck(mustSubscribe(t, sub, topic))
 	end := c.HighWaterMarks(t, topic)[0]
 	kafkatest.WaitFor(t, 20*time.Second, fmt.Sprintf("the group's commit to reach %d", end), func() bool {
 		return c.CommittedOffsets(t, group, topic)[0].Offset == end
 	})
 	require.NoError(t, sub.Close())
-	mu.Lock()
-	defer mu.Unlock()
-	return seen
+	return seen.snapshot()
 }
 
 // At-least-once mode, as TestTxnCompletedTailAboveMovedLogStart: the part of
@@ -204,9 +189,7 @@ func consumeToEnd(t *testing.T, c *kafkatest.Cluster, group, topic string, mutat
 // commit reaches the end without handling anything again.
 func TestCompletedTailAboveMovedLogStart(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	produceSequential(t, c, topic, 0, 40)
 	holdOne(t, c, group, topic, 5)
 	c.DeleteRecords(t, topic, 0, 20)
@@ -217,9 +200,7 @@ func TestCompletedTailAboveMovedLogStart(t *testing.T) {
 // with DisableCompletedTail handles the held record only.
 func TestCompletedTailReadWithTailDisabled(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	produceSequential(t, c, topic, 0, 40)
 	holdOne(t, c, group, topic, 5)
 	got := consumeToEnd(t, c, group, topic, func(cfg *safeack.SubscriberConfig) { cfg.DisableCompletedTail = true })

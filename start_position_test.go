@@ -548,9 +548,7 @@ func TestStartPositionWithoutGroup(t *testing.T) {
 // next member resumes at the pinned start, not at the then-newest offset.
 func TestStartPositionCommittedBeforeFetching(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, 30, nil) // history: before the group, never handled
 	configure := func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest

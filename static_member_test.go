@@ -376,11 +376,7 @@ func TestStaticMemberOneSubscriptionAtATime(t *testing.T) {
 func TestStaticMemberRestart(t *testing.T) {
 	t.Parallel()
 	const partitions = 2
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 	c.ProduceN(t, topic, partitions, partitions*30, nil)
 	member := func() *safeack.Subscriber {
 		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {

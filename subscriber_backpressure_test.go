@@ -26,9 +26,7 @@ func TestSubscriberBackPressure(t *testing.T) {
 		records    = 2000
 		maxPending = 500
 	)
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, records, nil)
 
 	acks := newAckLog()
@@ -145,9 +143,7 @@ func TestTokensSharedAcrossPartitions(t *testing.T) {
 		maxInFlight = 64
 		work        = 2 * time.Millisecond
 	)
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	produceTo := func(partition int32, n int) {
 		recs := make([]kafkatest.Record, n)
 		for i := range recs {
@@ -206,11 +202,7 @@ func TestStuckAtCapacityEagerRebalance(t *testing.T) {
 		slowAt     = 4
 		capacity   = 7 // the slow record to the rejected one
 	)
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 	c.ProduceN(t, topic, partitions, partitions*40, nil)
 	var healed atomic.Bool
 	release := make(chan struct{})

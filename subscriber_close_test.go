@@ -56,9 +56,7 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, finish bool) {
 		// a slow one.
 		drainTimeout = 4 * time.Second
 	}
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, partitions)
 	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
 
 	acks := newAckLog()
@@ -182,9 +180,7 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, finish bool) {
 func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 	t.Parallel()
 	const drainTimeout = 500 * time.Millisecond
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	c.ProduceN(t, topic, 2, 40, nil)
 
 	acks := newAckLog()
@@ -269,11 +265,7 @@ func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 func TestRouterCloseHandlersIgnoreContext(t *testing.T) {
 	t.Parallel()
 	const partitions = 2
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 	c.ProduceN(t, topic, partitions, partitions*40, nil)
 
 	blocked := func(k po) bool { return k.o == 7 }

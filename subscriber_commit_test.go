@@ -37,9 +37,7 @@ func TestSubscriberCommitNeverPassesUnacked(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			const partitions, records = 4, 2000
-			c := kafkatest.Start(t)
-			topic := c.NewTopic(t, partitions)
-			group := c.NewGroup(t)
+			c, topic, group := kafkatest.StartTopic(t, partitions)
 			var keyFn func(int) string
 			if tc.byKey {
 				// 10 keys per partition, so same-key records queue up.

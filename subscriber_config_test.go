@@ -151,9 +151,7 @@ func TestNewSubscriberInvalidConfig(t *testing.T) {
 // context that did not come from a Subscriber.
 func TestContextHelpers(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 3)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 3)
 	before := time.Now().Add(-time.Second) // broker and producer clocks are this host's
 	recs := []kafkatest.Record{
 		{Partition: 2, Key: []byte("key-a"), Value: []byte("v0")},
@@ -345,9 +343,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 		// it promptly, not after Sarama's Rebalance.Timeout (10 s here),
 		// which tears down the member's whole session.
 		t.Parallel()
-		c := kafkatest.Start(t)
-		topic := c.NewTopic(t, 2)
-		group := c.NewGroup(t)
+		c, topic, group := kafkatest.StartTopic(t, 2)
 		var recs []kafkatest.Record
 		for i := 0; i < perPartition; i++ {
 			for p := int32(0); p < 2; p++ {

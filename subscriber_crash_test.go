@@ -170,9 +170,7 @@ func TestSubscriberCrashRedeliversOnlyAfterCommit(t *testing.T) {
 func testCrash(t *testing.T, tail bool, initial int64) {
 	const partitions, perPartition = 3, 150
 	began := time.Now()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, partitions)
 	acks := newAckLog()    // the survivor's acks
 	allAcks := newAckLog() // the child's and the survivor's, for the commit check
 	watch := newCommitWatch(t, c, group, topic, allAcks)

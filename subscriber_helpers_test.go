@@ -3,6 +3,7 @@ package safeack_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -175,6 +176,42 @@ func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod fun
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub
+}
+
+// startWatched starts a broker with a topic of the given partitions and a
+// group, and a commit watch of that group checked against acks.
+func startWatched(t *testing.T, partitions int) (c *kafkatest.Cluster, topic, group string, acks *ackLog, watch *commitWatch) {
+	t.Helper()
+	c, topic, group = kafkatest.StartTopic(t, partitions)
+	acks = newAckLog()
+	return c, topic, group, acks, newCommitWatch(t, c, group, topic, acks)
+}
+
+// offsetCounts counts the deliveries of each offset of a partition.
+type offsetCounts struct {
+	mu   sync.Mutex
+	seen map[int64]int
+}
+
+// countAndAck handles every message of msgs as a Watermill router does
+// (handleAll), counting its offset and acking it.
+func countAndAck(msgs <-chan *message.Message) *offsetCounts {
+	oc := &offsetCounts{seen: map[int64]int{}}
+	handleAll(msgs, func(m *message.Message) {
+		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
+		oc.mu.Lock()
+		oc.seen[off]++
+		oc.mu.Unlock()
+		m.Ack()
+	})
+	return oc
+}
+
+// snapshot returns a copy of the counts so far.
+func (oc *offsetCounts) snapshot() map[int64]int {
+	oc.mu.Lock()
+	defer oc.mu.Unlock()
+	return maps.Clone(oc.seen)
 }
 
 // handleAll runs handler in its own goroutine for every message of msgs,

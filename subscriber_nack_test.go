@@ -31,9 +31,7 @@ func TestSubscriberNackRedelivers(t *testing.T) {
 		sleep   = 20 * time.Millisecond
 	)
 	nacked := po{0, 10}
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, records, nil)
 
 	acks := newAckLog()
@@ -134,9 +132,7 @@ func TestSubscriberNackRedelivers(t *testing.T) {
 // record is eventually acked.
 func TestNackStormByKeyKeyless(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: c.SaramaConfig()}, testLogger())
 	require.NoError(t, err)
@@ -201,9 +197,7 @@ func TestOneSlotNackStorm(t *testing.T) {
 		t.Run(ordering.String(), func(t *testing.T) {
 			t.Parallel()
 			const partitions = 4
-			c := kafkatest.Start(t)
-			topic := c.NewTopic(t, partitions)
-			group := c.NewGroup(t)
+			c, topic, group := kafkatest.StartTopic(t, partitions)
 			c.ProduceN(t, topic, partitions, partitions*30, func(i int) string {
 				if i%3 == 0 {
 					return ""

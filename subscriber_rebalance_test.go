@@ -116,11 +116,7 @@ func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64, i
 		// for it has missed a revocation.
 		settleWithin = 6 * time.Second
 	)
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 
 	member := func(clientID string) *safeack.Subscriber {
 		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
@@ -353,11 +349,7 @@ func TestSubscribeSameTopicTwice(t *testing.T) {
 
 func testSubscribeSameTopicTwice(t *testing.T, cooperative bool) {
 	const partitions = 4
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.Ordering = safeack.Unordered
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
@@ -459,11 +451,7 @@ func TestMembershipChurn(t *testing.T) {
 
 func testChurn(t *testing.T, cooperative bool, initial int64, ordering safeack.Ordering) {
 	const partitions = 6
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 	startAfterHistory(t, c, watch, topic, partitions, initial, 20)
 
 	var mu sync.Mutex
@@ -559,11 +547,7 @@ func testChurn(t *testing.T, cooperative bool, initial int64, ordering safeack.O
 func TestCooperativeRoundTripKeepsTail(t *testing.T) {
 	t.Parallel()
 	const partitions = 2
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 	member := func(id string) *safeack.Subscriber {
 		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 			cfg.Ordering = safeack.Unordered

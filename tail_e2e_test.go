@@ -278,30 +278,9 @@ func consumeUntil(t *testing.T, cluster *kafkatest.Cluster, group, topic string,
 	t.Helper()
 	sub := tailSubscriber(t, cluster.Brokers(), cluster.SaramaConfig(), group, nil)
 	t.Cleanup(func() { _ = sub.Close() })
-	msgs, err := sub.Subscribe(context.Background(), topic)
-	require.NoError(t, err)
-	var mu sync.Mutex
-	seen := map[int64]int{}
-	go func() {
-		for msg := range msgs {
-			off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-			mu.Lock()
-			seen[off]++
-			mu.Unlock()
-			msg.Ack()
-		}
-	}()
-	snapshot := func() map[int64]int {
-		mu.Lock()
-		defer mu.Unlock()
-		out := make(map[int64]int, len(seen))
-		for k, v := range seen {
-			out[k] = v
-		}
-		return out
-	}
-	kafkatest.WaitFor(t, 30*time.Second, "the expected records handled", func() bool { return done(snapshot()) })
-	return snapshot
+	seen := countAndAck(mustSubscribe(t, sub, topic))
+	kafkatest.WaitFor(t, 30*time.Second, "the expected records handled", func() bool { return done(seen.snapshot()) })
+	return seen.snapshot
 }
 
 // waitForTail waits until the group's commit of partition 0, read back from

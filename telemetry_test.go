@@ -17,8 +17,7 @@ import (
 // the wait from delivery, the duration and the outcome.
 func TestTelemetryOutcomes(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
 	var (
 		mu    sync.Mutex

@@ -57,26 +57,9 @@ func handledBy(t *testing.T, c *kafkatest.Cluster, group, topic string, done fun
 			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = at
 		}
 	})
-	var mu sync.Mutex
-	seen := map[int64]int{}
-	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
-		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
-		mu.Lock()
-		seen[off]++
-		mu.Unlock()
-		m.Ack()
-	})
-	snapshot := func() map[int64]int {
-		mu.Lock()
-		defer mu.Unlock()
-		out := make(map[int64]int, len(seen))
-		for k, v := range seen {
-			out[k] = v
-		}
-		return out
-	}
-	ok := kafkatest.Poll(10*time.Second, 20*time.Millisecond, func() bool { return done(snapshot()) })
-	got := snapshot()
+	seen := countAndAck(mustSubscribe(t, sub, topic))
+	ok := kafkatest.Poll(10*time.Second, 20*time.Millisecond, func() bool { return done(seen.snapshot()) })
+	got := seen.snapshot()
 	require.True(t, ok, "the records expected were not handled; handled: %v", got)
 	var totals safeack.PartitionTotals
 	for _, tt := range sub.Totals() {

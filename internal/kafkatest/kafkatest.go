@@ -171,6 +171,14 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	return c
 }
 
+// StartTopic is the preamble of most end-to-end tests: Start, then a new
+// topic of the given partitions and a group name unique to tb.
+func StartTopic(tb testing.TB, partitions int, opts ...Option) (c *Cluster, topic, group string) {
+	tb.Helper()
+	c = Start(tb, opts...)
+	return c, c.NewTopic(tb, partitions), c.NewGroup(tb)
+}
+
 // Brokers returns the bootstrap addresses.
 func (c *Cluster) Brokers() []string { return append([]string(nil), c.brokers...) }
 
