@@ -166,9 +166,7 @@ func TestSubscribeUnreachableBroker(t *testing.T) {
 // (also an empty one), and not ready again once the broker went away.
 func TestSubscriberReady(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 
 	// Hold every JoinGroup until released: the member stays joining.
 	release := make(chan struct{})

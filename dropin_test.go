@@ -169,12 +169,7 @@ func TestWatermillKafkaContextHelpers(t *testing.T) {
 	sub := newTestSubscriber(t, c, c.NewGroup(t), nil)
 	msgs := mustSubscribe(t, sub, topic)
 
-	var m *message.Message
-	select {
-	case m = <-msgs:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no message")
-	}
+	m := receive(t, msgs, 20*time.Second, "no message")
 	defer m.Ack()
 	ctx := m.Context()
 

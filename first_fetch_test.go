@@ -26,9 +26,7 @@ import (
 // delivered at ReadUncommitted, as Sarama delivers them; its marker is not).
 func TestFirstRecordsBeforeSaramasFirstFetch(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 	want := map[po]int{}
 	next := c.ProduceAborted(t, topic, 1, 3)
 	for o := range next - 1 { // the last offset is the abort marker

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -81,7 +80,7 @@ func TestNoGroupReconnectResumesAtTheCompletedPrefix(t *testing.T) {
 			// 5..14: all acked but 8.
 			c.ProduceN(t, topic, 1, 10, nil)
 			for range 10 {
-				m := receive(t, msgs)
+				m := receive(t, msgs, 15*time.Second, "no message within 15 s")
 				if k, _ := msgPO(m); k.o != 8 {
 					m.Ack()
 				}
@@ -107,24 +106,13 @@ func TestNoGroupReconnectResumesAtTheCompletedPrefix(t *testing.T) {
 				want[o] = true
 			}
 			for len(want) > 0 {
-				m := receive(t, msgs)
+				m := receive(t, msgs, 15*time.Second, "no message within 15 s")
 				k, _ := msgPO(m)
 				require.GreaterOrEqual(t, k.o, tc.neverLow, "record %d delivered again after the reconnect", k.o)
 				delete(want, k.o)
 				m.Ack()
 			}
 		})
-	}
-}
-
-func receive(t *testing.T, msgs <-chan *message.Message) *message.Message {
-	t.Helper()
-	select {
-	case m := <-msgs:
-		return m
-	case <-time.After(15 * time.Second):
-		t.Fatal("no message within 15 s")
-		return nil
 	}
 }
 
@@ -149,7 +137,7 @@ func TestNoGroupCloseLetsRunningHandlersFinish(t *testing.T) {
 	})
 	msgs := mustSubscribe(t, sub, topic)
 	c.ProduceN(t, topic, 1, 1, nil)
-	m := receive(t, msgs)
+	m := receive(t, msgs, 15*time.Second, "no message within 15 s")
 
 	closed := make(chan time.Duration, 1)
 	start := time.Now()

@@ -24,10 +24,7 @@ import (
 // afresh, past the record it never finished.
 func TestPinnedStartCommittedBeforeHandOut(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	c.ProduceN(t, topic, 1, 5, nil) // history the group starts after
 	refuse := c.Kfake().Fault(kfake.Fault{
 		Keys:  []kmsg.Key{kmsg.OffsetCommit},
@@ -75,10 +72,7 @@ func requireFirstHandedOutCommitted(t *testing.T, c *kafkatest.Cluster, msgs <-c
 // of the log again, past the record.
 func TestFallbackStartCommittedBeforeHandOut(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	c.ProduceN(t, topic, 1, 5, nil)
 	c.CommitOffset(t, group, topic, 0, 30) // above the end: Sarama falls back to OffsetNewest
 	refuse := c.Kfake().Fault(kfake.Fault{
@@ -112,10 +106,7 @@ func TestFallbackStartCommittedBeforeHandOut(t *testing.T) {
 // assignment that had already ended.
 func TestSessionEndedBeforeStartHeldHandsNothingOut(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	refuse := c.Kfake().Fault(kfake.Fault{
 		Keys:  []kmsg.Key{kmsg.OffsetCommit},
 		Group: group,

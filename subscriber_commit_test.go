@@ -224,10 +224,7 @@ func TestEarlyCommitRefusedIsRetried(t *testing.T) {
 	for name, code := range map[string]int16{"loading": kerr.CoordinatorLoadInProgress.Code, "not coordinator": kerr.NotCoordinator.Code} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			c := kafkatest.Start(t)
-			c.RequireEmbedded(t)
-			topic := c.NewTopic(t, 1)
-			group := c.NewGroup(t)
+			c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 			refused := refuseCommitsPastStart(c, group, code, 2)
 			acks := newAckLog()
 			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
@@ -253,10 +250,7 @@ func TestEarlyCommitRefusedIsRetried(t *testing.T) {
 // the next owner handled every acked record again.
 func TestFinalCommitRefusedIsRetried(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
@@ -275,16 +269,8 @@ func TestFinalCommitRefusedIsRetried(t *testing.T) {
 		m.Ack()
 	})
 	c.ProduceN(t, topic, 1, 10, nil)
-	var m0 *message.Message
-	select {
-	case m0 = <-head:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the first record was not delivered")
-	}
-	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
-		st, ok := statsOf(sub, topic, 0)
-		return ok && st.Completed == 9
-	})
+	m0 := receive(t, head, 15*time.Second, "the first record was not delivered")
+	waitCompleted(t, sub, topic, 0, 9, 10*time.Second, "every record but the head acked")
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)
@@ -308,10 +294,7 @@ func TestFinalCommitRefusedIsRetried(t *testing.T) {
 // the next owner handled every record the tail listed again.
 func TestFinalTailRefusedIsRetried(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	refused := refuseCommits(c, group, kerr.CoordinatorLoadInProgress.Code, 2, func(rp kmsg.OffsetCommitRequestTopicPartition) bool {
 		if rp.Metadata == nil {
 			return false
@@ -331,10 +314,7 @@ func TestFinalTailRefusedIsRetried(t *testing.T) {
 		}
 	})
 	c.ProduceN(t, topic, 1, 10, nil)
-	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
-		st, ok := statsOf(sub, topic, 0)
-		return ok && st.Completed == 9
-	})
+	waitCompleted(t, sub, topic, 0, 9, 10*time.Second, "every record but the head acked")
 	require.NoError(t, sub.Close())
 	require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits with a tail")
 	held := c.CommittedOffsets(t, group, topic)[0]
@@ -352,10 +332,7 @@ func TestFinalTailRefusedIsRetried(t *testing.T) {
 // record again.
 func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
 	config := func(ordering safeack.Ordering) func(*safeack.SubscriberConfig) {
 		return func(cfg *safeack.SubscriberConfig) {
@@ -386,16 +363,8 @@ func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 		m.Ack()
 	})
 	c.ProduceN(t, topic, 1, 5, nil)
-	var m0 *message.Message
-	select {
-	case m0 = <-head:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the first record was not delivered")
-	}
-	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
-		st, ok := statsOf(a, topic, 0)
-		return ok && st.Completed == 4
-	})
+	m0 := receive(t, head, 15*time.Second, "the first record was not delivered")
+	waitCompleted(t, a, topic, 0, 4, 10*time.Second, "every record but the head acked")
 
 	// One record at a time, in order: a member starting at the head
 	// handles it before the record produced below.
@@ -432,13 +401,10 @@ func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n in
 // refuseCommits answers the first n OffsetCommits of group that have a
 // partition matching with error code, and lets the others through.
 func refuseCommits(c *kafkatest.Cluster, group string, code int16, n int32, match func(kmsg.OffsetCommitRequestTopicPartition) bool) *atomic.Int32 {
-	var refused atomic.Int32
-	kf := c.Kfake()
-	kf.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kf.KeepControl()
+	return c.Answer(kmsg.OffsetCommit, func(req kmsg.Request, refused int32) (kmsg.Response, bool) {
 		oc := req.(*kmsg.OffsetCommitRequest)
-		if oc.Group != group || refused.Load() >= n {
-			return nil, nil, false
+		if oc.Group != group || refused >= n {
+			return nil, false
 		}
 		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
 		resp.SetVersion(oc.GetVersion())
@@ -454,13 +420,8 @@ func refuseCommits(c *kafkatest.Cluster, group string, code int16, n int32, matc
 			}
 			resp.Topics = append(resp.Topics, st)
 		}
-		if !matched {
-			return nil, nil, false
-		}
-		refused.Add(1)
-		return resp, nil, true
+		return resp, matched
 	})
-	return &refused
 }
 
 // TestCooperativeRevokeFinalCommitRefusedIsRetried: a partition revoked

@@ -214,6 +214,29 @@ func (oc *offsetCounts) snapshot() map[int64]int {
 	return maps.Clone(oc.seen)
 }
 
+// waitCompleted waits until the subscriber's stats show n completed
+// records of the partition of topic.
+func waitCompleted(t *testing.T, s *safeack.Subscriber, topic string, partition int32, n uint64, timeout time.Duration, what string) {
+	t.Helper()
+	kafkatest.WaitFor(t, timeout, what, func() bool {
+		st, ok := statsOf(s, topic, partition)
+		return ok && st.Completed == n
+	})
+}
+
+// receive returns the next value of ch, failing the test with fatal when
+// none comes within timeout.
+func receive[T any](t *testing.T, ch <-chan T, timeout time.Duration, fatal string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(timeout):
+		t.Fatal(fatal)
+		panic("unreachable")
+	}
+}
+
 // handleAll runs handler in its own goroutine for every message of msgs,
 // as a Watermill router does. The returned channel closes once msgs closed.
 func handleAll(msgs <-chan *message.Message, handler func(*message.Message)) <-chan struct{} {

@@ -38,10 +38,7 @@ func leaveTail(t *testing.T, c *kafkatest.Cluster, group, topic string, n int, h
 	if hold >= 0 {
 		want--
 	}
-	kafkatest.WaitFor(t, 10*time.Second, "every record but the held one acked", func() bool {
-		st, ok := statsOf(sub, topic, 0)
-		return ok && st.Completed == want
-	})
+	waitCompleted(t, sub, topic, 0, want, 10*time.Second, "every record but the held one acked")
 	require.NoError(t, sub.Close())
 	return c.CommittedOffsets(t, group, topic)[0]
 }
@@ -84,10 +81,7 @@ func bumpLeaderEpoch(t *testing.T, c *kafkatest.Cluster, topic string) {
 // code is not 0), as a leader would whose log ended the asked-for epoch
 // there. It counts the requests.
 func answerEpochEnd(c *kafkatest.Cluster, topic string, end int64, code int16) *atomic.Int32 {
-	var asked atomic.Int32
-	kf := c.Kfake()
-	kf.ControlKey(int16(kmsg.OffsetForLeaderEpoch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kf.KeepControl()
+	return c.Answer(kmsg.OffsetForLeaderEpoch, func(req kmsg.Request, _ int32) (kmsg.Response, bool) {
 		oreq := req.(*kmsg.OffsetForLeaderEpochRequest)
 		resp := oreq.ResponseKind().(*kmsg.OffsetForLeaderEpochResponse)
 		mine := false
@@ -108,13 +102,8 @@ func answerEpochEnd(c *kafkatest.Cluster, topic string, end int64, code int16) *
 			}
 			resp.Topics = append(resp.Topics, st)
 		}
-		if !mine {
-			return nil, nil, false
-		}
-		asked.Add(1)
-		return resp, nil, true
+		return resp, mine
 	})
-	return &asked
 }
 
 // TestTruncatedLogUnderCommit: an unclean leader election truncates the
@@ -206,10 +195,7 @@ func TestTruncatedLogUnderCommit(t *testing.T) {
 // offset, and the completed tail is skipped as before.
 func TestLeaderChangeKeepsTail(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	const n = 10
 	produceSequential(t, c, topic, 0, n)
 	held := leaveTail(t, c, group, topic, n, 5)
@@ -234,10 +220,7 @@ func TestLeaderChangeKeepsTail(t *testing.T) {
 // are trusted as before the check existed, and the refusal is logged.
 func TestEpochCheckRefusedTrustsCommit(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	const n = 10
 	produceSequential(t, c, topic, 0, n)
 	leaveTail(t, c, group, topic, n, 5)

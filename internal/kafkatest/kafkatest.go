@@ -63,6 +63,7 @@ type options struct {
 	brokers   int
 	kfakeOpts []kfake.Opt
 	superuser *sasl
+	embedded  bool
 }
 
 type sasl struct{ user, pass string }
@@ -87,6 +88,13 @@ func WithKfakeOpts(opts ...kfake.Opt) Option {
 // the embedded broker: Start skips it on a real cluster.
 func WithPlainSuperuser(user, pass string) Option {
 	return func(o *options) { o.superuser = &sasl{user: user, pass: pass} }
+}
+
+// Embedded makes Start skip the test on a real cluster, as RequireEmbedded
+// does, before anything is created: fault injection and commit observation
+// exist only on the embedded broker.
+func Embedded() Option {
+	return func(o *options) { o.embedded = true }
 }
 
 // Cluster is a Kafka cluster for one test (and its subtests): embedded kfake
@@ -128,6 +136,9 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	}
 
 	if env := strings.TrimSpace(os.Getenv(EnvBrokers)); env != "" {
+		if o.embedded {
+			tb.Skipf(needsEmbedded, EnvBrokers)
+		}
 		if o.superuser != nil {
 			tb.Skipf("kafkatest: needs the embedded kfake broker (SASL users and ACLs); %s points at a real cluster", EnvBrokers)
 		}
@@ -189,12 +200,14 @@ func (c *Cluster) Embedded() bool { return c.kf != nil }
 // nil on a real cluster (see RequireEmbedded).
 func (c *Cluster) Kfake() *kfake.Cluster { return c.kf }
 
+const needsEmbedded = "kafkatest: needs the embedded kfake broker (fault injection / broker-side observation); %s points at a real cluster"
+
 // RequireEmbedded skips the test on a real cluster: fault injection and
 // commit observation exist only on the embedded broker.
 func (c *Cluster) RequireEmbedded(tb testing.TB) {
 	tb.Helper()
 	if c.kf == nil {
-		tb.Skipf("kafkatest: needs the embedded kfake broker (fault injection / broker-side observation); %s points at a real cluster", EnvBrokers)
+		tb.Skipf(needsEmbedded, EnvBrokers)
 	}
 }
 
