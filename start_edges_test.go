@@ -98,9 +98,7 @@ func without(ids []string, drop string) []string {
 // start (20..39): their outputs are there already. Record 5 is gone, and
 // with it its output.
 func TestTxnCompletedTailAboveMovedLogStart(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 1, 40)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 1, 40)
 	var att attempts
 	txnHoldOne(t, r, rd, &att, "txn-moved-start", 5)
 	c.DeleteRecords(t, r.in, 0, 20)
@@ -121,9 +119,7 @@ func TestTxnCompletedTailAboveMovedLogStart(t *testing.T) {
 // it lists: only the held record is handled again, and every output is
 // there once.
 func TestTxnCompletedTailReadWithTailDisabled(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 1, 40)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	_, r, rd := startTxnRig(t, 1, 40)
 	var att attempts
 	txnHoldOne(t, r, rd, &att, "txn-tail-disabled", 5)
 

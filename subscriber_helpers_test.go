@@ -237,6 +237,16 @@ func receive[T any](t *testing.T, ch <-chan T, timeout time.Duration, fatal stri
 	}
 }
 
+// startTxnRig is the preamble of the exactly-once end-to-end tests: a
+// broker (started with opts), a txnRig of records inputs over partitions,
+// and a read_committed reader of its output topic.
+func startTxnRig(t *testing.T, partitions, records int, opts ...kafkatest.Option) (*kafkatest.Cluster, *txnRig, *outputReader) {
+	t.Helper()
+	c := kafkatest.Start(t, opts...)
+	r := newTxnRig(t, c, partitions, records)
+	return c, r, readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+}
+
 // handleAll runs handler in its own goroutine for every message of msgs,
 // as a Watermill router does. The returned channel closes once msgs closed.
 func handleAll(msgs <-chan *message.Message, handler func(*message.Message)) <-chan struct{} {

@@ -223,9 +223,7 @@ func TestTxnCooperativeNewPartition(t *testing.T) {
 // went to. One output per input, the moved record's from its second
 // delivery.
 func TestTxnCooperativeDeferredResolvedAfterRevoke(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 2, 200)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 2, 200)
 	held := map[string]bool{"0@10": true, "1@10": true}
 	var att attempts
 	var mu sync.Mutex

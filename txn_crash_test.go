@@ -86,9 +86,7 @@ func shortSessions(sc *sarama.Config) {
 // dead one's transactions. A read_committed reader sees exactly one output
 // per input.
 func TestTxnRouterSIGKILL(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 4, 4000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 4, 4000)
 	ids := r.inputIDs()
 	const txnID = "txn-crash"
 
@@ -189,9 +187,7 @@ func TestTxnZombieFencedByGeneration(t *testing.T) { txnZombieFencedByGeneration
 func TestTxnZombieFencedByGenerationCooperative(t *testing.T) { txnZombieFencedByGeneration(t, true) }
 
 func txnZombieFencedByGeneration(t *testing.T, coop bool) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 4, 4000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 4, 4000)
 	ids := r.inputIDs()
 
 	zombie, zombieStats := startTxnChildBalanced(t, c, r, "txn-zombie-old", coop)

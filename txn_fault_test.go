@@ -29,9 +29,7 @@ func transform(att *attempts, delay time.Duration) message.HandlerFunc {
 // transactions are being written, then starting again: the outputs are
 // exactly once.
 func TestTxnCloseMidTransaction(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 4, 2000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	_, r, rd := startTxnRig(t, 4, 2000)
 	ids := r.inputIDs()
 	var att attempts
 
@@ -51,9 +49,7 @@ func TestTxnCloseMidTransaction(t *testing.T) {
 // between the two while transactions are in flight), then the first one
 // leaves: the outputs are exactly once.
 func TestTxnRebalanceSecondMember(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 4, 3000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	_, r, rd := startTxnRig(t, 4, 3000)
 	ids := r.inputIDs()
 	var att attempts
 
@@ -149,10 +145,7 @@ func TestTxnFencedByTransactionalID(t *testing.T) {
 // left behind): the transaction aborts, its outputs are never visible to a
 // read_committed reader, and the records are handled again.
 func TestTxnOffsetsFencedByGeneration(t *testing.T) {
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	r := newTxnRig(t, c, 2, 2000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
 	ids := r.inputIDs()
 	var att attempts
@@ -186,13 +179,7 @@ func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 	reject.Store(2)
 	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
 	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
-	uncommitted.complete(t, c, r.out, r.parts)
-	uncommitted.mu.Lock()
-	written := uncommitted.records - len(uncommitted.sentry)*2 // both readers' sentries
-	uncommitted.mu.Unlock()
-	st := pub.Stats()
-	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", st, written, len(ids))
-	require.Greater(t, written, len(ids), "the aborted transactions wrote outputs that read_committed must not see")
+	requireAbortedOutputs(t, c, r, uncommitted, pub, len(ids), "the aborted transactions wrote outputs that read_committed must not see")
 }
 
 // A record that never finishes holds its partition's committed offset back
@@ -201,9 +188,7 @@ func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 // owner skips exactly those records (their outputs are there already) and
 // handles the held one: one output each.
 func TestTxnCompletedTailHandedOver(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 1, 400)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 1, 400)
 	ids := r.inputIDs()
 	held := ids[10]
 	var att attempts
@@ -249,10 +234,7 @@ func TestTxnCompletedTailHandedOver(t *testing.T) {
 // that): the producer's commit fails, the transaction's outputs are never
 // visible to a read_committed reader, and the records are handled again.
 func TestTxnAbortedByBrokerTimeout(t *testing.T) {
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	r := newTxnRig(t, c, 2, 2000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
 	ids := r.inputIDs()
 	var att attempts
@@ -278,12 +260,7 @@ func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 	hold.Store(true)
 	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
 	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
-	uncommitted.complete(t, c, r.out, r.parts)
-	uncommitted.mu.Lock()
-	written := uncommitted.records - len(uncommitted.sentry)*2
-	uncommitted.mu.Unlock()
-	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", pub.Stats(), written, len(ids))
-	require.Greater(t, written, len(ids), "the aborted transaction wrote outputs that read_committed must not see")
+	requireAbortedOutputs(t, c, r, uncommitted, pub, len(ids), "the aborted transaction wrote outputs that read_committed must not see")
 }
 
 // A record whose completion was deferred (safeack.Defer) and resolved only
@@ -292,9 +269,7 @@ func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 // next owner handles the record again: one output, from the second
 // delivery.
 func TestTxnDeferredResolvedAfterHandOver(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 1, 200)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	_, r, rd := startTxnRig(t, 1, 200)
 	ids := r.inputIDs()
 	held := ids[10]
 	var att attempts
@@ -330,4 +305,18 @@ func TestTxnDeferredResolvedAfterHandOver(t *testing.T) {
 	rd.mu.Lock()
 	defer rd.mu.Unlock()
 	require.Equal(t, "2", headerOf(rd.byID[held][0], hdrAttempt), "output of the deferred record from the delivery whose drain gave up")
+}
+
+// requireAbortedOutputs reads the output topic to its end with the
+// read_uncommitted reader and requires more records there (both readers'
+// sentries not counted) than inputs: aborted transactions wrote outputs
+// that the read_committed reader never showed.
+func requireAbortedOutputs(t *testing.T, c *kafkatest.Cluster, r *txnRig, uncommitted *outputReader, pub *safeack.TxnPublisher, inputs int, what string) {
+	t.Helper()
+	uncommitted.complete(t, c, r.out, r.parts)
+	uncommitted.mu.Lock()
+	written := uncommitted.records - len(uncommitted.sentry)*2 // both readers' sentries
+	uncommitted.mu.Unlock()
+	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", pub.Stats(), written, inputs)
+	require.Greater(t, written, inputs, what)
 }
