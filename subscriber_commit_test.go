@@ -260,17 +260,10 @@ func TestFinalCommitRefusedIsRetried(t *testing.T) {
 	})
 	// The head is held until the drain starts, so that nothing past the
 	// start is committed before it.
-	head := make(chan *message.Message, 1)
-	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
-		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off == 0 {
-			head <- m
-			return
-		}
-		m.Ack()
+	m0 := holdHead(t, c, sub, topic, 10, func(m *message.Message) int64 {
+		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
+		return off
 	})
-	c.ProduceN(t, topic, 1, 10, nil)
-	m0 := receive(t, head, 15*time.Second, "the first record was not delivered")
-	waitCompleted(t, sub, topic, 0, 9, 10*time.Second, "every record but the head acked")
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)
@@ -353,18 +346,8 @@ func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 	}
 	// The head is held until the drain starts, so that nothing past the
 	// start is committed before it.
-	head := make(chan *message.Message, 1)
 	a := newTestSubscriber(t, c, group, config(safeack.Unordered))
-	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
-		if handle(m) == 0 {
-			head <- m
-			return
-		}
-		m.Ack()
-	})
-	c.ProduceN(t, topic, 1, 5, nil)
-	m0 := receive(t, head, 15*time.Second, "the first record was not delivered")
-	waitCompleted(t, a, topic, 0, 4, 10*time.Second, "every record but the head acked")
+	m0 := holdHead(t, c, a, topic, 5, handle)
 
 	// One record at a time, in order: a member starting at the head
 	// handles it before the record produced below.
@@ -389,6 +372,25 @@ func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 	for off := range int64(5) {
 		require.Equal(t, 1, handled[off], "record %d handled again by the next owner (commits refused: %d)", off, refused.Load())
 	}
+}
+
+// holdHead subscribes sub to topic (one partition), produces n records
+// and acks every record but the head, offset 0, which it returns once the
+// others completed. offset tells (and may note) a delivery's offset.
+func holdHead(t *testing.T, c *kafkatest.Cluster, sub *safeack.Subscriber, topic string, n int, offset func(*message.Message) int64) *message.Message {
+	t.Helper()
+	head := make(chan *message.Message, 1)
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		if offset(m) == 0 {
+			head <- m
+			return
+		}
+		m.Ack()
+	})
+	c.ProduceN(t, topic, 1, n, nil)
+	m0 := receive(t, head, 15*time.Second, "the first record was not delivered")
+	waitCompleted(t, sub, topic, 0, uint64(n-1), 10*time.Second, "every record but the head acked")
+	return m0
 }
 
 // refuseCommitsPastStart makes the embedded broker answer the first n

@@ -233,11 +233,7 @@ func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
 	dl.waitRecords(t, len(poisoned), "the panicking inputs dead-lettered")
 	rd.complete(t, c, out, 1)
 	rd.checkExactlyOnce(t, ids) // and nothing of the poisoned ones
-	rd.mu.Lock()
-	defer rd.mu.Unlock()
-	for _, id := range flaky {
-		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
-	}
+	rd.requireAttempt(t, flaky, "2")
 }
 
 // The shapes of handler a new user writes, on defaults (OffsetNewest with
@@ -490,11 +486,7 @@ func TestTxnDeferredCompletion(t *testing.T) {
 	rd.waitAll(t, ids, 20*time.Second)
 	rd.complete(t, c, out, 2)
 	rd.checkExactlyOnce(t, ids)
-	rd.mu.Lock()
-	defer rd.mu.Unlock()
-	for _, id := range flaky {
-		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
-	}
+	rd.requireAttempt(t, flaky, "2")
 }
 
 // Two subscriptions of one Subscriber (two input topics, one consumer
@@ -526,4 +518,16 @@ func TestTxnTwoSubscriptionsSharePublisher(t *testing.T) {
 	rd.complete(t, c, out, 2)
 	rd.checkExactlyOnce(t, ids)
 	require.Zero(t, d.pub.Stats().Aborted)
+}
+
+// requireAttempt requires the first output of each id to come from the
+// handler's attempt (the hdrAttempt header): the output of a retried
+// input is its later attempt's.
+func (rd *outputReader) requireAttempt(t *testing.T, ids []string, attempt string) {
+	t.Helper()
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	for _, id := range ids {
+		require.Equal(t, attempt, headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
+	}
 }

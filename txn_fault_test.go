@@ -147,8 +147,6 @@ func TestTxnFencedByTransactionalID(t *testing.T) {
 func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
-	ids := r.inputIDs()
-	var att attempts
 	sub, pub := r.subscriber(t, "txn-zombie", nil)
 
 	var reject atomic.Int32
@@ -174,12 +172,7 @@ func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 		return resp, nil, true
 	})
 
-	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
-	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
-	reject.Store(2)
-	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
-	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
-	requireAbortedOutputs(t, c, r, uncommitted, pub, len(ids), "the aborted transactions wrote outputs that read_committed must not see")
+	abortMidRun(t, c, r, rd, uncommitted, sub, pub, func() { reject.Store(2) }, "the aborted transactions wrote outputs that read_committed must not see")
 }
 
 // A record that never finishes holds its partition's committed offset back
@@ -236,8 +229,6 @@ func TestTxnCompletedTailHandedOver(t *testing.T) {
 func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
-	ids := r.inputIDs()
-	var att attempts
 	const txnTimeout = 3 * time.Second
 	sub, pub := r.subscriber(t, "txn-timeout", func(_ *safeack.SubscriberConfig, tc *safeack.TxnConfig) {
 		tc.OverwriteSaramaConfig.Producer.Transaction.Timeout = txnTimeout
@@ -255,12 +246,7 @@ func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 		return nil, nil, false
 	})
 
-	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
-	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
-	hold.Store(true)
-	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
-	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
-	requireAbortedOutputs(t, c, r, uncommitted, pub, len(ids), "the aborted transaction wrote outputs that read_committed must not see")
+	abortMidRun(t, c, r, rd, uncommitted, sub, pub, func() { hold.Store(true) }, "the aborted transaction wrote outputs that read_committed must not see")
 }
 
 // A record whose completion was deferred (safeack.Defer) and resolved only
@@ -305,6 +291,22 @@ func TestTxnDeferredResolvedAfterHandOver(t *testing.T) {
 	rd.mu.Lock()
 	defer rd.mu.Unlock()
 	require.Equal(t, "2", headerOf(rd.byID[held][0], hdrAttempt), "output of the deferred record from the delivery whose drain gave up")
+}
+
+// abortMidRun runs a router of sub and pub over the rig's inputs, starts
+// fault once 300 outputs were read, waits for a transaction to abort, and
+// requires one visible output per input while the read_uncommitted reader
+// saw the aborted ones too (what: the message of that check).
+func abortMidRun(t *testing.T, c *kafkatest.Cluster, r *txnRig, rd, uncommitted *outputReader, sub *safeack.Subscriber, pub *safeack.TxnPublisher, fault func(), what string) {
+	t.Helper()
+	ids := r.inputIDs()
+	var att attempts
+	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
+	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
+	fault()
+	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
+	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
+	requireAbortedOutputs(t, c, r, uncommitted, pub, len(ids), what)
 }
 
 // requireAbortedOutputs reads the output topic to its end with the
