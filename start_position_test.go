@@ -183,23 +183,10 @@ func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, 
 
 	// Member 1: holds the first record it gets, acks the others.
 	acks := newAckLog()
-	held := make(chan po, 1)
 	sub1 := newTestSubscriber(t, c, group, configure)
-	msgs1 := mustSubscribe(t, sub1, topic)
-	go func() {
-		// The first message out of the channel is the first handed out:
-		// the partition's lowest offset.
-		first := true
-		for m := range msgs1 {
-			if first {
-				first = false
-				k, _ := msgPO(m)
-				held <- k
-				continue
-			}
-			go acks.ack(m)
-		}
-	}()
+	// The first message out of the channel is the first handed out: the
+	// partition's lowest offset.
+	held := holdFirst(t, sub1, topic, acks, func(po) bool { return true })
 	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own the partition", func() bool {
 		_, ok := statsOf(sub1, topic, 0)
 		return ok
@@ -394,20 +381,8 @@ func testNewPartition(t *testing.T, c *kafkatest.Cluster, cooperative bool) {
 	}
 
 	acks := newAckLog()
-	held := make(chan po, 1)
 	sub1 := newTestSubscriber(t, c, group, configure)
-	msgs1 := mustSubscribe(t, sub1, topic)
-	go func() {
-		first := true
-		for m := range msgs1 {
-			if k, _ := msgPO(m); k.p == 1 && first {
-				first = false
-				held <- k
-				continue
-			}
-			go acks.ack(m)
-		}
-	}()
+	held := holdFirst(t, sub1, topic, acks, func(k po) bool { return k.p == 1 })
 	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own partition 0", func() bool {
 		_, ok := statsOf(sub1, topic, 0)
 		return ok
@@ -621,4 +596,25 @@ func TestNoGroupStartResolvedBeforeSubscribeReturns(t *testing.T) {
 			t.Fatalf("%d of the %d records produced after Subscribe returned not delivered", len(want), partitions)
 		}
 	}
+}
+
+// holdFirst subscribes sub to topic and never answers the first delivery
+// that match accepts, whose position it sends on the returned channel; it
+// acks every other delivery (each in its own goroutine) into acks.
+func holdFirst(t *testing.T, sub *safeack.Subscriber, topic string, acks *ackLog, match func(po) bool) <-chan po {
+	t.Helper()
+	held := make(chan po, 1)
+	msgs := mustSubscribe(t, sub, topic)
+	go func() {
+		first := true
+		for m := range msgs {
+			if k, _ := msgPO(m); first && match(k) {
+				first = false
+				held <- k
+				continue
+			}
+			go acks.ack(m)
+		}
+	}()
+	return held
 }

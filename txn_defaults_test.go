@@ -221,9 +221,7 @@ func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
 		}
 		return nil, nil
 	})
-	d.run(t)
-	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
-	dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+	rd, dl := d.runReading(t, out, dlq)
 	ok := d.publish(t, "ok", 3)
 	flaky := d.publish(t, "fails once", 3)
 	poisoned := d.publish(t, "panics", 2)
@@ -437,9 +435,7 @@ func TestTxnFailedAttemptReturnedOutputsDropped(t *testing.T) {
 		}
 		return outs, nil
 	})
-	d.run(t)
-	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
-	dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+	rd, dl := d.runReading(t, out, dlq)
 	ok := d.publish(t, "ok", 3)
 	poisoned := d.publish(t, "fails", 2)
 
@@ -530,4 +526,12 @@ func (rd *outputReader) requireAttempt(t *testing.T, ids []string, attempt strin
 	for _, id := range ids {
 		require.Equal(t, attempt, headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
 	}
+}
+
+// runReading runs d's router, then reads out and the dead-letter topic dlq
+// (one partition each) with read_committed readers.
+func (d *defaultTxn) runReading(t *testing.T, out, dlq string) (rd, dl *outputReader) {
+	t.Helper()
+	d.run(t)
+	return readOutputs(t, d.c, out, 1, sarama.ReadCommitted), readOutputs(t, d.c, dlq, 1, sarama.ReadCommitted)
 }

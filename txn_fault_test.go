@@ -56,19 +56,9 @@ func TestTxnRebalanceSecondMember(t *testing.T) {
 	// The first member stops after a while until the second one owns
 	// partitions, so that there is work left to share.
 	gate := make(chan struct{})
-	var handled atomic.Int32
 	sub1, pub1 := r.subscriber(t, "txn-member-1", nil)
 	work := transform(&att, 3*time.Millisecond)
-	stop1 := runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
-		if handled.Add(1) > 1000 {
-			select {
-			case <-gate:
-			case <-msg.Context().Done():
-				return nil, msg.Context().Err()
-			}
-		}
-		return work(msg)
-	})
+	stop1 := runRouter(t, r, sub1, pub1, gateAfter(1000, gate, work))
 	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
 
 	sub2, pub2 := r.subscriber(t, "txn-member-2", nil)
@@ -110,18 +100,7 @@ func TestTxnFencedByTransactionalID(t *testing.T) {
 	// Handlers stop after a while until the fence is up, so that there are
 	// transactions left to fence.
 	gate := make(chan struct{})
-	var handled atomic.Int32
-	work := transform(&att, 2*time.Millisecond)
-	runRouter(t, r, sub, pub, func(msg *message.Message) ([]*message.Message, error) {
-		if handled.Add(1) > 1000 {
-			select {
-			case <-gate:
-			case <-msg.Context().Done():
-				return nil, msg.Context().Err()
-			}
-		}
-		return work(msg)
-	})
+	runRouter(t, r, sub, pub, gateAfter(1000, gate, transform(&att, 2*time.Millisecond)))
 	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
 
 	// InitProducerId with the same id bumps the epoch: the running producer
@@ -321,4 +300,20 @@ func requireAbortedOutputs(t *testing.T, c *kafkatest.Cluster, r *txnRig, uncomm
 	uncommitted.mu.Unlock()
 	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", pub.Stats(), written, inputs)
 	require.Greater(t, written, inputs, what)
+}
+
+// gateAfter is work behind a gate: past the first n records, a handler
+// waits until gate closes (or its message's context ends).
+func gateAfter(n int32, gate <-chan struct{}, work func(*message.Message) ([]*message.Message, error)) func(*message.Message) ([]*message.Message, error) {
+	var handled atomic.Int32
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if handled.Add(1) > n {
+			select {
+			case <-gate:
+			case <-msg.Context().Done():
+				return nil, msg.Context().Err()
+			}
+		}
+		return work(msg)
+	}
 }
