@@ -373,8 +373,7 @@ func TestPanicRetryPlainPoisonQueueEagerRebalance(t *testing.T) {
 	topic := c.NewTopic(t, partitions)
 	dlq := c.NewTopic(t, 1)
 	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: c.SaramaConfig()}, testLogger())
 	require.NoError(t, err)

@@ -365,8 +365,7 @@ func TestStartPositionNewPartition(t *testing.T) {
 }
 
 func testNewPartition(t *testing.T, c *kafkatest.Cluster, cooperative bool) {
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
 	commits := c.ObserveCommits(t)
 	configure := func(cfg *safeack.SubscriberConfig) {
 		if cooperative {

@@ -99,10 +99,8 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 		session = kafkatest.RealSessionTimeout // the broker's minimum by default
 	}
 	const partitions = 2
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
+	acks, watch := watchCommits(t, c, group, topic)
 	c.ProduceN(t, topic, partitions, partitions*20, nil)
 
 	member := func(logger watermill.LoggerAdapter) *safeack.Subscriber {

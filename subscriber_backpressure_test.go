@@ -29,8 +29,7 @@ func TestSubscriberBackPressure(t *testing.T) {
 	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, records, nil)
 
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 	// Longer than the group session timeout: a member that stopped
 	// heartbeating while the partition is paused would be expelled.
 	holdFor := c.SaramaConfig().Consumer.Group.Session.Timeout + 500*time.Millisecond

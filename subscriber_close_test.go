@@ -59,8 +59,7 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, finish bool) {
 	c, topic, group := kafkatest.StartTopic(t, partitions)
 	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
 
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.MaxInFlight = 20
 		cfg.Ordering = safeack.Unordered
@@ -183,8 +182,7 @@ func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 	c, topic, group := kafkatest.StartTopic(t, 2)
 	c.ProduceN(t, topic, 2, 40, nil)
 
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.DrainTimeout = drainTimeout
 		cfg.Ordering = safeack.Unordered

@@ -45,8 +45,7 @@ func TestSubscriberCommitNeverPassesUnacked(t *testing.T) {
 			}
 			c.ProduceN(t, topic, partitions, records, keyFn)
 
-			acks := newAckLog()
-			watch := newCommitWatch(t, c, group, topic, acks)
+			acks, watch := watchCommits(t, c, group, topic)
 			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 				cfg.MaxInFlight = 100
 				cfg.Ordering = safeack.Unordered
@@ -149,10 +148,8 @@ func TestCommitWhenAllComplete(t *testing.T) {
 			t.Run(fmt.Sprintf("auto-commit=%v/tail=%v", autoCommit, tail), func(t *testing.T) {
 				t.Parallel()
 				const partitions = 2
-				topic := c.NewTopic(t, partitions)
-				group := c.NewGroup(t)
-				acks := newAckLog()
-				watch := newCommitWatch(t, c, group, topic, acks)
+				topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
+				acks, watch := watchCommits(t, c, group, topic)
 				sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 					cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = autoCommit
 					cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Interval = time.Hour
@@ -188,12 +185,8 @@ func TestCommitWhenAllComplete(t *testing.T) {
 func TestCommitNotBehindFetch(t *testing.T) {
 	t.Parallel()
 	const maxWait = 5 * time.Second
-	c := kafkatest.Start(t)
 	const partitions = 2
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.MaxWaitTime = maxWait
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Interval = time.Hour
@@ -439,8 +432,7 @@ func TestCooperativeRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 	c := kafkatest.Start(t)
 	c.RequireEmbedded(t)
 	const partitions, perPartition = 2, 5
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
+	topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
 	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
 	cooperative := func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}

@@ -288,8 +288,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 	t.Run("default-stops-partition", func(t *testing.T) {
 		t.Parallel()
 		c, topic, group := setup(t)
-		acks := newAckLog()
-		watch := newCommitWatch(t, c, group, topic, acks)
+		acks, watch := watchCommits(t, c, group, topic)
 		sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 			cfg.Unmarshaler = rejectingUnmarshaler{}
 			cfg.ReconnectRetrySleep = 30 * time.Millisecond
@@ -355,8 +354,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 			}
 		}
 		c.Produce(t, topic, recs...)
-		acks := newAckLog()
-		watch := newCommitWatch(t, c, group, topic, acks)
+		acks, watch := watchCommits(t, c, group, topic)
 		member := func(id string) *safeack.Subscriber {
 			return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 				cfg.Unmarshaler = rejectingUnmarshaler{}
@@ -407,8 +405,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 	t.Run("dead-letter-completes", func(t *testing.T) {
 		t.Parallel()
 		c, topic, group := setup(t)
-		acks := newAckLog()
-		watch := newCommitWatch(t, c, group, topic, acks)
+		acks, watch := watchCommits(t, c, group, topic)
 		var mu sync.Mutex
 		var dlq []po
 		var dlqErr error
@@ -446,8 +443,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 		t.Parallel()
 		const retrySleep = 100 * time.Millisecond
 		c, topic, group := setup(t)
-		acks := newAckLog()
-		watch := newCommitWatch(t, c, group, topic, acks)
+		acks, watch := watchCommits(t, c, group, topic)
 		var mu sync.Mutex
 		var calls []time.Time
 		sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {

@@ -183,8 +183,16 @@ func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod fun
 func startWatched(t *testing.T, partitions int) (c *kafkatest.Cluster, topic, group string, acks *ackLog, watch *commitWatch) {
 	t.Helper()
 	c, topic, group = kafkatest.StartTopic(t, partitions)
-	acks = newAckLog()
-	return c, topic, group, acks, newCommitWatch(t, c, group, topic, acks)
+	acks, watch = watchCommits(t, c, group, topic)
+	return c, topic, group, acks, watch
+}
+
+// watchCommits returns a new ack log and a commit watch of group on topic
+// checked against it.
+func watchCommits(t *testing.T, c *kafkatest.Cluster, group, topic string) (*ackLog, *commitWatch) {
+	t.Helper()
+	acks := newAckLog()
+	return acks, newCommitWatch(t, c, group, topic, acks)
 }
 
 // offsetCounts counts the deliveries of each offset of a partition.

@@ -34,8 +34,7 @@ func TestSubscriberNackRedelivers(t *testing.T) {
 	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, records, nil)
 
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.MaxInFlight = 16
 		cfg.Ordering = safeack.Unordered
@@ -204,8 +203,7 @@ func TestOneSlotNackStorm(t *testing.T) {
 				}
 				return fmt.Sprintf("k%d", i%2)
 			})
-			acks := newAckLog()
-			watch := newCommitWatch(t, c, group, topic, acks)
+			acks, watch := watchCommits(t, c, group, topic)
 			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 				cfg.Ordering = ordering
 				cfg.MaxInFlight = 1

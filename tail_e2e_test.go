@@ -85,10 +85,8 @@ func TestTailCrashChild(t *testing.T) {
 // the tail; the next owner handles the held record and nothing else again.
 func TestCompletedTailSurvivesCrash(t *testing.T) {
 	t.Parallel()
-	cluster := kafkatest.Start(t)
 	const n = 10_001
-	topic := cluster.NewTopic(t, 1)
-	group := cluster.NewGroup(t)
+	cluster, topic, group := kafkatest.StartTopic(t, 1)
 	produceSequential(t, cluster, topic, 0, n)
 
 	child := exec.Command(os.Args[0], "-test.run=^TestTailCrashChild$", "-test.count=1")
@@ -142,10 +140,8 @@ func TestCompletedTailSurvivesCrash(t *testing.T) {
 // partition; it handles that partition's held record and nothing else.
 func TestCompletedTailSurvivesCooperativeRevoke(t *testing.T) {
 	t.Parallel()
-	cluster := kafkatest.Start(t)
 	const perPartition = 2_000
-	topic := cluster.NewTopic(t, 2)
-	group := cluster.NewGroup(t)
+	cluster, topic, group := kafkatest.StartTopic(t, 2)
 	for p := range int32(2) {
 		recs := make([]kafkatest.Record, perPartition)
 		for i := range recs {

@@ -142,8 +142,7 @@ func TestTruncatedLogUnderCommit(t *testing.T) {
 			}
 			c := kafkatest.Start(t, opts...)
 			c.RequireEmbedded(t)
-			topic := c.NewTopic(t, 1)
-			group := c.NewGroup(t)
+			topic, group := c.NewTopic(t, 1), c.NewGroup(t)
 			const n, diverged = 10, 3
 			produceSequential(t, c, topic, 0, n)
 
@@ -248,8 +247,7 @@ func TestTruncatedLogUnderCooperativeHandover(t *testing.T) {
 	c := kafkatest.Start(t)
 	c.RequireEmbedded(t)
 	const n, hold, diverged = 10, 5, 3
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
 	for p := range int32(2) {
 		recs := make([]kafkatest.Record, n)
 		for i := range recs {
