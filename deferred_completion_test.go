@@ -286,12 +286,7 @@ func TestMiddlewareDeferredResolvedAfterRevoke(t *testing.T) {
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 1)
 	commits := c.ObserveCommits(t)
-	member := func() *safeack.Subscriber {
-		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
-			cfg.Ordering = safeack.Unordered
-			cfg.DrainTimeout = 300 * time.Millisecond
-		})
-	}
+	member := unorderedMember(t, c, group, 300 * time.Millisecond)
 
 	var (
 		mu         sync.Mutex

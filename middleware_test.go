@@ -56,6 +56,38 @@ func mwRouter(t *testing.T, sub message.Subscriber, topic string, h message.NoPu
 	return r
 }
 
+// callCount counts a handler's calls.
+type callCount struct {
+	mu    sync.Mutex
+	calls int
+}
+
+// first counts a call and tells whether it is the first.
+func (c *callCount) first() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	return c.calls == 1
+}
+
+// n returns the calls counted.
+func (c *callCount) n() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls
+}
+
+// unorderedMember returns a constructor of Unordered members of group
+// with the given DrainTimeout.
+func unorderedMember(t *testing.T, c *kafkatest.Cluster, group string, drain time.Duration) func() *safeack.Subscriber {
+	return func() *safeack.Subscriber {
+		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+			cfg.Ordering = safeack.Unordered
+			cfg.DrainTimeout = drain
+		})
+	}
+}
+
 // mwOffset returns the partition and offset of a message of the subscriber.
 func mwOffset(t *testing.T, m *message.Message) po {
 	k, ok := msgPO(m)
@@ -256,15 +288,11 @@ func TestMiddlewareTimeout(t *testing.T) {
 		sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
 		var (
 			mu    sync.Mutex
-			calls int
+			calls callCount
 			errs  []error
 		)
 		mwRouter(t, sub, topic, func(m *message.Message) error {
-			mu.Lock()
-			calls++
-			first := calls == 1
-			mu.Unlock()
-			if !first {
+			if !calls.first() {
 				return nil
 			}
 			<-m.Context().Done()
@@ -277,7 +305,7 @@ func TestMiddlewareTimeout(t *testing.T) {
 		mwWaitCommitted(t, c, group, topic, map[int32]int64{0: 1})
 		mu.Lock()
 		defer mu.Unlock()
-		assert.Equal(t, 2, calls)
+		assert.Equal(t, 2, calls.n())
 		require.Len(t, errs, 1)
 		assert.ErrorIs(t, errs[0], context.DeadlineExceeded)
 	})
@@ -289,17 +317,13 @@ func TestMiddlewareTimeout(t *testing.T) {
 		}
 		var (
 			mu      sync.Mutex
-			calls   int
+			calls   callCount
 			waiting = make(chan struct{})
 			ended   error
 			endedIn time.Duration
 		)
 		handler := func(m *message.Message) error {
-			mu.Lock()
-			calls++
-			first := calls == 1
-			mu.Unlock()
-			if !first {
+			if !calls.first() {
 				return nil
 			}
 			start := time.Now()
@@ -327,7 +351,7 @@ func TestMiddlewareTimeout(t *testing.T) {
 		defer mu.Unlock()
 		assert.ErrorIs(t, ended, context.Canceled)
 		assert.Less(t, endedIn, timeout)
-		assert.Equal(t, 2, calls, "handled again by the partition's next owner")
+		assert.Equal(t, 2, calls.n(), "handled again by the partition's next owner")
 	})
 }
 

@@ -22,12 +22,7 @@ func TestMiddlewareSkipRevoked(t *testing.T) {
 	const partitions = 2
 	c, topic, group := kafkatest.StartTopic(t, partitions)
 	commits := c.ObserveCommits(t)
-	member := func() *safeack.Subscriber {
-		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
-			cfg.Ordering = safeack.Unordered
-			cfg.DrainTimeout = 2 * time.Second
-		})
-	}
+	member := unorderedMember(t, c, group, 2 * time.Second)
 
 	var (
 		mu      sync.Mutex

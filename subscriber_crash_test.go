@@ -59,12 +59,8 @@ func TestHelperConsumerProcess(t *testing.T) {
 		sc.Consumer.Offsets.Initial = sarama.OffsetNewest
 	}
 	if os.Getenv(envHelperEmbedded) == "1" {
-		// The parent's embedded broker accepts short sessions: the killed
-		// member is evicted quickly (but not so short that a loaded machine
-		// expels the live child before the kill).
-		sc.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
-		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-		sc.Consumer.Group.Rebalance.Timeout = kafkatest.EmbeddedSessionTimeout
+		// The parent's embedded broker accepts short sessions.
+		kafkatest.KillableSessions(sc)
 	}
 	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
 		Brokers:               c.Brokers(),

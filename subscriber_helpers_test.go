@@ -255,6 +255,23 @@ func startTxnRig(t *testing.T, partitions, records int, opts ...kafkatest.Option
 	return c, r, readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
 }
 
+// errorsTo is handler middleware that sends a handler's error to errs
+// when errs has room (a full errs drops it: the record is handled again).
+func errorsTo(errs chan<- error) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err != nil {
+				select {
+				case errs <- err:
+				default:
+				}
+			}
+			return out, err
+		}
+	}
+}
+
 // handleAll runs handler in its own goroutine for every message of msgs,
 // as a Watermill router does. The returned channel closes once msgs closed.
 func handleAll(msgs <-chan *message.Message, handler func(*message.Message)) <-chan struct{} {

@@ -238,9 +238,8 @@ func TestTxnCooperativeDeferredResolvedAfterRevoke(t *testing.T) {
 	subA, pubA := r.subscriber(t, "txn-coop-deferred-a", coop)
 	plain := transform(&att, time.Millisecond)
 	runRouter(t, r, subA, pubA, func(msg *message.Message) ([]*message.Message, error) {
-		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
-		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-		id := fmt.Sprintf("%d@%d", p, o)
+		k, _ := msgPO(msg)
+		id := k.String()
 		if !held[id] {
 			return plain(msg)
 		}

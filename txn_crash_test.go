@@ -73,9 +73,7 @@ func TestHelperTxnRouterProcess(t *testing.T) {
 // shortSessions lets the embedded broker evict a killed member quickly (but
 // not so quickly that a loaded machine expels a live one).
 func shortSessions(sc *sarama.Config) {
-	sc.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
-	sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	sc.Consumer.Group.Rebalance.Timeout = kafkatest.EmbeddedSessionTimeout
+	kafkatest.KillableSessions(sc)
 }
 
 // A transactional router process is SIGKILLed mid-stream, with handlers

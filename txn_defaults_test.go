@@ -142,23 +142,10 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 				t.Skip("the cluster creates a topic its metadata is asked for (auto.create.topics.enable): every topic exists")
 			}
 			d := newDefaultTxn(t, c, 1, "txn-unwritable")
-			out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
-			poison, err := middleware.PoisonQueue(d.pub, dlq)
-			require.NoError(t, err)
+			out := c.NewTopic(t, 1)
+			dlq, poison := d.deadLetters(t)
 			refused := make(chan error, 1)
-			recordErr := func(h message.HandlerFunc) message.HandlerFunc {
-				return func(msg *message.Message) ([]*message.Message, error) {
-					out, err := h(msg)
-					if err != nil {
-						select {
-						case refused <- err:
-						default: // handled again
-						}
-					}
-					return out, err
-				}
-			}
-			d.router.AddMiddleware(poison, recordErr, d.pub.Middleware)
+			d.router.AddMiddleware(poison, errorsTo(refused), d.pub.Middleware)
 			d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
 				if string(msg.Payload) != "bad" {
 					return []*message.Message{outputFor(msg, "ok")}, nil
@@ -179,12 +166,7 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 			after := d.publish(t, "ok", 3)
 
 			ids := append(before, after...)
-			rd.waitAll(t, ids, 20*time.Second)
-			dl.waitRecords(t, 1, "the bad input dead-lettered")
-			rd.complete(t, c, out, 1)
-			rd.checkExactlyOnce(t, ids)
-			require.ErrorIs(t, <-refused, tc.cause)
-			require.Zero(t, d.pub.Stats().Aborted)
+			d.requireOneDeadLetter(t, rd, dl, out, ids, "the bad input dead-lettered", refused, tc.cause)
 		})
 	}
 }
@@ -197,9 +179,8 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-failed-attempt")
-	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
-	poison, err := middleware.PoisonQueue(d.pub, dlq)
-	require.NoError(t, err)
+	out := c.NewTopic(t, 1)
+	dlq, poison := d.deadLetters(t)
 	retry := middleware.Retry{MaxRetries: 1, InitialInterval: time.Millisecond}
 	d.router.AddMiddleware(poison, retry.Middleware, middleware.Recoverer, d.pub.Middleware)
 	var att attempts
@@ -322,9 +303,8 @@ func TestTxnPlainPoisonQueueAtClose(t *testing.T) {
 	d := newDefaultTxn(t, c, 1, "txn-poison-close", func(cfg *safeack.SubscriberConfig) {
 		cfg.DrainTimeout = 300 * time.Millisecond
 	})
-	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
-	poison, err := middleware.PoisonQueue(d.pub, dlq)
-	require.NoError(t, err)
+	out := c.NewTopic(t, 1)
+	dlq, poison := d.deadLetters(t)
 	d.router.AddMiddleware(poison, d.pub.Middleware)
 	held := make(chan struct{}, 1)
 	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
@@ -424,9 +404,8 @@ func TestTxnOutputsSurviveReplacedContext(t *testing.T) {
 func TestTxnFailedAttemptReturnedOutputsDropped(t *testing.T) {
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-failed-returned")
-	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
-	poison, err := middleware.PoisonQueue(d.pub, dlq)
-	require.NoError(t, err)
+	out := c.NewTopic(t, 1)
+	dlq, poison := d.deadLetters(t)
 	d.router.AddMiddleware(poison, d.pub.Middleware)
 	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
 		outs := []*message.Message{outputFor(msg, "returned")}
@@ -534,4 +513,27 @@ func (d *defaultTxn) runReading(t *testing.T, out, dlq string) (rd, dl *outputRe
 	t.Helper()
 	d.run(t)
 	return readOutputs(t, d.c, out, 1, sarama.ReadCommitted), readOutputs(t, d.c, dlq, 1, sarama.ReadCommitted)
+}
+
+// deadLetters makes a dead-letter topic (one partition) and a PoisonQueue
+// middleware that publishes to it through d's publisher.
+func (d *defaultTxn) deadLetters(t *testing.T) (dlq string, poison message.HandlerMiddleware) {
+	t.Helper()
+	dlq = d.c.NewTopic(t, 1)
+	poison, err := middleware.PoisonQueue(d.pub, dlq)
+	require.NoError(t, err)
+	return dlq, poison
+}
+
+// requireOneDeadLetter requires one visible output of each of ids in out
+// (one partition), one dead letter in dl (what), the first handler error
+// to be cause and no aborted transaction.
+func (d *defaultTxn) requireOneDeadLetter(t *testing.T, rd, dl *outputReader, out string, ids []string, what string, refused <-chan error, cause error) {
+	t.Helper()
+	rd.waitAll(t, ids, 20*time.Second)
+	dl.waitRecords(t, 1, what)
+	rd.complete(t, d.c, out, 1)
+	rd.checkExactlyOnce(t, ids)
+	require.ErrorIs(t, <-refused, cause)
+	require.Zero(t, d.pub.Stats().Aborted)
 }

@@ -1,7 +1,6 @@
 package safeack_test
 
 import (
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -165,14 +164,10 @@ func TestTxnCompletedTailHandedOver(t *testing.T) {
 	held := ids[10]
 	var att attempts
 
-	sub1, pub1 := r.subscriber(t, "txn-tail", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
-		cfg.DrainTimeout = 200 * time.Millisecond
-	})
+	sub1, pub1 := r.subscriber(t, "txn-tail", shortDrain)
 	first := transform(&att, time.Millisecond)
 	stop1 := runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
-		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
-		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-		if fmt.Sprintf("%d@%d", p, o) == held {
+		if k, _ := msgPO(msg); k.String() == held {
 			att.next(msg)
 			<-msg.Context().Done() // until the drain gives up on it
 			return nil, msg.Context().Err()
@@ -240,14 +235,10 @@ func TestTxnDeferredResolvedAfterHandOver(t *testing.T) {
 	var att attempts
 	late := make(chan *safeack.Completion, 1)
 
-	sub1, pub1 := r.subscriber(t, "txn-deferred-late", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
-		cfg.DrainTimeout = 200 * time.Millisecond
-	})
+	sub1, pub1 := r.subscriber(t, "txn-deferred-late", shortDrain)
 	first := transform(&att, time.Millisecond)
 	stop1 := runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
-		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
-		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-		if fmt.Sprintf("%d@%d", p, o) != held {
+		if k, _ := msgPO(msg); k.String() != held {
 			return first(msg)
 		}
 		n := att.next(msg)
@@ -316,4 +307,10 @@ func gateAfter(n int32, gate <-chan struct{}, work func(*message.Message) ([]*me
 		}
 		return work(msg)
 	}
+}
+
+// shortDrain gives a transactional member 200 ms to drain: a handler held
+// past it is given up on.
+func shortDrain(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+	cfg.DrainTimeout = 200 * time.Millisecond
 }

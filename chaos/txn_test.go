@@ -53,9 +53,7 @@ func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string, coop boo
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}
 	if c.Embedded() {
-		sc.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
-		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-		sc.Consumer.Group.Rebalance.Timeout = kafkatest.EmbeddedSessionTimeout
+		kafkatest.KillableSessions(sc)
 	}
 	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
 		Brokers:               c.Brokers(),

@@ -182,6 +182,15 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	return c
 }
 
+// KillableSessions sets sc's group session, heartbeat and rebalance
+// timeouts for a member a test kills on the embedded broker: it is evicted
+// quickly, but not so fast that a loaded machine expels a live member.
+func KillableSessions(sc *sarama.Config) {
+	sc.Consumer.Group.Session.Timeout = EmbeddedSessionTimeout
+	sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+	sc.Consumer.Group.Rebalance.Timeout = EmbeddedSessionTimeout
+}
+
 // StartTopic is the preamble of most end-to-end tests: Start, then a new
 // topic of the given partitions and a group name unique to tb.
 func StartTopic(tb testing.TB, partitions int, opts ...Option) (c *Cluster, topic, group string) {
