@@ -286,7 +286,7 @@ func TestMiddlewareDeferredResolvedAfterRevoke(t *testing.T) {
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 1)
 	commits := c.ObserveCommits(t)
-	member := unorderedMember(t, c, group, 300 * time.Millisecond)
+	member := unorderedMember(t, c, group, 300*time.Millisecond)
 
 	var (
 		mu         sync.Mutex

@@ -22,7 +22,7 @@ func TestMiddlewareSkipRevoked(t *testing.T) {
 	const partitions = 2
 	c, topic, group := kafkatest.StartTopic(t, partitions)
 	commits := c.ObserveCommits(t)
-	member := unorderedMember(t, c, group, 2 * time.Second)
+	member := unorderedMember(t, c, group, 2*time.Second)
 
 	var (
 		mu      sync.Mutex

@@ -48,17 +48,7 @@ func (c *Cluster) DeleteRecords(tb testing.TB, topic string, partition int32, be
 // the log (what OffsetOldest resolves to).
 func (c *Cluster) LogStartOffsets(tb testing.TB, topic string) map[int32]int64 {
 	tb.Helper()
-	ps := c.partitions(tb, topic)
-	client, _ := c.clients(tb)
-	out := make(map[int32]int64, len(ps))
-	for _, p := range ps {
-		off, err := client.GetOffset(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			tb.Fatalf("kafkatest: log start of %s/%d: %v", topic, p, err)
-		}
-		out[p] = off
-	}
-	return out
+	return c.listOffsets(tb, topic, sarama.OffsetOldest, "log start")
 }
 
 // AddPartitions grows topic to total partitions and waits until metadata
