@@ -219,6 +219,21 @@ func (r *shutdownRun) check(t *testing.T) {
 	}
 }
 
+// loadedMember produces perPartition records to each of the 4
+// partitions, starts member A (cooperative or not) and waits until it
+// processed some and holds the slow ones, with enough left (unloaded: the
+// failure message) to shut down under load.
+func (r *shutdownRun) loadedMember(t *testing.T, perPartition int, cooperative bool, unloaded string) (*safeack.Subscriber, *message.Router) {
+	t.Helper()
+	r.c.ProduceN(t, r.topic, 4, 4*perPartition, nil)
+	sub, router := r.member(t, cooperative)
+	kafkatest.WaitFor(t, mwWait, "A to process some records and hold the slow ones", func() bool {
+		return r.processedCount() >= 300 && r.slowHeldCount() == 4
+	})
+	require.Less(t, r.processedCount(), 4*perPartition-200, unloaded)
+	return sub, router
+}
+
 // TestPoisonQueueShutdown runs the recommended middleware chain (Retry
 // inside safeack.PoisonQueue) under load, with handlers that honour their
 // context, a few poison records and one slow record per partition that
@@ -231,12 +246,7 @@ func TestPoisonQueueShutdown(t *testing.T) {
 	t.Run("close", func(t *testing.T) {
 		t.Parallel()
 		r := newShutdownRun(t)
-		r.c.ProduceN(t, r.topic, 4, 4*perPartition, nil)
-		_, a := r.member(t, false)
-		kafkatest.WaitFor(t, mwWait, "A to process some records and hold the slow ones", func() bool {
-			return r.processedCount() >= 300 && r.slowHeldCount() == 4
-		})
-		require.Less(t, r.processedCount(), 4*perPartition-200, "A was done before Close: no load to close under")
+		_, a := r.loadedMember(t, perPartition, false, "A was done before Close: no load to close under")
 		require.NoError(t, a.Close())
 		r.requireOnlySlowCanceled(t)
 
@@ -246,12 +256,7 @@ func TestPoisonQueueShutdown(t *testing.T) {
 	t.Run("cooperative-revoke", func(t *testing.T) {
 		t.Parallel()
 		r := newShutdownRun(t)
-		r.c.ProduceN(t, r.topic, 4, 4*perPartition, nil)
-		a, _ := r.member(t, true)
-		kafkatest.WaitFor(t, mwWait, "A to process some records and hold the slow ones", func() bool {
-			return r.processedCount() >= 300 && r.slowHeldCount() == 4
-		})
-		require.Less(t, r.processedCount(), 4*perPartition-200, "A was done before B joined: no load to revoke under")
+		a, _ := r.loadedMember(t, perPartition, true, "A was done before B joined: no load to revoke under")
 		b, _ := r.member(t, true)
 		kafkatest.WaitFor(t, mwWait, "the group to settle with both members", func() bool {
 			ao, bo := ownedPartitions(a, r.topic), ownedPartitions(b, r.topic)

@@ -352,16 +352,9 @@ func (l *ackLog) waitAllAckedFrom(t *testing.T, c *kafkatest.Cluster, topic stri
 func TestStartPositionNewPartition(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.Start(t)
-	for _, cooperative := range []bool{false, true} {
-		name := "eager"
-		if cooperative {
-			name = "cooperative"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testNewPartition(t, c, cooperative)
-		})
-	}
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperative bool) {
+		testNewPartition(t, c, cooperative)
+	})
 }
 
 func testNewPartition(t *testing.T, c *kafkatest.Cluster, cooperative bool) {

@@ -335,16 +335,7 @@ func sortedPartitions[V any](m map[int32]V) []int32 {
 // Close closes both channels.
 func TestSubscribeSameTopicTwice(t *testing.T) {
 	t.Parallel()
-	for _, cooperative := range []bool{false, true} {
-		name := "eager"
-		if cooperative {
-			name = "cooperative"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testSubscribeSameTopicTwice(t, cooperative)
-		})
-	}
+	kafkatest.EagerAndCooperative(t, testSubscribeSameTopicTwice)
 }
 
 func testSubscribeSameTopicTwice(t *testing.T, cooperative bool) {
@@ -428,21 +419,13 @@ func TestMembershipChurn(t *testing.T) {
 	t.Parallel()
 	for _, cooperative := range []bool{false, true} {
 		for _, initial := range []int64{sarama.OffsetOldest, sarama.OffsetNewest} {
-			name := "eager"
-			if cooperative {
-				name = "cooperative"
-			}
-			t.Run(name+"/"+initialName(initial), func(t *testing.T) {
+			t.Run(kafkatest.RebalanceName(cooperative)+"/"+initialName(initial), func(t *testing.T) {
 				t.Parallel()
 				testChurn(t, cooperative, initial, safeack.Unordered)
 			})
 		}
 		// Under OrderByKey, with keyed and key-less records.
-		name := "eager/by-key"
-		if cooperative {
-			name = "cooperative/by-key"
-		}
-		t.Run(name, func(t *testing.T) {
+		t.Run(kafkatest.RebalanceName(cooperative)+"/by-key", func(t *testing.T) {
 			t.Parallel()
 			testChurn(t, cooperative, sarama.OffsetOldest, safeack.OrderByKey)
 		})

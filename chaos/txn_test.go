@@ -126,7 +126,7 @@ func TestTxnChaosChild(t *testing.T) {
 		_, _ = io.Copy(io.Discard, os.Stdin) // the parent holds it open
 		os.Exit(3)
 	}()
-	if _, err := startTxnRouter(c, f[0], f[1], f[2], f[3], f[4] == balanceName(true)); err != nil {
+	if _, err := startTxnRouter(c, f[0], f[1], f[2], f[3], f[4] == kafkatest.RebalanceName(true)); err != nil {
 		fmt.Fprintln(os.Stderr, "txn child:", err)
 		os.Exit(2)
 	}
@@ -162,14 +162,6 @@ func TestTxnRouterChaos(t *testing.T) { txnRouterChaos(t, false) }
 // its revocation completes, while the other partitions go on.
 func TestTxnRouterChaosCooperative(t *testing.T) { txnRouterChaos(t, true) }
 
-// balanceName names the balancing of a transactional chaos run.
-func balanceName(coop bool) string {
-	if coop {
-		return "cooperative"
-	}
-	return "eager"
-}
-
 func txnRouterChaos(t *testing.T, coop bool) {
 	// On a real broker with a restart command (SAFEACK_CHAOS_RESTART), the
 	// broker is restarted once, halfway through; the scenario then runs
@@ -190,7 +182,7 @@ func txnRouterChaos(t *testing.T, coop bool) {
 	}
 	rng := rand.New(rand.NewPCG(seed, stream))
 	var err error
-	t.Logf("seed %d, %s balancing", seed, balanceName(coop))
+	t.Logf("seed %d, %s balancing", seed, kafkatest.RebalanceName(coop))
 
 	// The producer: a record every millisecond or so, until stopped.
 	var produced atomic.Int64
@@ -231,7 +223,7 @@ func txnRouterChaos(t *testing.T, coop bool) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestTxnChaosChild$", "-test.count=1")
 		cmd.Env = append(os.Environ(),
 			kafkatest.EnvBrokers+"="+strings.Join(c.Brokers(), ","),
-			envTxnChild+"="+strings.Join([]string{in, out, group, s.id, balanceName(coop)}, ","),
+			envTxnChild+"="+strings.Join([]string{in, out, group, s.id, kafkatest.RebalanceName(coop)}, ","),
 		)
 		stdin, err := cmd.StdinPipe()
 		require.NoError(t, err)
@@ -246,7 +238,7 @@ func txnRouterChaos(t *testing.T, coop bool) {
 		s.child = nil
 	}
 	// Transactional ids are per balancing: the two runs go side by side.
-	b := balanceName(coop)
+	b := kafkatest.RebalanceName(coop)
 	slots := []*txnSlot{{id: "chaos-txn-a-" + b}, {id: "chaos-txn-b-" + b}, {id: "chaos-txn-inner-" + b}}
 	defer func() {
 		for _, s := range slots[:2] {

@@ -435,3 +435,24 @@ func Poll(timeout, interval time.Duration, cond func() bool) bool {
 		time.Sleep(interval)
 	}
 }
+
+// RebalanceName names a rebalance protocol in subtest names: "eager" or
+// "cooperative".
+func RebalanceName(cooperative bool) string {
+	if cooperative {
+		return "cooperative"
+	}
+	return "eager"
+}
+
+// EagerAndCooperative runs f in two parallel subtests of t, named by
+// RebalanceName: eager first, then cooperative.
+func EagerAndCooperative(t *testing.T, f func(t *testing.T, cooperative bool)) {
+	t.Helper()
+	for _, cooperative := range []bool{false, true} {
+		t.Run(RebalanceName(cooperative), func(t *testing.T) {
+			t.Parallel()
+			f(t, cooperative)
+		})
+	}
+}
