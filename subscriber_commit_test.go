@@ -281,7 +281,7 @@ func TestFinalCommitRefusedIsRetried(t *testing.T) {
 func TestFinalTailRefusedIsRetried(t *testing.T) {
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
-	refused := refuseCommits(c, group, kerr.CoordinatorLoadInProgress.Code, 2, func(rp kmsg.OffsetCommitRequestTopicPartition) bool {
+	refused := c.RefuseCommits(group, kerr.CoordinatorLoadInProgress.Code, 2, func(rp kmsg.OffsetCommitRequestTopicPartition) bool {
 		if rp.Metadata == nil {
 			return false
 		}
@@ -390,33 +390,7 @@ func holdHead(t *testing.T, c *kafkatest.Cluster, sub *safeack.Subscriber, topic
 // OffsetCommit requests of group that carry an offset above 0 with code
 // (the pinned start, offset 0, goes through). It returns the count refused.
 func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n int32) *atomic.Int32 {
-	return refuseCommits(c, group, code, n, func(rp kmsg.OffsetCommitRequestTopicPartition) bool { return rp.Offset > 0 })
-}
-
-// refuseCommits answers the first n OffsetCommits of group that have a
-// partition matching with error code, and lets the others through.
-func refuseCommits(c *kafkatest.Cluster, group string, code int16, n int32, match func(kmsg.OffsetCommitRequestTopicPartition) bool) *atomic.Int32 {
-	return c.Answer(kmsg.OffsetCommit, func(req kmsg.Request, refused int32) (kmsg.Response, bool) {
-		oc := req.(*kmsg.OffsetCommitRequest)
-		if oc.Group != group || refused >= n {
-			return nil, false
-		}
-		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
-		resp.SetVersion(oc.GetVersion())
-		matched := false
-		for _, rt := range oc.Topics {
-			st := kmsg.NewOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				matched = matched || match(rp)
-				sp := kmsg.NewOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, matched
-	})
+	return c.RefuseCommits(group, code, n, func(rp kmsg.OffsetCommitRequestTopicPartition) bool { return rp.Offset > 0 })
 }
 
 // TestCooperativeRevokeFinalCommitRefusedIsRetried: a partition revoked

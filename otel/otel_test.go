@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,9 +122,7 @@ func offsetOf(m *message.Message) po {
 // a handler span nested under it, ack and nack events, and commit spans whose
 // last positions are the partitions' ends.
 func TestTracesFollowRecords(t *testing.T) {
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	tel := newTelemetry(t)
 	tracer := tel.tp.Tracer("test")
 
@@ -318,9 +315,7 @@ func TestTracesFollowRecords(t *testing.T) {
 // nacks another once, then reads every instrument RegisterMetrics made and
 // compares it with the Subscriber's Stats and Totals of the same moment.
 func TestMetricsMatchStats(t *testing.T) {
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	tel := newTelemetry(t)
 	const perPartition = 6
 	c.ProduceN(t, topic, 2, 2*perPartition, nil)
@@ -613,40 +608,11 @@ func TestDeferredAndTransactionSpans(t *testing.T) {
 // read-back found the coordinator below what was sent), and the commit
 // that takes afterwards has an unset status and the partition's end.
 func TestRefusedCommitSpan(t *testing.T) {
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	const records = 3
 	c.ProduceN(t, topic, 1, records, nil)
-	var refused atomic.Int32
-	kf := c.Kfake()
-	kf.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kf.KeepControl()
-		oc := req.(*kmsg.OffsetCommitRequest)
-		if oc.Group != group || refused.Load() >= 2 {
-			return nil, nil, false
-		}
-		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
-		resp.SetVersion(oc.GetVersion())
-		past := false
-		for _, rt := range oc.Topics {
-			st := kmsg.NewOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				past = past || rp.Offset > 0
-				sp := kmsg.NewOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.CoordinatorLoadInProgress.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		if !past {
-			return nil, nil, false // the pinned start goes through
-		}
-		refused.Add(1)
-		return resp, nil, true
-	})
+	// The pinned start (offset 0) goes through.
+	refused := c.RefuseCommits(group, kerr.CoordinatorLoadInProgress.Code, 2, func(rp kmsg.OffsetCommitRequestTopicPartition) bool { return rp.Offset > 0 })
 
 	tel := newTelemetry(t)
 	obs, err := safeackotel.NewObserver(tel.options()...)
