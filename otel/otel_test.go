@@ -74,6 +74,24 @@ func (tel *telemetry) collect(t *testing.T) metricdata.ResourceMetrics {
 	return rm
 }
 
+// subscribe makes a subscriber of group observed by tel (newSubscriber)
+// and subscribes it to topic until the test ends.
+func (tel *telemetry) subscribe(t *testing.T, c *kafkatest.Cluster, group, topic string) <-chan *message.Message {
+	t.Helper()
+	obs, err := safeackotel.NewObserver(tel.options()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := newSubscriber(t, c, group, obs)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs
+}
+
 func newSubscriber(t *testing.T, c *kafkatest.Cluster, group string, obs safeack.Observer) *safeack.Subscriber {
 	t.Helper()
 	sc := c.SaramaConfig()
@@ -142,17 +160,7 @@ func TestTracesFollowRecords(t *testing.T) {
 	}
 	c.Produce(t, topic, recs...)
 
-	obs, err := safeackotel.NewObserver(tel.options()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := newSubscriber(t, c, group, obs)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	msgs, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := tel.subscribe(t, c, group, topic)
 	nackOnce := po{0, 1}
 	var mu sync.Mutex
 	handlerParent := map[trace.SpanID]po{} // process span → its record, from the handler's span
@@ -615,17 +623,7 @@ func TestRefusedCommitSpan(t *testing.T) {
 	refused := c.RefuseCommits(group, kerr.CoordinatorLoadInProgress.Code, 2, func(rp kmsg.OffsetCommitRequestTopicPartition) bool { return rp.Offset > 0 })
 
 	tel := newTelemetry(t)
-	obs, err := safeackotel.NewObserver(tel.options()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := newSubscriber(t, c, group, obs)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	msgs, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := tel.subscribe(t, c, group, topic)
 	go func() {
 		for m := range msgs {
 			m.Ack()
