@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,15 +27,11 @@ import (
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/figures"
 	"github.com/safeack/safeack/internal/kafkatest"
+	"github.com/safeack/safeack/internal/safeacktest"
 	safeackotel "github.com/safeack/safeack/otel"
 )
 
-func testLogger() watermill.LoggerAdapter {
-	if os.Getenv("SAFEACK_TEST_DEBUG") != "" {
-		return watermill.NewStdLogger(true, false)
-	}
-	return watermill.NopLogger{}
-}
+func testLogger() watermill.LoggerAdapter { return safeacktest.Logger() }
 
 // telemetry is an SDK tracer and meter provider that keep what they record.
 type telemetry struct {
@@ -94,24 +89,7 @@ func (tel *telemetry) subscribe(t *testing.T, c *kafkatest.Cluster, group, topic
 
 func newSubscriber(t *testing.T, c *kafkatest.Cluster, group string, obs safeack.Observer) *safeack.Subscriber {
 	t.Helper()
-	sc := c.SaramaConfig()
-	sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
-		Brokers:               c.Brokers(),
-		OverwriteSaramaConfig: sc,
-		ConsumerGroup:         group,
-		Ordering:              safeack.Unordered,
-		NackResendSleep:       10 * time.Millisecond,
-		ReconnectRetrySleep:   100 * time.Millisecond,
-		DrainTimeout:          300 * time.Millisecond,
-		CommitInterval:        50 * time.Millisecond,
-		Observer:              obs,
-	}, testLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Close() })
-	return sub
+	return safeacktest.NewSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Observer = obs })
 }
 
 func attrs(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
