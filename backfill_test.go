@@ -12,6 +12,17 @@ import (
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
+// addedPartitionsMember configures a member of the tests of partitions
+// added to a topic: cooperative-sticky, Sarama's default OffsetNewest,
+// metadata refreshed every 500 ms (the added partitions are seen soon) and
+// 200 ms to drain.
+func addedPartitionsMember(cfg *safeack.SubscriberConfig) {
+	cooperative(cfg)
+	cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
+	cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 500 * time.Millisecond
+	cfg.DrainTimeout = 200 * time.Millisecond
+}
+
 // Partitions added to the topic after Subscribe, with a backlog, are read
 // from their start beside their claims (cooperative-sticky, OffsetNewest);
 // a second member joins while the first is still working through them,
@@ -20,16 +31,11 @@ import (
 // the added partitions is handled: none is skipped.
 func TestNewPartitionsRevokedWhileCatchingUp(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	configure := func(cfg *safeack.SubscriberConfig) {
-		cooperative(cfg)
-		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
-		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 500 * time.Millisecond
+		addedPartitionsMember(cfg)
 		cfg.Ordering = safeack.Unordered
 		cfg.MaxInFlight = 8
-		cfg.DrainTimeout = 200 * time.Millisecond
 	}
 	acks := newAckLog()
 	slow := func(m *message.Message) {
@@ -88,15 +94,8 @@ func ackedOn(l *ackLog, p int32) int {
 // partition was added) OffsetNewest means the end.
 func TestNewPartitionStartCommittedBeforeFirstRecord(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
-	configure := func(cfg *safeack.SubscriberConfig) {
-		cooperative(cfg)
-		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
-		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 500 * time.Millisecond
-		cfg.DrainTimeout = 200 * time.Millisecond
-	}
+	c, topic, group := kafkatest.StartTopic(t, 1)
+	configure := addedPartitionsMember
 	acks := newAckLog()
 	sub1 := newTestSubscriber(t, c, group, configure)
 	handleAll(mustSubscribe(t, sub1, topic), acks.ack)

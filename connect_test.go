@@ -126,25 +126,19 @@ func TestSubscribeUnreachableBroker(t *testing.T) {
 
 	t.Run("context-ends-first", func(t *testing.T) {
 		t.Parallel()
-		cfg := unreachableConfig([]string{silentBroker(t)}, "g")
-		cfg.OverwriteSaramaConfig.Net.ReadTimeout = time.Minute
-		sub, err := safeack.NewSubscriber(cfg, testLogger())
-		require.NoError(t, err)
+		sub := silentSubscriber(t)
 		defer sub.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		_, err = sub.Subscribe(ctx, "orders")
+		_, err := sub.Subscribe(ctx, "orders")
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		assert.Less(t, time.Since(start), 10*time.Second)
 	})
 
 	t.Run("closed-meanwhile", func(t *testing.T) {
 		t.Parallel()
-		cfg := unreachableConfig([]string{silentBroker(t)}, "g")
-		cfg.OverwriteSaramaConfig.Net.ReadTimeout = time.Minute
-		sub, err := safeack.NewSubscriber(cfg, testLogger())
-		require.NoError(t, err)
+		sub := silentSubscriber(t)
 		errs := make(chan error, 1)
 		go func() {
 			_, err := sub.Subscribe(context.Background(), "orders")
@@ -166,9 +160,7 @@ func TestSubscribeUnreachableBroker(t *testing.T) {
 // (also an empty one), and not ready again once the broker went away.
 func TestSubscriberReady(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 
 	// Hold every JoinGroup until released: the member stays joining.
 	release := make(chan struct{})
@@ -370,4 +362,15 @@ func TestMissingTopicLoggedAsError(t *testing.T) {
 		return false
 	})
 	require.ErrorIs(t, sub.Ready(), safeack.ErrNotReady)
+}
+
+// silentSubscriber is a Subscriber (group "g") whose only broker accepts
+// connections and never answers, with a read timeout of a minute.
+func silentSubscriber(t *testing.T) *safeack.Subscriber {
+	t.Helper()
+	cfg := unreachableConfig([]string{silentBroker(t)}, "g")
+	cfg.OverwriteSaramaConfig.Net.ReadTimeout = time.Minute
+	sub, err := safeack.NewSubscriber(cfg, testLogger())
+	require.NoError(t, err)
+	return sub
 }

@@ -63,8 +63,7 @@ func TestDefaultsRouterEndToEnd(t *testing.T) {
 	// History the group must never see: it starts at the newest offset.
 	historyIDs := publish("history", history)
 	floor := c.HighWaterMarks(t, topic)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 	watch.floor = floor
 	// Records come from watermill-kafka's publisher, not the harness: a
 	// partition's records are the offsets from the floor to its end.

@@ -169,12 +169,7 @@ func TestWatermillKafkaContextHelpers(t *testing.T) {
 	sub := newTestSubscriber(t, c, c.NewGroup(t), nil)
 	msgs := mustSubscribe(t, sub, topic)
 
-	var m *message.Message
-	select {
-	case m = <-msgs:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no message")
-	}
+	m := receive(t, msgs, 20*time.Second, "no message")
 	defer m.Ack()
 	ctx := m.Context()
 
@@ -190,4 +185,103 @@ func TestWatermillKafkaContextHelpers(t *testing.T) {
 	key, ok4 := safeack.MessageKeyFromCtx(ctx)
 	require.Equal(t, []bool{true, true, true, true}, []bool{ok1, ok2, ok3, ok4}, "safeack's helpers")
 	require.Equal(t, "k", string(key))
+}
+
+// TestMixedGroupWithWatermillKafka runs a group of one safeack member
+// and one watermill-kafka member on the same topic, handing partitions back
+// and forth: watermill-kafka commits plain offsets with empty metadata over
+// safeack's completed tails. No record is lost and no commit, of either
+// member, passes a record not acked before it.
+func TestMixedGroupWithWatermillKafka(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	c, topic, group, acks, watch := startWatched(t, partitions)
+
+	// Holes in safeack's prefix, so its commits carry a completed tail.
+	hold := newHolder(po{0, 10}, po{1, 10}, po{2, 10}, po{3, 10})
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		cfg.MaxInFlight = 64
+		cfg.DrainTimeout = 200 * time.Millisecond
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+	})
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		if hold.take(m) {
+			return
+		}
+		randomDelay(2 * time.Millisecond)
+		acks.ack(m)
+	})
+	c.ProduceN(t, topic, partitions, partitions*100, nil)
+	kafkatest.WaitFor(t, mwWait, "safeack to hold one record per partition and ack the rest", func() bool {
+		return hold.count() == partitions && len(acks.missing(c, topic)) == partitions
+	})
+	want := map[int32]int64{0: 10, 1: 10, 2: 10, 3: 10}
+	watch.waitCommitted(t, want, mwWait)
+
+	// The watermill-kafka member joins: it acks one message at a time per
+	// partition and marks each in Sarama with empty metadata.
+	wkMember := func() *kafka.Subscriber {
+		sc := c.SaramaConfig()
+		sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+		wk, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+			Brokers:               c.Brokers(),
+			Unmarshaler:           kafka.DefaultMarshaler{},
+			OverwriteSaramaConfig: sc,
+			ConsumerGroup:         group,
+			ReconnectRetrySleep:   100 * time.Millisecond,
+		}, testLogger())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = wk.Close() })
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		msgs, err := wk.Subscribe(ctx, topic)
+		require.NoError(t, err)
+		go func() {
+			for m := range msgs {
+				p, _ := kafka.MessagePartitionFromCtx(m.Context())
+				o, _ := kafka.MessagePartitionOffsetFromCtx(m.Context())
+				acks.addAt(po{p, o}, time.Now())
+				m.Ack()
+			}
+		}()
+		return wk
+	}
+	wk := wkMember()
+	kafkatest.WaitFor(t, mwWait, "safeack to give up some partitions", func() bool {
+		return len(ownedPartitions(sub, topic)) < partitions
+	})
+	c.ProduceN(t, topic, partitions, partitions*50, nil)
+	// The held records of revoked partitions are late now; the ones safeack
+	// kept are acked normally.
+	kafkatest.WaitFor(t, mwWait, "the group to settle with both members", func() bool {
+		n := len(ownedPartitions(sub, topic))
+		return n > 0 && n < partitions
+	})
+	for _, h := range hold.all() {
+		if h.m.Context().Err() != nil {
+			acks.ackLate(h.m)
+		} else {
+			acks.ack(h.m)
+		}
+	}
+	acks.waitAllAcked(t, c, topic, mwWait)
+
+	// watermill-kafka leaves: safeack takes back the partitions over
+	// watermill-kafka's plain commits.
+	require.NoError(t, wk.Close())
+	kafkatest.WaitFor(t, mwWait, "safeack to own every partition again", func() bool {
+		return len(ownedPartitions(sub, topic)) == partitions
+	})
+	c.ProduceN(t, topic, partitions, partitions*50, nil)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	// And once more the other way, so safeack's new commits are read by
+	// watermill-kafka.
+	wkMember()
+	c.ProduceN(t, topic, partitions, partitions*50, nil)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	require.Positive(t, watch.check(t))
+	require.Empty(t, acks.badMessages())
 }

@@ -26,9 +26,7 @@ import (
 // delivered at ReadUncommitted, as Sarama delivers them; its marker is not).
 func TestFirstRecordsBeforeSaramasFirstFetch(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 	want := map[po]int{}
 	next := c.ProduceAborted(t, topic, 1, 3)
 	for o := range next - 1 { // the last offset is the abort marker
@@ -95,8 +93,7 @@ func (stampInterceptor) OnConsume(m *sarama.ConsumerMessage) {
 // is off: the interceptors see records on the claim).
 func TestFirstRecordsKeepSaramaInterceptors(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	const n = 20
 	c.ProduceN(t, topic, 2, n, nil)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {

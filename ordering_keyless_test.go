@@ -39,15 +39,11 @@ func keylessRecords(n int, keyed bool) []kafkatest.Record {
 // concurrently.
 func TestOrderByKeyKeylessOneAtATime(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
 	const n = 20
-	c.Produce(t, topic, keylessRecords(n, true)...)
 
 	// Ordering is left unset: the default is what a user moving from
 	// watermill-kafka gets.
-	sub := newTestSubscriber(t, c, c.NewGroup(t), func(cfg *safeack.SubscriberConfig) { cfg.MaxInFlight = 32 })
-	msgs := mustSubscribe(t, sub, topic)
+	_, _, msgs := subscribeKeyless(t, n, true)
 
 	keyless, keyed := newKeyTracker(), newKeyTracker()
 	var done atomic.Int64
@@ -148,13 +144,8 @@ func TestOrderByKeyKeylessReadAhead(t *testing.T) {
 	for _, keyed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keyed=%v", keyed), func(t *testing.T) {
 			t.Parallel()
-			c := kafkatest.Start(t)
-			topic := c.NewTopic(t, 1)
 			const n = 200
-			c.Produce(t, topic, keylessRecords(n, keyed)...)
-
-			sub := newTestSubscriber(t, c, c.NewGroup(t), func(cfg *safeack.SubscriberConfig) { cfg.MaxInFlight = 32 })
-			msgs := mustSubscribe(t, sub, topic)
+			topic, sub, msgs := subscribeKeyless(t, n, keyed)
 
 			release := make(chan struct{})
 			var once sync.Once
@@ -193,4 +184,17 @@ func TestOrderByKeyKeylessReadAhead(t *testing.T) {
 			once.Do(func() { close(release) })
 		})
 	}
+}
+
+// subscribeKeyless produces keylessRecords(n, keyed) to a new topic of one
+// partition and subscribes a member of a new group to it, on the default
+// Ordering (what a user moving from watermill-kafka gets) with MaxInFlight
+// 32.
+func subscribeKeyless(t *testing.T, n int, keyed bool) (string, *safeack.Subscriber, <-chan *message.Message) {
+	t.Helper()
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	c.Produce(t, topic, keylessRecords(n, keyed)...)
+	sub := newTestSubscriber(t, c, c.NewGroup(t), func(cfg *safeack.SubscriberConfig) { cfg.MaxInFlight = 32 })
+	return topic, sub, mustSubscribe(t, sub, topic)
 }

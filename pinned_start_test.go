@@ -16,6 +16,27 @@ import (
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
+// refuseEveryCommit makes the embedded broker answer every OffsetCommit
+// of group with COORDINATOR_LOAD_IN_PROGRESS until the fault is removed.
+func refuseEveryCommit(c *kafkatest.Cluster, group string) *kfake.FaultHandle {
+	return c.Kfake().Fault(kfake.Fault{
+		Keys:  []kmsg.Key{kmsg.OffsetCommit},
+		Group: group,
+		Err:   kerr.CoordinatorLoadInProgress,
+		Count: -1,
+	})
+}
+
+// defaultSubscriber is a member of group on Sarama's and safeack's
+// defaults (no config but the brokers and the group), closed at cleanup.
+func defaultSubscriber(t *testing.T, c *kafkatest.Cluster, group string) *safeack.Subscriber {
+	t.Helper()
+	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: group}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
 // TestPinnedStartCommittedBeforeHandOut: a new group at OffsetNewest (the
 // defaults) hands out no record before the start it pinned is committed,
 // also when the coordinator refuses that commit for a while. Handing out
@@ -24,20 +45,10 @@ import (
 // afresh, past the record it never finished.
 func TestPinnedStartCommittedBeforeHandOut(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	c.ProduceN(t, topic, 1, 5, nil) // history the group starts after
-	refuse := c.Kfake().Fault(kfake.Fault{
-		Keys:  []kmsg.Key{kmsg.OffsetCommit},
-		Group: group,
-		Err:   kerr.CoordinatorLoadInProgress,
-		Count: -1,
-	})
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: group}, testLogger())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
+	refuse := refuseEveryCommit(c, group)
+	sub := defaultSubscriber(t, c, group)
 	msgs := mustSubscribe(t, sub, topic)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -75,22 +86,12 @@ func requireFirstHandedOutCommitted(t *testing.T, c *kafkatest.Cluster, msgs <-c
 // of the log again, past the record.
 func TestFallbackStartCommittedBeforeHandOut(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	c.ProduceN(t, topic, 1, 5, nil)
 	c.CommitOffset(t, group, topic, 0, 30) // above the end: Sarama falls back to OffsetNewest
-	refuse := c.Kfake().Fault(kfake.Fault{
-		Keys:  []kmsg.Key{kmsg.OffsetCommit},
-		Group: group,
-		Err:   kerr.CoordinatorLoadInProgress,
-		Count: -1,
-	})
+	refuse := refuseEveryCommit(c, group)
 	defer refuse.Remove()
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: group}, testLogger())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
+	sub := defaultSubscriber(t, c, group)
 	msgs := mustSubscribe(t, sub, topic)
 	kafkatest.WaitFor(t, 30*time.Second, "the partition claimed (Sarama's start resolved)", func() bool {
 		_, ok := ownedPartitions(sub, topic)[0]
@@ -112,20 +113,10 @@ func TestFallbackStartCommittedBeforeHandOut(t *testing.T) {
 // assignment that had already ended.
 func TestSessionEndedBeforeStartHeldHandsNothingOut(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
-	refuse := c.Kfake().Fault(kfake.Fault{
-		Keys:  []kmsg.Key{kmsg.OffsetCommit},
-		Group: group,
-		Err:   kerr.CoordinatorLoadInProgress,
-		Count: -1,
-	})
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
+	refuse := refuseEveryCommit(c, group)
 	defer refuse.Remove()
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: group}, testLogger())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
+	sub := defaultSubscriber(t, c, group)
 	var delivered atomic.Int32
 	done := handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
 		delivered.Add(1)

@@ -219,6 +219,21 @@ func (r *shutdownRun) check(t *testing.T) {
 	}
 }
 
+// loadedMember produces perPartition records to each of the 4
+// partitions, starts member A (cooperative or not) and waits until it
+// processed some and holds the slow ones, with enough left (unloaded: the
+// failure message) to shut down under load.
+func (r *shutdownRun) loadedMember(t *testing.T, perPartition int, cooperative bool, unloaded string) (*safeack.Subscriber, *message.Router) {
+	t.Helper()
+	r.c.ProduceN(t, r.topic, 4, 4*perPartition, nil)
+	sub, router := r.member(t, cooperative)
+	kafkatest.WaitFor(t, mwWait, "A to process some records and hold the slow ones", func() bool {
+		return r.processedCount() >= 300 && r.slowHeldCount() == 4
+	})
+	require.Less(t, r.processedCount(), 4*perPartition-200, unloaded)
+	return sub, router
+}
+
 // TestPoisonQueueShutdown runs the recommended middleware chain (Retry
 // inside safeack.PoisonQueue) under load, with handlers that honour their
 // context, a few poison records and one slow record per partition that
@@ -231,12 +246,7 @@ func TestPoisonQueueShutdown(t *testing.T) {
 	t.Run("close", func(t *testing.T) {
 		t.Parallel()
 		r := newShutdownRun(t)
-		r.c.ProduceN(t, r.topic, 4, 4*perPartition, nil)
-		_, a := r.member(t, false)
-		kafkatest.WaitFor(t, mwWait, "A to process some records and hold the slow ones", func() bool {
-			return r.processedCount() >= 300 && r.slowHeldCount() == 4
-		})
-		require.Less(t, r.processedCount(), 4*perPartition-200, "A was done before Close: no load to close under")
+		_, a := r.loadedMember(t, perPartition, false, "A was done before Close: no load to close under")
 		require.NoError(t, a.Close())
 		r.requireOnlySlowCanceled(t)
 
@@ -246,12 +256,7 @@ func TestPoisonQueueShutdown(t *testing.T) {
 	t.Run("cooperative-revoke", func(t *testing.T) {
 		t.Parallel()
 		r := newShutdownRun(t)
-		r.c.ProduceN(t, r.topic, 4, 4*perPartition, nil)
-		a, _ := r.member(t, true)
-		kafkatest.WaitFor(t, mwWait, "A to process some records and hold the slow ones", func() bool {
-			return r.processedCount() >= 300 && r.slowHeldCount() == 4
-		})
-		require.Less(t, r.processedCount(), 4*perPartition-200, "A was done before B joined: no load to revoke under")
+		a, _ := r.loadedMember(t, perPartition, true, "A was done before B joined: no load to revoke under")
 		b, _ := r.member(t, true)
 		kafkatest.WaitFor(t, mwWait, "the group to settle with both members", func() bool {
 			ao, bo := ownedPartitions(a, r.topic), ownedPartitions(b, r.topic)
@@ -357,4 +362,210 @@ func TestPoisonQueueForeignMessages(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPanicRetryPlainPoisonQueueEagerRebalance runs routers with
+// Recoverer inside Retry inside Watermill's own (plain) PoisonQueue, with
+// handlers that finish out of order, panic on some first attempts and
+// always panic on poison records, while a second member joins mid-run
+// (eager rebalance: the whole session ends). Every record is acked at least
+// once with its assignment alive, and no commit the broker saw passes a
+// record not acked before it.
+func TestPanicRetryPlainPoisonQueueEagerRebalance(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, partitions)
+	dlq := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	acks, watch := watchCommits(t, c, group, topic)
+
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: c.SaramaConfig()}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+
+	isPoison := func(k po) bool { return k.o%23 == 4 }
+	panicsFirst := func(k po) bool { return k.o%7 == 1 }
+	var mu sync.Mutex
+	attempts := map[po]int{}
+	handler := func(m *message.Message) error {
+		k, ok := msgPO(m)
+		if !ok {
+			return errors.New("no position")
+		}
+		mu.Lock()
+		attempts[k]++
+		n := attempts[k]
+		mu.Unlock()
+		randomDelay(3 * time.Millisecond)
+		if isPoison(k) || (panicsFirst(k) && n == 1) {
+			panic(fmt.Sprintf("handler panic on %v (attempt %d)", k, n))
+		}
+		return nil
+	}
+	poison, err := middleware.PoisonQueue(pub, dlq)
+	require.NoError(t, err)
+	member := func() *safeack.Subscriber {
+		sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+			cfg.Ordering = safeack.Unordered
+			cfg.MaxInFlight = 64
+			cfg.DrainTimeout = 500 * time.Millisecond
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+		})
+		mwRouter(t, sub, topic, handler,
+			recordAcks(acks),
+			poison,
+			middleware.Retry{MaxRetries: 2, InitialInterval: 2 * time.Millisecond}.Middleware,
+			middleware.Recoverer,
+		)
+		return sub
+	}
+
+	c.ProduceN(t, topic, partitions, partitions*400, nil)
+	a := member()
+	kafkatest.WaitFor(t, mwWait, "A to ack some records", func() bool { return len(acks.snapshot()) >= 300 })
+	require.Less(t, len(acks.snapshot()), partitions*400-300, "A was done before B joined: no load to rebalance under")
+	b := member()
+	kafkatest.WaitFor(t, mwWait, "the group to settle with both members", func() bool {
+		ao, bo := ownedPartitions(a, topic), ownedPartitions(b, topic)
+		return len(ao) > 0 && len(bo) > 0 && len(ao)+len(bo) == partitions
+	})
+	c.ProduceN(t, topic, partitions, partitions*50, nil)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	require.Positive(t, watch.check(t))
+	require.Empty(t, acks.badMessages())
+
+	// The dead-letter topic holds at least every poison record.
+	var nPoison int64
+	for _, p := range c.ProducedRecords(topic) {
+		if isPoison(po{p.Partition, p.Offset}) {
+			nPoison++
+		}
+	}
+	kafkatest.WaitFor(t, mwWait, "the poison records to be dead-lettered", func() bool {
+		return c.HighWaterMarks(t, dlq)[0] >= nPoison
+	})
+}
+
+// flakyPublisher fails its first Publish, blocks the second until released,
+// and remembers when a publish succeeded.
+type flakyPublisher struct {
+	message.Publisher
+	mu          sync.Mutex
+	calls       int
+	blocked     chan struct{} // closed when the second publish waits
+	release     chan struct{}
+	publishedAt time.Time
+}
+
+func (p *flakyPublisher) Publish(topic string, msgs ...*message.Message) error {
+	p.mu.Lock()
+	p.calls++
+	n := p.calls
+	p.mu.Unlock()
+	switch n {
+	case 1:
+		return errors.New("dead-letter topic unavailable")
+	case 2:
+		close(p.blocked)
+		<-p.release
+	}
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.publishedAt = time.Now()
+	p.mu.Unlock()
+	return nil
+}
+
+// TestMiddlewareRetryPoisonQueue: a record that keeps failing is retried a
+// bounded number of times, then published to a dead-letter topic with its
+// original position in metadata, and only then completed. The first
+// dead-letter publish fails (the record is nacked and redelivered) and the
+// second is slow: no commit passes the record before it succeeded.
+func TestMiddlewareRetryPoisonQueue(t *testing.T) {
+	t.Parallel()
+	const maxRetries = 2
+	c := kafkatest.Start(t)
+	topic, dlq, group := c.NewTopic(t, 1), c.NewTopic(t, 1), c.NewGroup(t)
+	commits := c.ObserveCommits(t)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
+
+	pcfg := c.SaramaConfig()
+	pcfg.Producer.Partitioner = sarama.NewHashPartitioner
+	kpub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: pcfg}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = kpub.Close() })
+	pub := &flakyPublisher{Publisher: kpub, blocked: make(chan struct{}), release: make(chan struct{})}
+	poison, err := middleware.PoisonQueue(pub, dlq)
+	require.NoError(t, err)
+	retry := middleware.Retry{MaxRetries: maxRetries, InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, Multiplier: 1.5}
+
+	var (
+		mu       sync.Mutex
+		attempts int
+		done     = newDoneLog()
+	)
+	mwRouter(t, sub, topic, func(m *message.Message) error {
+		k := mwOffset(t, m)
+		if k.o == 2 {
+			mu.Lock()
+			attempts++
+			mu.Unlock()
+			return errors.New("cannot process record 2")
+		}
+		done.done(k)
+		return nil
+	}, safeack.KafkaMetadata, poison, retry.Middleware)
+
+	produced := c.ProduceN(t, topic, 1, 5, func(i int) string { return fmt.Sprintf("key-%d", i) })
+	select {
+	case <-pub.blocked:
+	case <-time.After(mwWait):
+		t.Fatal("no second dead-letter publish")
+	}
+	mu.Lock()
+	assert.Equal(t, 2*(maxRetries+1), attempts, "two deliveries, each retried %d times", maxRetries)
+	mu.Unlock()
+	kafkatest.WaitFor(t, mwWait, "records 3 and 4 completed behind record 2", func() bool {
+		ps, ok := statsOf(sub, topic, 0)
+		return ok && ps.SafeOffset == 2 && ps.Blocked == 2
+	})
+	mwWaitCommitted(t, c, group, topic, map[int32]int64{0: 2})
+	assert.EqualValues(t, 2, c.CommittedOffsets(t, group, topic)[0].Offset, "committed past a record not yet dead-lettered")
+
+	close(pub.release)
+	mwWaitCommitted(t, c, group, topic, map[int32]int64{0: 5})
+	pub.mu.Lock()
+	publishedAt := pub.publishedAt
+	pub.mu.Unlock()
+	require.False(t, publishedAt.IsZero())
+	done.set(po{0, 2}, publishedAt) // record 2 is done once dead-lettered
+	if checked := mwCheckCommits(t, commits, group, topic, done); commits != nil {
+		assert.Positive(t, checked, "no commit of the topic was observed")
+	}
+	mu.Lock()
+	assert.Equal(t, 2*(maxRetries+1), attempts, "retried again after the dead-letter publish")
+	mu.Unlock()
+
+	// The dead-letter topic holds the record with its original position.
+	reader := newTestSubscriber(t, c, "", nil)
+	msgs := mustSubscribe(t, reader, dlq)
+	select {
+	case m := <-msgs:
+		m.Ack()
+		assert.Equal(t, produced[2].Value, []byte(m.Payload))
+		assert.Equal(t, topic, m.Metadata.Get(safeack.MetadataTopic))
+		assert.Equal(t, "0", m.Metadata.Get(safeack.MetadataPartition))
+		assert.Equal(t, "2", m.Metadata.Get(safeack.MetadataOffset))
+		assert.Equal(t, "key-2", m.Metadata.Get(safeack.MetadataKey))
+		assert.Equal(t, topic, m.Metadata.Get(middleware.PoisonedTopicKey))
+		assert.Equal(t, "h", m.Metadata.Get(middleware.PoisonedHandlerKey))
+		assert.Contains(t, m.Metadata.Get(middleware.ReasonForPoisonedKey), "cannot process record 2")
+	case <-time.After(mwWait):
+		t.Fatal("nothing on the dead-letter topic")
+	}
+	assert.EqualValues(t, 1, c.HighWaterMarks(t, dlq)[0], "dead-lettered once")
 }

@@ -3,7 +3,6 @@ package safeack_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -99,9 +98,7 @@ func without(ids []string, drop string) []string {
 // start (20..39): their outputs are there already. Record 5 is gone, and
 // with it its output.
 func TestTxnCompletedTailAboveMovedLogStart(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 1, 40)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 1, 40)
 	var att attempts
 	txnHoldOne(t, r, rd, &att, "txn-moved-start", 5)
 	c.DeleteRecords(t, r.in, 0, 20)
@@ -122,9 +119,7 @@ func TestTxnCompletedTailAboveMovedLogStart(t *testing.T) {
 // it lists: only the held record is handled again, and every output is
 // there once.
 func TestTxnCompletedTailReadWithTailDisabled(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 1, 40)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	_, r, rd := startTxnRig(t, 1, 40)
 	var att attempts
 	txnHoldOne(t, r, rd, &att, "txn-tail-disabled", 5)
 
@@ -176,27 +171,13 @@ func consumeToEnd(t *testing.T, c *kafkatest.Cluster, group, topic string, mutat
 	t.Helper()
 	sub := tailSubscriber(t, c.Brokers(), c.SaramaConfig(), group, mutate)
 	t.Cleanup(func() { _ = sub.Close() })
-	msgs, err := sub.Subscribe(context.Background(), topic)
-	require.NoError(t, err)
-	var mu sync.Mutex
-	seen := map[int64]int{}
-	go func() {
-		for msg := range msgs {
-			off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-			mu.Lock()
-			seen[off]++
-			mu.Unlock()
-			msg.Ack()
-		}
-	}()
+	seen := countAndAck(mustSubscribe(t, sub, topic))
 	end := c.HighWaterMarks(t, topic)[0]
 	kafkatest.WaitFor(t, 20*time.Second, fmt.Sprintf("the group's commit to reach %d", end), func() bool {
 		return c.CommittedOffsets(t, group, topic)[0].Offset == end
 	})
 	require.NoError(t, sub.Close())
-	mu.Lock()
-	defer mu.Unlock()
-	return seen
+	return seen.snapshot()
 }
 
 // At-least-once mode, as TestTxnCompletedTailAboveMovedLogStart: the part of
@@ -204,9 +185,7 @@ func consumeToEnd(t *testing.T, c *kafkatest.Cluster, group, topic string, mutat
 // commit reaches the end without handling anything again.
 func TestCompletedTailAboveMovedLogStart(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	produceSequential(t, c, topic, 0, 40)
 	holdOne(t, c, group, topic, 5)
 	c.DeleteRecords(t, topic, 0, 20)
@@ -217,9 +196,7 @@ func TestCompletedTailAboveMovedLogStart(t *testing.T) {
 // with DisableCompletedTail handles the held record only.
 func TestCompletedTailReadWithTailDisabled(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	produceSequential(t, c, topic, 0, 40)
 	holdOne(t, c, group, topic, 5)
 	got := consumeToEnd(t, c, group, topic, func(cfg *safeack.SubscriberConfig) { cfg.DisableCompletedTail = true })

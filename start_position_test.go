@@ -183,23 +183,10 @@ func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, 
 
 	// Member 1: holds the first record it gets, acks the others.
 	acks := newAckLog()
-	held := make(chan po, 1)
 	sub1 := newTestSubscriber(t, c, group, configure)
-	msgs1 := mustSubscribe(t, sub1, topic)
-	go func() {
-		// The first message out of the channel is the first handed out:
-		// the partition's lowest offset.
-		first := true
-		for m := range msgs1 {
-			if first {
-				first = false
-				k, _ := msgPO(m)
-				held <- k
-				continue
-			}
-			go acks.ack(m)
-		}
-	}()
+	// The first message out of the channel is the first handed out: the
+	// partition's lowest offset.
+	held := holdFirst(t, sub1, topic, acks, func(po) bool { return true })
 	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own the partition", func() bool {
 		_, ok := statsOf(sub1, topic, 0)
 		return ok
@@ -365,21 +352,13 @@ func (l *ackLog) waitAllAckedFrom(t *testing.T, c *kafkatest.Cluster, topic stri
 func TestStartPositionNewPartition(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.Start(t)
-	for _, cooperative := range []bool{false, true} {
-		name := "eager"
-		if cooperative {
-			name = "cooperative"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testNewPartition(t, c, cooperative)
-		})
-	}
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperative bool) {
+		testNewPartition(t, c, cooperative)
+	})
 }
 
 func testNewPartition(t *testing.T, c *kafkatest.Cluster, cooperative bool) {
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
 	commits := c.ObserveCommits(t)
 	configure := func(cfg *safeack.SubscriberConfig) {
 		if cooperative {
@@ -394,20 +373,8 @@ func testNewPartition(t *testing.T, c *kafkatest.Cluster, cooperative bool) {
 	}
 
 	acks := newAckLog()
-	held := make(chan po, 1)
 	sub1 := newTestSubscriber(t, c, group, configure)
-	msgs1 := mustSubscribe(t, sub1, topic)
-	go func() {
-		first := true
-		for m := range msgs1 {
-			if k, _ := msgPO(m); k.p == 1 && first {
-				first = false
-				held <- k
-				continue
-			}
-			go acks.ack(m)
-		}
-	}()
+	held := holdFirst(t, sub1, topic, acks, func(k po) bool { return k.p == 1 })
 	kafkatest.WaitFor(t, 15*time.Second, "member 1 to own partition 0", func() bool {
 		_, ok := statsOf(sub1, topic, 0)
 		return ok
@@ -548,9 +515,7 @@ func TestStartPositionWithoutGroup(t *testing.T) {
 // next member resumes at the pinned start, not at the then-newest offset.
 func TestStartPositionCommittedBeforeFetching(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, 30, nil) // history: before the group, never handled
 	configure := func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
@@ -623,4 +588,25 @@ func TestNoGroupStartResolvedBeforeSubscribeReturns(t *testing.T) {
 			t.Fatalf("%d of the %d records produced after Subscribe returned not delivered", len(want), partitions)
 		}
 	}
+}
+
+// holdFirst subscribes sub to topic and never answers the first delivery
+// that match accepts, whose position it sends on the returned channel; it
+// acks every other delivery (each in its own goroutine) into acks.
+func holdFirst(t *testing.T, sub *safeack.Subscriber, topic string, acks *ackLog, match func(po) bool) <-chan po {
+	t.Helper()
+	held := make(chan po, 1)
+	msgs := mustSubscribe(t, sub, topic)
+	go func() {
+		first := true
+		for m := range msgs {
+			if k, _ := msgPO(m); first && match(k) {
+				first = false
+				held <- k
+				continue
+			}
+			go acks.ack(m)
+		}
+	}()
+	return held
 }

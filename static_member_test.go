@@ -99,10 +99,8 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 		session = kafkatest.RealSessionTimeout // the broker's minimum by default
 	}
 	const partitions = 2
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
+	acks, watch := watchCommits(t, c, group, topic)
 	c.ProduceN(t, topic, partitions, partitions*20, nil)
 
 	member := func(logger watermill.LoggerAdapter) *safeack.Subscriber {
@@ -364,5 +362,54 @@ func TestStaticMemberOneSubscriptionAtATime(t *testing.T) {
 		m.Ack()
 	case <-time.After(mwWait):
 		t.Fatal("the second subscription delivered nothing")
+	}
+}
+
+// TestStaticMemberRestart: a static member (Group.InstanceId) closes
+// while holding a record and is replaced by a new Subscriber with the same
+// instance id, which gets its partitions back without a rebalance of the
+// others; meanwhile the old one, still in its drain, acks late. No commit
+// passes an unacked record, the completed tail is skipped, and everything
+// is acked.
+func TestStaticMemberRestart(t *testing.T) {
+	t.Parallel()
+	const partitions = 2
+	c, topic, group, acks, watch := startWatched(t, partitions)
+	c.ProduceN(t, topic, partitions, partitions*30, nil)
+	member := func() *safeack.Subscriber {
+		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+			cfg.Ordering = safeack.Unordered
+			cfg.DrainTimeout = 200 * time.Millisecond
+			cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = "static-1"
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+		})
+	}
+	hold := newHolder(po{0, 3}, po{1, 3})
+	a := member()
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		if !hold.take(m) {
+			acks.ack(m)
+		}
+	})
+	kafkatest.WaitFor(t, mwWait, "A to hold its records and ack the rest", func() bool {
+		return hold.count() == partitions && len(acks.missing(c, topic)) == partitions
+	})
+	watch.waitCommitted(t, map[int32]int64{0: 3, 1: 3}, mwWait)
+	before := acks.snapshot()
+	require.NoError(t, a.Close())
+	for _, h := range hold.all() {
+		acks.ackLate(h.m)
+	}
+
+	b := member()
+	handleAll(mustSubscribe(t, b, topic), acks.ack)
+	c.ProduceN(t, topic, partitions, partitions*10, nil)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	require.Positive(t, watch.check(t))
+	for k, n := range acks.snapshot() {
+		if n > before[k] && before[k] > 0 {
+			t.Errorf("record %v completed before the restart was handled again", k)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -25,13 +26,10 @@ func TestSubscriberBackPressure(t *testing.T) {
 		records    = 2000
 		maxPending = 500
 	)
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, records, nil)
 
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 	// Longer than the group session timeout: a member that stopped
 	// heartbeating while the partition is paused would be expelled.
 	holdFor := c.SaramaConfig().Consumer.Group.Session.Timeout + 500*time.Millisecond
@@ -144,9 +142,7 @@ func TestTokensSharedAcrossPartitions(t *testing.T) {
 		maxInFlight = 64
 		work        = 2 * time.Millisecond
 	)
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	produceTo := func(partition int32, n int) {
 		recs := make([]kafkatest.Record, n)
 		for i := range recs {
@@ -189,4 +185,91 @@ func TestTokensSharedAcrossPartitions(t *testing.T) {
 		"partition 1 (%d records) should finish while partition 0 still has records: it waited for tokens that partition 0 kept", lateRecords)
 	require.LessOrEqual(t, meter.max(), maxInFlight, "MaxInFlight exceeded")
 	t.Logf("partition 1 finished with %d of partition 0's %d records left", left, busyRecords)
+}
+
+// TestStuckAtCapacityEagerRebalance: every partition of A is stuck on a
+// record its unmarshaler rejects, with a slow record before it holding the
+// prefix, when B joins (eager: the whole
+// session ends). The rebalance completes well within Rebalance.Timeout,
+// no commit passes the rejected record or the unacked one, and once the
+// unmarshaler accepts it everything is acked and committed.
+func TestStuckAtCapacityEagerRebalance(t *testing.T) {
+	t.Parallel()
+	const (
+		partitions = 2
+		rejectAt   = 10
+		slowAt     = 4
+		capacity   = 7 // the slow record to the rejected one
+	)
+	c, topic, group, acks, watch := startWatched(t, partitions)
+	c.ProduceN(t, topic, partitions, partitions*40, nil)
+	var healed atomic.Bool
+	release := make(chan struct{})
+	member := func(id string) *safeack.Subscriber {
+		s := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+			cfg.Ordering = safeack.Unordered
+			cfg.MaxPendingPerPartition = capacity
+			cfg.DrainTimeout = 300 * time.Millisecond
+			cfg.ReconnectRetrySleep = 50 * time.Millisecond
+			cfg.Unmarshaler = flakyUnmarshaler{rejectAt: rejectAt, healed: &healed}
+			cfg.OverwriteSaramaConfig.ClientID = id
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+		})
+		handleAll(mustSubscribe(t, s, topic), func(m *message.Message) {
+			if k, _ := msgPO(m); k.o == slowAt {
+				select {
+				case <-release:
+				case <-m.Context().Done():
+					acks.ackLate(m) // its assignment ended: changes nothing
+					return
+				}
+			}
+			acks.ack(m)
+		})
+		return s
+	}
+	a := member("a")
+	kafkatest.WaitFor(t, mwWait, "A stuck at capacity on every partition", func() bool {
+		own := ownedPartitions(a, topic)
+		if len(own) != partitions {
+			return false
+		}
+		for _, ps := range own {
+			if !ps.Stuck || ps.Retained < rejectAt-slowAt {
+				return false
+			}
+		}
+		return true
+	})
+	for p, ps := range ownedPartitions(a, topic) {
+		t.Logf("A partition %d: retained %d of %d, stuck %v, safe %d", p, ps.Retained, capacity, ps.Stuck, ps.SafeOffset)
+	}
+	joined := time.Now()
+	b := member("b")
+	kafkatest.WaitFor(t, mwWait, "the group to settle with both members", func() bool {
+		ao, bo := ownedPartitions(a, topic), ownedPartitions(b, topic)
+		return len(ao) == 1 && len(bo) == 1
+	})
+	require.Less(t, time.Since(joined), 6*time.Second, "the rebalance waited for Rebalance.Timeout")
+	t.Logf("settled after %v", time.Since(joined).Round(time.Millisecond))
+	kafkatest.WaitFor(t, mwWait, "both members stuck again", func() bool {
+		ao, bo := ownedPartitions(a, topic), ownedPartitions(b, topic)
+		for _, ps := range []map[int32]safeack.PartitionStats{ao, bo} {
+			for _, s := range ps {
+				if !s.Stuck {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	require.Positive(t, watch.check(t))
+	for p, off := range watch.committed(t) {
+		require.LessOrEqual(t, off, int64(slowAt), "partition %d committed past the unacked record", p)
+	}
+	close(release)
+	healed.Store(true)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	require.Positive(t, watch.check(t))
 }

@@ -3,9 +3,11 @@ package safeack_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -54,13 +56,10 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, finish bool) {
 		// a slow one.
 		drainTimeout = 4 * time.Second
 	}
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, partitions)
 	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
 
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.MaxInFlight = 20
 		cfg.Ordering = safeack.Unordered
@@ -180,13 +179,10 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, finish bool) {
 func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 	t.Parallel()
 	const drainTimeout = 500 * time.Millisecond
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	c.ProduceN(t, topic, 2, 40, nil)
 
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.DrainTimeout = drainTimeout
 		cfg.Ordering = safeack.Unordered
@@ -256,5 +252,75 @@ func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 	}
 	require.Empty(t, sub.Stats())
 	require.Equal(t, map[int32]int64{0: 20, 1: 5}, watch.committed(t))
+	require.Positive(t, watch.check(t))
+}
+
+// TestRouterCloseHandlersIgnoreContext closes a router whose handlers
+// block on a few records and ignore their context. Close returns (the
+// subscriber's drain gives up, the router's CloseTimeout passes), the
+// commit stays below the blocked records, their late acks change nothing,
+// and the next member of the group handles them.
+func TestRouterCloseHandlersIgnoreContext(t *testing.T) {
+	t.Parallel()
+	const partitions = 2
+	c, topic, group, acks, watch := startWatched(t, partitions)
+	c.ProduceN(t, topic, partitions, partitions*40, nil)
+
+	blocked := func(k po) bool { return k.o == 7 }
+	release := make(chan struct{})
+	var nBlocked atomic.Int32
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		cfg.DrainTimeout = 300 * time.Millisecond
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+	})
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 500 * time.Millisecond}, testLogger())
+	require.NoError(t, err)
+	r.AddMiddleware(recordAcks(acks))
+	r.AddConsumerHandler("h", topic, sub, func(m *message.Message) error {
+		k, _ := msgPO(m)
+		if blocked(k) {
+			nBlocked.Add(1)
+			<-release // ignores its context
+		}
+		return nil
+	})
+	runDone := make(chan struct{})
+	go func() {
+		defer close(runDone)
+		_ = r.Run(context.Background())
+	}()
+	defer func() { <-runDone }()
+	kafkatest.WaitFor(t, mwWait, "everything but the blocked records acked", func() bool {
+		return nBlocked.Load() == partitions && len(acks.missing(c, topic)) == partitions
+	})
+	watch.waitCommitted(t, map[int32]int64{0: 7, 1: 7}, mwWait)
+
+	closeStart := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("router Close hung on handlers that ignore their context")
+	}
+	t.Logf("router Close took %v", time.Since(closeStart).Round(time.Millisecond))
+	// The blocked handlers finish after Close: late acks.
+	close(release)
+	kafkatest.WaitFor(t, mwWait, "the blocked handlers to finish", func() bool {
+		acks.mu.Lock()
+		defer acks.mu.Unlock()
+		return len(acks.late) == partitions
+	})
+	require.Equal(t, map[int32]int64{0: 7, 1: 7}, watch.committed(t), "commit moved past a blocked record")
+
+	// The next member handles the blocked records.
+	next := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+	})
+	handleAll(mustSubscribe(t, next, topic), acks.ack)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
 	require.Positive(t, watch.check(t))
 }

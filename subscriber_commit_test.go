@@ -37,9 +37,7 @@ func TestSubscriberCommitNeverPassesUnacked(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			const partitions, records = 4, 2000
-			c := kafkatest.Start(t)
-			topic := c.NewTopic(t, partitions)
-			group := c.NewGroup(t)
+			c, topic, group := kafkatest.StartTopic(t, partitions)
 			var keyFn func(int) string
 			if tc.byKey {
 				// 10 keys per partition, so same-key records queue up.
@@ -47,8 +45,7 @@ func TestSubscriberCommitNeverPassesUnacked(t *testing.T) {
 			}
 			c.ProduceN(t, topic, partitions, records, keyFn)
 
-			acks := newAckLog()
-			watch := newCommitWatch(t, c, group, topic, acks)
+			acks, watch := watchCommits(t, c, group, topic)
 			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 				cfg.MaxInFlight = 100
 				cfg.Ordering = safeack.Unordered
@@ -151,10 +148,8 @@ func TestCommitWhenAllComplete(t *testing.T) {
 			t.Run(fmt.Sprintf("auto-commit=%v/tail=%v", autoCommit, tail), func(t *testing.T) {
 				t.Parallel()
 				const partitions = 2
-				topic := c.NewTopic(t, partitions)
-				group := c.NewGroup(t)
-				acks := newAckLog()
-				watch := newCommitWatch(t, c, group, topic, acks)
+				topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
+				acks, watch := watchCommits(t, c, group, topic)
 				sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 					cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = autoCommit
 					cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Interval = time.Hour
@@ -190,12 +185,8 @@ func TestCommitWhenAllComplete(t *testing.T) {
 func TestCommitNotBehindFetch(t *testing.T) {
 	t.Parallel()
 	const maxWait = 5 * time.Second
-	c := kafkatest.Start(t)
 	const partitions = 2
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.MaxWaitTime = maxWait
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Interval = time.Hour
@@ -226,10 +217,7 @@ func TestEarlyCommitRefusedIsRetried(t *testing.T) {
 	for name, code := range map[string]int16{"loading": kerr.CoordinatorLoadInProgress.Code, "not coordinator": kerr.NotCoordinator.Code} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			c := kafkatest.Start(t)
-			c.RequireEmbedded(t)
-			topic := c.NewTopic(t, 1)
-			group := c.NewGroup(t)
+			c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 			refused := refuseCommitsPastStart(c, group, code, 2)
 			acks := newAckLog()
 			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
@@ -255,10 +243,7 @@ func TestEarlyCommitRefusedIsRetried(t *testing.T) {
 // the next owner handled every acked record again.
 func TestFinalCommitRefusedIsRetried(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
@@ -268,24 +253,9 @@ func TestFinalCommitRefusedIsRetried(t *testing.T) {
 	})
 	// The head is held until the drain starts, so that nothing past the
 	// start is committed before it.
-	head := make(chan *message.Message, 1)
-	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
-		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off == 0 {
-			head <- m
-			return
-		}
-		m.Ack()
-	})
-	c.ProduceN(t, topic, 1, 10, nil)
-	var m0 *message.Message
-	select {
-	case m0 = <-head:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the first record was not delivered")
-	}
-	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
-		st, ok := statsOf(sub, topic, 0)
-		return ok && st.Completed == 9
+	m0 := holdHead(t, c, sub, topic, 10, func(m *message.Message) int64 {
+		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
+		return off
 	})
 	closed := make(chan struct{})
 	go func() {
@@ -310,11 +280,8 @@ func TestFinalCommitRefusedIsRetried(t *testing.T) {
 // the next owner handled every record the tail listed again.
 func TestFinalTailRefusedIsRetried(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
-	refused := refuseCommits(c, group, kerr.CoordinatorLoadInProgress.Code, 2, func(rp kmsg.OffsetCommitRequestTopicPartition) bool {
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
+	refused := c.RefuseCommits(group, kerr.CoordinatorLoadInProgress.Code, 2, func(rp kmsg.OffsetCommitRequestTopicPartition) bool {
 		if rp.Metadata == nil {
 			return false
 		}
@@ -333,10 +300,7 @@ func TestFinalTailRefusedIsRetried(t *testing.T) {
 		}
 	})
 	c.ProduceN(t, topic, 1, 10, nil)
-	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
-		st, ok := statsOf(sub, topic, 0)
-		return ok && st.Completed == 9
-	})
+	waitCompleted(t, sub, topic, 0, 9, 10*time.Second, "every record but the head acked")
 	require.NoError(t, sub.Close())
 	require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits with a tail")
 	held := c.CommittedOffsets(t, group, topic)[0]
@@ -354,10 +318,7 @@ func TestFinalTailRefusedIsRetried(t *testing.T) {
 // record again.
 func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
 	config := func(ordering safeack.Ordering) func(*safeack.SubscriberConfig) {
 		return func(cfg *safeack.SubscriberConfig) {
@@ -378,26 +339,8 @@ func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 	}
 	// The head is held until the drain starts, so that nothing past the
 	// start is committed before it.
-	head := make(chan *message.Message, 1)
 	a := newTestSubscriber(t, c, group, config(safeack.Unordered))
-	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
-		if handle(m) == 0 {
-			head <- m
-			return
-		}
-		m.Ack()
-	})
-	c.ProduceN(t, topic, 1, 5, nil)
-	var m0 *message.Message
-	select {
-	case m0 = <-head:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the first record was not delivered")
-	}
-	kafkatest.WaitFor(t, 10*time.Second, "every record but the head acked", func() bool {
-		st, ok := statsOf(a, topic, 0)
-		return ok && st.Completed == 4
-	})
+	m0 := holdHead(t, c, a, topic, 5, handle)
 
 	// One record at a time, in order: a member starting at the head
 	// handles it before the record produced below.
@@ -424,45 +367,30 @@ func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 	}
 }
 
+// holdHead subscribes sub to topic (one partition), produces n records
+// and acks every record but the head, offset 0, which it returns once the
+// others completed. offset tells (and may note) a delivery's offset.
+func holdHead(t *testing.T, c *kafkatest.Cluster, sub *safeack.Subscriber, topic string, n int, offset func(*message.Message) int64) *message.Message {
+	t.Helper()
+	head := make(chan *message.Message, 1)
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		if offset(m) == 0 {
+			head <- m
+			return
+		}
+		m.Ack()
+	})
+	c.ProduceN(t, topic, 1, n, nil)
+	m0 := receive(t, head, 15*time.Second, "the first record was not delivered")
+	waitCompleted(t, sub, topic, 0, uint64(n-1), 10*time.Second, "every record but the head acked")
+	return m0
+}
+
 // refuseCommitsPastStart makes the embedded broker answer the first n
 // OffsetCommit requests of group that carry an offset above 0 with code
 // (the pinned start, offset 0, goes through). It returns the count refused.
 func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n int32) *atomic.Int32 {
-	return refuseCommits(c, group, code, n, func(rp kmsg.OffsetCommitRequestTopicPartition) bool { return rp.Offset > 0 })
-}
-
-// refuseCommits answers the first n OffsetCommits of group that have a
-// partition matching with error code, and lets the others through.
-func refuseCommits(c *kafkatest.Cluster, group string, code int16, n int32, match func(kmsg.OffsetCommitRequestTopicPartition) bool) *atomic.Int32 {
-	var refused atomic.Int32
-	kf := c.Kfake()
-	kf.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kf.KeepControl()
-		oc := req.(*kmsg.OffsetCommitRequest)
-		if oc.Group != group || refused.Load() >= n {
-			return nil, nil, false
-		}
-		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
-		resp.SetVersion(oc.GetVersion())
-		matched := false
-		for _, rt := range oc.Topics {
-			st := kmsg.NewOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				matched = matched || match(rp)
-				sp := kmsg.NewOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		if !matched {
-			return nil, nil, false
-		}
-		refused.Add(1)
-		return resp, nil, true
-	})
-	return &refused
+	return c.RefuseCommits(group, code, n, func(rp kmsg.OffsetCommitRequestTopicPartition) bool { return rp.Offset > 0 })
 }
 
 // TestCooperativeRevokeFinalCommitRefusedIsRetried: a partition revoked
@@ -478,8 +406,7 @@ func TestCooperativeRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 	c := kafkatest.Start(t)
 	c.RequireEmbedded(t)
 	const partitions, perPartition = 2, 5
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
+	topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
 	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
 	cooperative := func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}

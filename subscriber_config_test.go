@@ -151,9 +151,7 @@ func TestNewSubscriberInvalidConfig(t *testing.T) {
 // context that did not come from a Subscriber.
 func TestContextHelpers(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 3)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 3)
 	before := time.Now().Add(-time.Second) // broker and producer clocks are this host's
 	recs := []kafkatest.Record{
 		{Partition: 2, Key: []byte("key-a"), Value: []byte("v0")},
@@ -290,8 +288,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 	t.Run("default-stops-partition", func(t *testing.T) {
 		t.Parallel()
 		c, topic, group := setup(t)
-		acks := newAckLog()
-		watch := newCommitWatch(t, c, group, topic, acks)
+		acks, watch := watchCommits(t, c, group, topic)
 		sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 			cfg.Unmarshaler = rejectingUnmarshaler{}
 			cfg.ReconnectRetrySleep = 30 * time.Millisecond
@@ -345,9 +342,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 		// it promptly, not after Sarama's Rebalance.Timeout (10 s here),
 		// which tears down the member's whole session.
 		t.Parallel()
-		c := kafkatest.Start(t)
-		topic := c.NewTopic(t, 2)
-		group := c.NewGroup(t)
+		c, topic, group := kafkatest.StartTopic(t, 2)
 		var recs []kafkatest.Record
 		for i := 0; i < perPartition; i++ {
 			for p := int32(0); p < 2; p++ {
@@ -359,8 +354,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 			}
 		}
 		c.Produce(t, topic, recs...)
-		acks := newAckLog()
-		watch := newCommitWatch(t, c, group, topic, acks)
+		acks, watch := watchCommits(t, c, group, topic)
 		member := func(id string) *safeack.Subscriber {
 			return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 				cfg.Unmarshaler = rejectingUnmarshaler{}
@@ -411,8 +405,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 	t.Run("dead-letter-completes", func(t *testing.T) {
 		t.Parallel()
 		c, topic, group := setup(t)
-		acks := newAckLog()
-		watch := newCommitWatch(t, c, group, topic, acks)
+		acks, watch := watchCommits(t, c, group, topic)
 		var mu sync.Mutex
 		var dlq []po
 		var dlqErr error
@@ -450,8 +443,7 @@ func TestUnmarshalErrorPolicy(t *testing.T) {
 		t.Parallel()
 		const retrySleep = 100 * time.Millisecond
 		c, topic, group := setup(t)
-		acks := newAckLog()
-		watch := newCommitWatch(t, c, group, topic, acks)
+		acks, watch := watchCommits(t, c, group, topic)
 		var mu sync.Mutex
 		var calls []time.Time
 		sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {

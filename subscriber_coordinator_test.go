@@ -117,12 +117,10 @@ func TestCoordinatorLossKeepsMemberID(t *testing.T) {
 			c.RequireEmbedded(t)
 			kf := c.Kfake()
 			const partitions = 2
-			topic := c.NewTopic(t, partitions)
-			group := c.NewGroup(t)
+			topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
 			outage := newCoordinatorOutage(t, kf, group, kind)
 
-			acks := newAckLog()
-			watch := newCommitWatch(t, c, group, topic, acks)
+			acks, watch := watchCommits(t, c, group, topic)
 			// A session long enough that the outage, Sarama's retries
 			// within it and the rejoin fit in it under -race on a loaded
 			// machine: the embedded broker keeps the member's session timer

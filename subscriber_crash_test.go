@@ -59,12 +59,8 @@ func TestHelperConsumerProcess(t *testing.T) {
 		sc.Consumer.Offsets.Initial = sarama.OffsetNewest
 	}
 	if os.Getenv(envHelperEmbedded) == "1" {
-		// The parent's embedded broker accepts short sessions: the killed
-		// member is evicted quickly (but not so short that a loaded machine
-		// expels the live child before the kill).
-		sc.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
-		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-		sc.Consumer.Group.Rebalance.Timeout = kafkatest.EmbeddedSessionTimeout
+		// The parent's embedded broker accepts short sessions.
+		kafkatest.KillableSessions(sc)
 	}
 	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
 		Brokers:               c.Brokers(),
@@ -170,9 +166,7 @@ func TestSubscriberCrashRedeliversOnlyAfterCommit(t *testing.T) {
 func testCrash(t *testing.T, tail bool, initial int64) {
 	const partitions, perPartition = 3, 150
 	began := time.Now()
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, partitions)
 	acks := newAckLog()    // the survivor's acks
 	allAcks := newAckLog() // the child's and the survivor's, for the commit check
 	watch := newCommitWatch(t, c, group, topic, allAcks)

@@ -3,6 +3,7 @@ package safeack_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -181,6 +182,100 @@ func testSubscriberConfig(c *kafkatest.Cluster, group string, mod func(*safeack.
 		mod(&cfg)
 	}
 	return cfg
+}
+
+// startWatched starts a broker with a topic of the given partitions and a
+// group, and a commit watch of that group checked against acks.
+func startWatched(t *testing.T, partitions int) (c *kafkatest.Cluster, topic, group string, acks *ackLog, watch *commitWatch) {
+	t.Helper()
+	c, topic, group = kafkatest.StartTopic(t, partitions)
+	acks, watch = watchCommits(t, c, group, topic)
+	return c, topic, group, acks, watch
+}
+
+// watchCommits returns a new ack log and a commit watch of group on topic
+// checked against it.
+func watchCommits(t *testing.T, c *kafkatest.Cluster, group, topic string) (*ackLog, *commitWatch) {
+	t.Helper()
+	acks := newAckLog()
+	return acks, newCommitWatch(t, c, group, topic, acks)
+}
+
+// offsetCounts counts the deliveries of each offset of a partition.
+type offsetCounts struct {
+	mu   sync.Mutex
+	seen map[int64]int
+}
+
+// countAndAck handles every message of msgs as a Watermill router does
+// (handleAll), counting its offset and acking it.
+func countAndAck(msgs <-chan *message.Message) *offsetCounts {
+	oc := &offsetCounts{seen: map[int64]int{}}
+	handleAll(msgs, func(m *message.Message) {
+		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
+		oc.mu.Lock()
+		oc.seen[off]++
+		oc.mu.Unlock()
+		m.Ack()
+	})
+	return oc
+}
+
+// snapshot returns a copy of the counts so far.
+func (oc *offsetCounts) snapshot() map[int64]int {
+	oc.mu.Lock()
+	defer oc.mu.Unlock()
+	return maps.Clone(oc.seen)
+}
+
+// waitCompleted waits until the subscriber's stats show n completed
+// records of the partition of topic.
+func waitCompleted(t *testing.T, s *safeack.Subscriber, topic string, partition int32, n uint64, timeout time.Duration, what string) {
+	t.Helper()
+	kafkatest.WaitFor(t, timeout, what, func() bool {
+		st, ok := statsOf(s, topic, partition)
+		return ok && st.Completed == n
+	})
+}
+
+// receive returns the next value of ch, failing the test with fatal when
+// none comes within timeout.
+func receive[T any](t *testing.T, ch <-chan T, timeout time.Duration, fatal string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(timeout):
+		t.Fatal(fatal)
+		panic("unreachable")
+	}
+}
+
+// startTxnRig is the preamble of the exactly-once end-to-end tests: a
+// broker (started with opts), a txnRig of records inputs over partitions,
+// and a read_committed reader of its output topic.
+func startTxnRig(t *testing.T, partitions, records int, opts ...kafkatest.Option) (*kafkatest.Cluster, *txnRig, *outputReader) {
+	t.Helper()
+	c := kafkatest.Start(t, opts...)
+	r := newTxnRig(t, c, partitions, records)
+	return c, r, readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+}
+
+// errorsTo is handler middleware that sends a handler's error to errs
+// when errs has room (a full errs drops it: the record is handled again).
+func errorsTo(errs chan<- error) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err != nil {
+				select {
+				case errs <- err:
+				default:
+				}
+			}
+			return out, err
+		}
+	}
 }
 
 // handleAll runs handler in its own goroutine for every message of msgs,
@@ -469,4 +564,31 @@ func initialName(initial int64) string {
 		return "newest"
 	}
 	return "oldest"
+}
+
+// recordAcks is an outermost router middleware that records, just before
+// the router acks, the records whose handler chain returned nil. A message
+// whose context already ended (its assignment was revoked or closed) is
+// recorded as a late ack, which the commit check never credits.
+func recordAcks(acks *ackLog) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			out, err := h(m)
+			if err != nil {
+				return out, err
+			}
+			k, ok := msgPO(m)
+			acks.mu.Lock()
+			switch {
+			case !ok:
+				acks.bad = append(acks.bad, m.UUID)
+			case m.Context().Err() != nil:
+				acks.late[k] = append(acks.late[k], time.Now())
+			default:
+				acks.acks[k] = append(acks.acks[k], time.Now())
+			}
+			acks.mu.Unlock()
+			return out, err
+		}
+	}
 }

@@ -2,10 +2,15 @@ package safeack_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -26,13 +31,10 @@ func TestSubscriberNackRedelivers(t *testing.T) {
 		sleep   = 20 * time.Millisecond
 	)
 	nacked := po{0, 10}
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, records, nil)
 
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	acks, watch := watchCommits(t, c, group, topic)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.MaxInFlight = 16
 		cfg.Ordering = safeack.Unordered
@@ -119,4 +121,127 @@ func TestSubscriberNackRedelivers(t *testing.T) {
 	for k, n := range acks.snapshot() {
 		require.Equal(t, 1, n, "record %v acked %d times", k, n)
 	}
+}
+
+// TestNackStormByKeyKeyless nacks the first delivery of every record
+// under OrderByKey, on a partition mixing keyed records and key-less ones
+// published by watermill-kafka's DefaultMarshaler: records of one key (and
+// key-less records) never run at the same time and start in offset order
+// (a redelivery of the same record may repeat its offset), and every
+// record is eventually acked.
+func TestNackStormByKeyKeyless(t *testing.T) {
+	t.Parallel()
+	c, topic, group := kafkatest.StartTopic(t, 1)
+
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: c.SaramaConfig()}, testLogger())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	const n = 40
+	for i := range n {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprintf("wk-%d", i), []byte("keyless"))))
+		c.Produce(t, topic, kafkatest.Record{Key: fmt.Appendf(nil, "k%d", i%3), Value: []byte("keyed")})
+	}
+	total := int64(2 * n)
+
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.OrderByKey
+		cfg.MaxInFlight = 32
+		cfg.NackResendSleep = time.Millisecond
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+	})
+	kt := newKeyTracker()
+	var mu sync.Mutex
+	seen := map[int64]bool{}
+	acked := map[int64]bool{}
+	var nAcked atomic.Int64
+	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+		key, _ := safeack.MessageKeyFromCtx(m.Context())
+		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
+		mu.Lock()
+		first := !seen[off]
+		seen[off] = true
+		mu.Unlock()
+		kt.start(string(key), off)
+		randomDelay(2 * time.Millisecond)
+		kt.end(string(key))
+		if first {
+			m.Nack()
+			return
+		}
+		mu.Lock()
+		if !acked[off] {
+			acked[off] = true
+			nAcked.Add(1)
+		}
+		mu.Unlock()
+		m.Ack()
+	})
+	kafkatest.WaitFor(t, mwWait, "every record acked", func() bool { return nAcked.Load() == total })
+	kt.mu.Lock()
+	defer kt.mu.Unlock()
+	require.Empty(t, kt.violations)
+	kafkatest.WaitFor(t, mwWait, "the group to commit everything", func() bool {
+		return c.CommittedOffsets(t, group, topic)[0].Offset == total
+	})
+}
+
+// TestOneSlotNackStorm runs the tightest limits: one message in flight
+// for the whole subscription, two pending records per partition, redelivery
+// without a pause, and every first delivery nacked, across four partitions
+// under each ordering. Nothing starves or deadlocks: every record is acked
+// and committed.
+func TestOneSlotNackStorm(t *testing.T) {
+	t.Parallel()
+	for _, ordering := range []safeack.Ordering{safeack.OrderByKey, safeack.OrderByPartition, safeack.Unordered} {
+		t.Run(ordering.String(), func(t *testing.T) {
+			t.Parallel()
+			const partitions = 4
+			c, topic, group := kafkatest.StartTopic(t, partitions)
+			c.ProduceN(t, topic, partitions, partitions*30, func(i int) string {
+				if i%3 == 0 {
+					return ""
+				}
+				return fmt.Sprintf("k%d", i%2)
+			})
+			acks, watch := watchCommits(t, c, group, topic)
+			sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+				cfg.Ordering = ordering
+				cfg.MaxInFlight = 1
+				cfg.MaxPendingPerPartition = 2
+				cfg.NackResendSleep = safeack.NoSleep
+				cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+			})
+			var mu sync.Mutex
+			seen := map[po]bool{}
+			handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+				k, _ := msgPO(m)
+				mu.Lock()
+				first := !seen[k]
+				seen[k] = true
+				mu.Unlock()
+				if first {
+					m.Nack()
+					return
+				}
+				acks.ack(m)
+			})
+			acks.waitAllAcked(t, c, topic, mwWait)
+			watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+			require.Positive(t, watch.check(t))
+		})
+	}
+}
+
+// flakyUnmarshaler rejects the records at the chosen offsets until healed.
+type flakyUnmarshaler struct {
+	kafka.DefaultMarshaler
+	rejectAt int64
+	healed   *atomic.Bool
+}
+
+func (u flakyUnmarshaler) Unmarshal(m *sarama.ConsumerMessage) (*message.Message, error) {
+	if m.Offset == u.rejectAt && !u.healed.Load() {
+		return nil, errors.New("cannot unmarshal (for now)")
+	}
+	return u.DefaultMarshaler.Unmarshal(m)
 }

@@ -2,6 +2,7 @@ package safeack_test
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -115,11 +116,7 @@ func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64, i
 		// for it has missed a revocation.
 		settleWithin = 6 * time.Second
 	)
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, partitions)
-	group := c.NewGroup(t)
-	acks := newAckLog()
-	watch := newCommitWatch(t, c, group, topic, acks)
+	c, topic, group, acks, watch := startWatched(t, partitions)
 
 	member := func(clientID string) *safeack.Subscriber {
 		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
@@ -330,4 +327,282 @@ func sortedPartitions[V any](m map[int32]V) []int32 {
 		}
 	}
 	return out
+}
+
+// TestSubscribeSameTopicTwice subscribes one Subscriber to the same
+// topic twice: two members of one group. Every record is acked, no commit
+// passes an unacked record, no partition shows up twice in Stats, and
+// Close closes both channels.
+func TestSubscribeSameTopicTwice(t *testing.T) {
+	t.Parallel()
+	kafkatest.EagerAndCooperative(t, testSubscribeSameTopicTwice)
+}
+
+func testSubscribeSameTopicTwice(t *testing.T, cooperative bool) {
+	const partitions = 4
+	c, topic, group, acks, watch := startWatched(t, partitions)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+		if cooperative {
+			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+				sarama.NewBalanceStrategyCooperativeSticky(),
+			}
+		}
+	})
+	handler := func(m *message.Message) {
+		randomDelay(2 * time.Millisecond)
+		acks.ack(m)
+	}
+	// got[i] holds the partitions subscription i delivered from.
+	var gotMu sync.Mutex
+	got := [2]map[int32]bool{{}, {}}
+	handlerOf := func(i int) func(*message.Message) {
+		return func(m *message.Message) {
+			k, _ := msgPO(m)
+			gotMu.Lock()
+			got[i][k.p] = true
+			gotMu.Unlock()
+			handler(m)
+		}
+	}
+	done1 := handleAll(mustSubscribe(t, sub, topic), handlerOf(0))
+	c.ProduceN(t, topic, partitions, partitions*50, nil)
+	kafkatest.WaitFor(t, mwWait, "some acks", func() bool { return len(acks.snapshot()) >= 50 })
+	done2 := handleAll(mustSubscribe(t, sub, topic), handlerOf(1))
+	kafkatest.WaitFor(t, mwWait, "the partitions split between the subscriptions, each listed once", func() bool {
+		c.ProduceN(t, topic, partitions, partitions, nil)
+		st := sub.Stats()
+		seen := map[int32]bool{}
+		for _, ps := range st {
+			if seen[ps.Partition] {
+				return false
+			}
+			seen[ps.Partition] = true
+		}
+		gotMu.Lock()
+		defer gotMu.Unlock()
+		return len(st) == partitions && len(got[1]) > 0
+	})
+	c.ProduceN(t, topic, partitions, partitions*50, nil)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	require.Positive(t, watch.check(t))
+
+	closed := make(chan error, 1)
+	go func() { closed <- sub.Close() }()
+	for i, done := range []<-chan struct{}{done1, done2} {
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Close left subscription %d's channel open", i+1)
+		}
+	}
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close hung")
+	}
+	require.Empty(t, sub.Stats())
+}
+
+// TestMembershipChurn keeps records flowing while members join and leave
+// again and again (some leave while the group is still rebalancing for
+// them) (eager and cooperative, at OffsetOldest and at
+// OffsetNewest over history), with handlers that finish out of order, nack
+// some first deliveries and sit on a few records past DrainTimeout. Every
+// record is acked with its assignment alive, and no commit the broker saw
+// passes a record not acked before it (nor goes below where the group
+// started).
+func TestMembershipChurn(t *testing.T) {
+	t.Parallel()
+	for _, cooperative := range []bool{false, true} {
+		for _, initial := range []int64{sarama.OffsetOldest, sarama.OffsetNewest} {
+			t.Run(kafkatest.RebalanceName(cooperative)+"/"+initialName(initial), func(t *testing.T) {
+				t.Parallel()
+				testChurn(t, cooperative, initial, safeack.Unordered)
+			})
+		}
+		// Under OrderByKey, with keyed and key-less records.
+		t.Run(kafkatest.RebalanceName(cooperative)+"/by-key", func(t *testing.T) {
+			t.Parallel()
+			testChurn(t, cooperative, sarama.OffsetOldest, safeack.OrderByKey)
+		})
+	}
+}
+
+func testChurn(t *testing.T, cooperative bool, initial int64, ordering safeack.Ordering) {
+	const partitions = 6
+	c, topic, group, acks, watch := startWatched(t, partitions)
+	startAfterHistory(t, c, watch, topic, partitions, initial, 20)
+
+	var mu sync.Mutex
+	seen := map[po]int{}
+	handler := func(m *message.Message) {
+		k, _ := msgPO(m)
+		mu.Lock()
+		seen[k]++
+		n := seen[k]
+		mu.Unlock()
+		switch {
+		case k.o%31 == 3 && n == 1:
+			// Slow: past DrainTimeout, ignoring the context.
+			time.Sleep(150 * time.Millisecond)
+		case k.o%5 == 2 && n == 1:
+			m.Nack()
+			return
+		default:
+			randomDelay(3 * time.Millisecond)
+		}
+		if m.Context().Err() != nil {
+			acks.ackLate(m)
+			return
+		}
+		acks.ack(m)
+	}
+	member := func(id string) *safeack.Subscriber {
+		s := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+			cfg.Ordering = ordering
+			cfg.MaxInFlight = 32
+			cfg.MaxPendingPerPartition = 16
+			cfg.DrainTimeout = 100 * time.Millisecond
+			cfg.OverwriteSaramaConfig.ClientID = id
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = initial
+			if cooperative {
+				cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+					sarama.NewBalanceStrategyCooperativeSticky(),
+				}
+			}
+		})
+		handleAll(mustSubscribe(t, s, topic), handler)
+		return s
+	}
+
+	a := member("a")
+	kafkatest.WaitFor(t, mwWait, "A to own every partition", func() bool {
+		return len(ownedPartitions(a, topic)) == partitions
+	})
+	stopProducing := make(chan struct{})
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		pace := time.NewTicker(10 * time.Millisecond) // a steady flow, not a flood
+		defer pace.Stop()
+		for {
+			select {
+			case <-stopProducing:
+				return
+			case <-pace.C:
+			}
+			c.ProduceN(t, topic, partitions, partitions, func(i int) string {
+				if i%7 == 0 {
+					return ""
+				}
+				return fmt.Sprintf("k%d", i%5)
+			})
+		}
+	}()
+	for i := range 3 {
+		x := member(fmt.Sprintf("x%d", i))
+		kafkatest.WaitFor(t, mwWait, "the newcomer to own partitions", func() bool {
+			return len(ownedPartitions(x, topic)) > 0
+		})
+		// One more joins and leaves at once, mid-rebalance.
+		y := member(fmt.Sprintf("y%d", i))
+		require.NoError(t, x.Close())
+		require.NoError(t, y.Close())
+	}
+	close(stopProducing)
+	<-produced
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	require.Positive(t, watch.check(t))
+	require.Empty(t, acks.badMessages())
+}
+
+// TestCooperativeRoundTripKeepsTail: under cooperative-sticky, a
+// partition moves from A to B and back to A within A's one session. B
+// holds a record and completes the ones after it, so B's final commit
+// carries a completed tail; A, taking the partition back, must read that
+// commit (not the one its session started with) and skip B's completed
+// records.
+func TestCooperativeRoundTripKeepsTail(t *testing.T) {
+	t.Parallel()
+	const partitions = 2
+	c, topic, group, acks, watch := startWatched(t, partitions)
+	member := func(id string) *safeack.Subscriber {
+		return newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+			cfg.Ordering = safeack.Unordered
+			cfg.DrainTimeout = 200 * time.Millisecond
+			cfg.OverwriteSaramaConfig.ClientID = id
+			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+				sarama.NewBalanceStrategyCooperativeSticky(),
+			}
+		})
+	}
+	c.ProduceN(t, topic, partitions, partitions*20, nil)
+
+	a := member("a")
+	handleAll(mustSubscribe(t, a, topic), acks.ack)
+	watch.waitCommitted(t, map[int32]int64{0: 20, 1: 20}, mwWait)
+	beforeB := ownedPartitions(a, topic)
+	require.Len(t, beforeB, partitions)
+
+	// B holds the first record it gets of each partition it takes, and
+	// acks the rest.
+	var mu sync.Mutex
+	bHeld := map[int32]int64{}
+	b := member("b")
+	handleAll(mustSubscribe(t, b, topic), func(m *message.Message) {
+		k, _ := msgPO(m)
+		mu.Lock()
+		if _, ok := bHeld[k.p]; !ok {
+			bHeld[k.p] = k.o
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		acks.ack(m)
+	})
+	kafkatest.WaitFor(t, mwWait, "B to own a partition", func() bool {
+		return len(ownedPartitions(b, topic)) == 1 && len(ownedPartitions(a, topic)) == 1
+	})
+	var moved int32
+	for p := range ownedPartitions(b, topic) {
+		moved = p
+	}
+	c.Produce(t, topic, records(moved, 20)...)
+	kafkatest.WaitFor(t, mwWait, "B to hold one record and ack the rest", func() bool {
+		mu.Lock()
+		_, held := bHeld[moved]
+		mu.Unlock()
+		return held && len(acks.missing(c, topic)) == 1
+	})
+	mu.Lock()
+	heldAt := bHeld[moved]
+	mu.Unlock()
+	watch.waitCommitted(t, map[int32]int64{moved: heldAt}, mwWait)
+	before := acks.snapshot()
+
+	require.NoError(t, b.Close())
+	kafkatest.WaitFor(t, mwWait, "A to take the partition back", func() bool {
+		return len(ownedPartitions(a, topic)) == partitions
+	})
+	ps := ownedPartitions(a, topic)
+	require.Equal(t, beforeB[1-moved].AssignedAt, ps[1-moved].AssignedAt, "A's session was not kept (not cooperative)")
+	acks.waitAllAcked(t, c, topic, mwWait)
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	require.Positive(t, watch.check(t))
+
+	var replayed []po
+	for k, n := range acks.snapshot() {
+		if k.p == moved && k.o > heldAt && n > before[k] {
+			replayed = append(replayed, k)
+		}
+	}
+	require.Empty(t, replayed, "records B completed after its held one were handled again by A")
+	ps = ownedPartitions(a, topic)
+	require.Positive(t, ps[moved].SkippedTail, "A did not skip B's completed tail")
 }

@@ -85,10 +85,8 @@ func TestTailCrashChild(t *testing.T) {
 // the tail; the next owner handles the held record and nothing else again.
 func TestCompletedTailSurvivesCrash(t *testing.T) {
 	t.Parallel()
-	cluster := kafkatest.Start(t)
 	const n = 10_001
-	topic := cluster.NewTopic(t, 1)
-	group := cluster.NewGroup(t)
+	cluster, topic, group := kafkatest.StartTopic(t, 1)
 	produceSequential(t, cluster, topic, 0, n)
 
 	child := exec.Command(os.Args[0], "-test.run=^TestTailCrashChild$", "-test.count=1")
@@ -142,10 +140,8 @@ func TestCompletedTailSurvivesCrash(t *testing.T) {
 // partition; it handles that partition's held record and nothing else.
 func TestCompletedTailSurvivesCooperativeRevoke(t *testing.T) {
 	t.Parallel()
-	cluster := kafkatest.Start(t)
 	const perPartition = 2_000
-	topic := cluster.NewTopic(t, 2)
-	group := cluster.NewGroup(t)
+	cluster, topic, group := kafkatest.StartTopic(t, 2)
 	for p := range int32(2) {
 		recs := make([]kafkatest.Record, perPartition)
 		for i := range recs {
@@ -278,30 +274,9 @@ func consumeUntil(t *testing.T, cluster *kafkatest.Cluster, group, topic string,
 	t.Helper()
 	sub := tailSubscriber(t, cluster.Brokers(), cluster.SaramaConfig(), group, nil)
 	t.Cleanup(func() { _ = sub.Close() })
-	msgs, err := sub.Subscribe(context.Background(), topic)
-	require.NoError(t, err)
-	var mu sync.Mutex
-	seen := map[int64]int{}
-	go func() {
-		for msg := range msgs {
-			off, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-			mu.Lock()
-			seen[off]++
-			mu.Unlock()
-			msg.Ack()
-		}
-	}()
-	snapshot := func() map[int64]int {
-		mu.Lock()
-		defer mu.Unlock()
-		out := make(map[int64]int, len(seen))
-		for k, v := range seen {
-			out[k] = v
-		}
-		return out
-	}
-	kafkatest.WaitFor(t, 30*time.Second, "the expected records handled", func() bool { return done(snapshot()) })
-	return snapshot
+	seen := countAndAck(mustSubscribe(t, sub, topic))
+	kafkatest.WaitFor(t, 30*time.Second, "the expected records handled", func() bool { return done(seen.snapshot()) })
+	return seen.snapshot
 }
 
 // waitForTail waits until the group's commit of partition 0, read back from

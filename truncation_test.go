@@ -38,10 +38,7 @@ func leaveTail(t *testing.T, c *kafkatest.Cluster, group, topic string, n int, h
 	if hold >= 0 {
 		want--
 	}
-	kafkatest.WaitFor(t, 10*time.Second, "every record but the held one acked", func() bool {
-		st, ok := statsOf(sub, topic, 0)
-		return ok && st.Completed == want
-	})
+	waitCompleted(t, sub, topic, 0, want, 10*time.Second, "every record but the held one acked")
 	require.NoError(t, sub.Close())
 	return c.CommittedOffsets(t, group, topic)[0]
 }
@@ -57,26 +54,9 @@ func handledBy(t *testing.T, c *kafkatest.Cluster, group, topic string, done fun
 			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = at
 		}
 	})
-	var mu sync.Mutex
-	seen := map[int64]int{}
-	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
-		off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
-		mu.Lock()
-		seen[off]++
-		mu.Unlock()
-		m.Ack()
-	})
-	snapshot := func() map[int64]int {
-		mu.Lock()
-		defer mu.Unlock()
-		out := make(map[int64]int, len(seen))
-		for k, v := range seen {
-			out[k] = v
-		}
-		return out
-	}
-	ok := kafkatest.Poll(10*time.Second, 20*time.Millisecond, func() bool { return done(snapshot()) })
-	got := snapshot()
+	seen := countAndAck(mustSubscribe(t, sub, topic))
+	ok := kafkatest.Poll(10*time.Second, 20*time.Millisecond, func() bool { return done(seen.snapshot()) })
+	got := seen.snapshot()
 	require.True(t, ok, "the records expected were not handled; handled: %v", got)
 	var totals safeack.PartitionTotals
 	for _, tt := range sub.Totals() {
@@ -101,10 +81,7 @@ func bumpLeaderEpoch(t *testing.T, c *kafkatest.Cluster, topic string) {
 // code is not 0), as a leader would whose log ended the asked-for epoch
 // there. It counts the requests.
 func answerEpochEnd(c *kafkatest.Cluster, topic string, end int64, code int16) *atomic.Int32 {
-	var asked atomic.Int32
-	kf := c.Kfake()
-	kf.ControlKey(int16(kmsg.OffsetForLeaderEpoch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kf.KeepControl()
+	return c.Answer(kmsg.OffsetForLeaderEpoch, func(req kmsg.Request, _ int32) (kmsg.Response, bool) {
 		oreq := req.(*kmsg.OffsetForLeaderEpochRequest)
 		resp := oreq.ResponseKind().(*kmsg.OffsetForLeaderEpochResponse)
 		mine := false
@@ -125,13 +102,8 @@ func answerEpochEnd(c *kafkatest.Cluster, topic string, end int64, code int16) *
 			}
 			resp.Topics = append(resp.Topics, st)
 		}
-		if !mine {
-			return nil, nil, false
-		}
-		asked.Add(1)
-		return resp, nil, true
+		return resp, mine
 	})
-	return &asked
 }
 
 // TestTruncatedLogUnderCommit: an unclean leader election truncates the
@@ -170,8 +142,7 @@ func TestTruncatedLogUnderCommit(t *testing.T) {
 			}
 			c := kafkatest.Start(t, opts...)
 			c.RequireEmbedded(t)
-			topic := c.NewTopic(t, 1)
-			group := c.NewGroup(t)
+			topic, group := c.NewTopic(t, 1), c.NewGroup(t)
 			const n, diverged = 10, 3
 			produceSequential(t, c, topic, 0, n)
 
@@ -223,10 +194,7 @@ func TestTruncatedLogUnderCommit(t *testing.T) {
 // offset, and the completed tail is skipped as before.
 func TestLeaderChangeKeepsTail(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	const n = 10
 	produceSequential(t, c, topic, 0, n)
 	held := leaveTail(t, c, group, topic, n, 5)
@@ -251,10 +219,7 @@ func TestLeaderChangeKeepsTail(t *testing.T) {
 // are trusted as before the check existed, and the refusal is logged.
 func TestEpochCheckRefusedTrustsCommit(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	const n = 10
 	produceSequential(t, c, topic, 0, n)
 	leaveTail(t, c, group, topic, n, 5)
@@ -282,8 +247,7 @@ func TestTruncatedLogUnderCooperativeHandover(t *testing.T) {
 	c := kafkatest.Start(t)
 	c.RequireEmbedded(t)
 	const n, hold, diverged = 10, 5, 3
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
 	for p := range int32(2) {
 		recs := make([]kafkatest.Record, n)
 		for i := range recs {

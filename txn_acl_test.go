@@ -72,18 +72,7 @@ func testTxnOutputTopicNotWritable(t *testing.T, denied kmsg.ACLOperation) {
 	poison, err := middleware.PoisonQueue(pub, dlq)
 	require.NoError(t, err)
 	refused := make(chan error, 1)
-	router.AddMiddleware(poison, func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := h(msg)
-			if err != nil {
-				select {
-				case refused <- err:
-				default:
-				}
-			}
-			return out, err
-		}
-	}, pub.Middleware)
+	router.AddMiddleware(poison, errorsTo(refused), pub.Middleware)
 	router.AddHandler("h", in, sub, out, pub, func(msg *message.Message) ([]*message.Message, error) {
 		o := outputFor(msg, "out")
 		if string(msg.Payload) != "bad" {

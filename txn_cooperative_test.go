@@ -223,9 +223,7 @@ func TestTxnCooperativeNewPartition(t *testing.T) {
 // went to. One output per input, the moved record's from its second
 // delivery.
 func TestTxnCooperativeDeferredResolvedAfterRevoke(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 2, 200)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 2, 200)
 	held := map[string]bool{"0@10": true, "1@10": true}
 	var att attempts
 	var mu sync.Mutex
@@ -240,9 +238,8 @@ func TestTxnCooperativeDeferredResolvedAfterRevoke(t *testing.T) {
 	subA, pubA := r.subscriber(t, "txn-coop-deferred-a", coop)
 	plain := transform(&att, time.Millisecond)
 	runRouter(t, r, subA, pubA, func(msg *message.Message) ([]*message.Message, error) {
-		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
-		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-		id := fmt.Sprintf("%d@%d", p, o)
+		k, _ := msgPO(msg)
+		id := k.String()
 		if !held[id] {
 			return plain(msg)
 		}

@@ -73,9 +73,7 @@ func TestHelperTxnRouterProcess(t *testing.T) {
 // shortSessions lets the embedded broker evict a killed member quickly (but
 // not so quickly that a loaded machine expels a live one).
 func shortSessions(sc *sarama.Config) {
-	sc.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
-	sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	sc.Consumer.Group.Rebalance.Timeout = kafkatest.EmbeddedSessionTimeout
+	kafkatest.KillableSessions(sc)
 }
 
 // A transactional router process is SIGKILLed mid-stream, with handlers
@@ -86,9 +84,7 @@ func shortSessions(sc *sarama.Config) {
 // dead one's transactions. A read_committed reader sees exactly one output
 // per input.
 func TestTxnRouterSIGKILL(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 4, 4000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 4, 4000)
 	ids := r.inputIDs()
 	const txnID = "txn-crash"
 
@@ -189,9 +185,7 @@ func TestTxnZombieFencedByGeneration(t *testing.T) { txnZombieFencedByGeneration
 func TestTxnZombieFencedByGenerationCooperative(t *testing.T) { txnZombieFencedByGeneration(t, true) }
 
 func txnZombieFencedByGeneration(t *testing.T, coop bool) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 4, 4000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 4, 4000)
 	ids := r.inputIDs()
 
 	zombie, zombieStats := startTxnChildBalanced(t, c, r, "txn-zombie-old", coop)

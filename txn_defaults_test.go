@@ -140,23 +140,10 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 				t.Skip("the cluster creates a topic its metadata is asked for (auto.create.topics.enable): every topic exists")
 			}
 			d := newDefaultTxn(t, c, 1, "txn-unwritable")
-			out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
-			poison, err := middleware.PoisonQueue(d.pub, dlq)
-			require.NoError(t, err)
+			out := c.NewTopic(t, 1)
+			dlq, poison := d.deadLetters(t)
 			refused := make(chan error, 1)
-			recordErr := func(h message.HandlerFunc) message.HandlerFunc {
-				return func(msg *message.Message) ([]*message.Message, error) {
-					out, err := h(msg)
-					if err != nil {
-						select {
-						case refused <- err:
-						default: // handled again
-						}
-					}
-					return out, err
-				}
-			}
-			d.router.AddMiddleware(poison, recordErr, d.pub.Middleware)
+			d.router.AddMiddleware(poison, errorsTo(refused), d.pub.Middleware)
 			d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
 				if string(msg.Payload) != "bad" {
 					return []*message.Message{outputFor(msg, "ok")}, nil
@@ -177,12 +164,7 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 			after := d.publish(t, "ok", 3)
 
 			ids := append(before, after...)
-			rd.waitAll(t, ids, 20*time.Second)
-			dl.waitRecords(t, 1, "the bad input dead-lettered")
-			rd.complete(t, c, out, 1)
-			rd.checkExactlyOnce(t, ids)
-			require.ErrorIs(t, <-refused, tc.cause)
-			require.Zero(t, d.pub.Stats().Aborted)
+			d.requireOneDeadLetter(t, rd, dl, out, ids, "the bad input dead-lettered", refused, tc.cause)
 		})
 	}
 }
@@ -195,9 +177,8 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-failed-attempt")
-	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
-	poison, err := middleware.PoisonQueue(d.pub, dlq)
-	require.NoError(t, err)
+	out := c.NewTopic(t, 1)
+	dlq, poison := d.deadLetters(t)
 	retry := middleware.Retry{MaxRetries: 1, InitialInterval: time.Millisecond}
 	d.router.AddMiddleware(poison, retry.Middleware, middleware.Recoverer, d.pub.Middleware)
 	var att attempts
@@ -219,9 +200,7 @@ func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
 		}
 		return nil, nil
 	})
-	d.run(t)
-	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
-	dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+	rd, dl := d.runReading(t, out, dlq)
 	ok := d.publish(t, "ok", 3)
 	flaky := d.publish(t, "fails once", 3)
 	poisoned := d.publish(t, "panics", 2)
@@ -231,11 +210,7 @@ func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
 	dl.waitRecords(t, len(poisoned), "the panicking inputs dead-lettered")
 	rd.complete(t, c, out, 1)
 	rd.checkExactlyOnce(t, ids) // and nothing of the poisoned ones
-	rd.mu.Lock()
-	defer rd.mu.Unlock()
-	for _, id := range flaky {
-		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
-	}
+	rd.requireAttempt(t, flaky, "2")
 }
 
 // The shapes of handler a new user writes, on defaults (OffsetNewest with
@@ -326,9 +301,8 @@ func TestTxnPlainPoisonQueueAtClose(t *testing.T) {
 	d := newDefaultTxn(t, c, 1, "txn-poison-close", func(cfg *safeack.SubscriberConfig) {
 		cfg.DrainTimeout = 300 * time.Millisecond
 	})
-	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
-	poison, err := middleware.PoisonQueue(d.pub, dlq)
-	require.NoError(t, err)
+	out := c.NewTopic(t, 1)
+	dlq, poison := d.deadLetters(t)
 	d.router.AddMiddleware(poison, d.pub.Middleware)
 	held := make(chan struct{}, 1)
 	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
@@ -428,9 +402,8 @@ func TestTxnOutputsSurviveReplacedContext(t *testing.T) {
 func TestTxnFailedAttemptReturnedOutputsDropped(t *testing.T) {
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-failed-returned")
-	out, dlq := c.NewTopic(t, 1), c.NewTopic(t, 1)
-	poison, err := middleware.PoisonQueue(d.pub, dlq)
-	require.NoError(t, err)
+	out := c.NewTopic(t, 1)
+	dlq, poison := d.deadLetters(t)
 	d.router.AddMiddleware(poison, d.pub.Middleware)
 	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
 		outs := []*message.Message{outputFor(msg, "returned")}
@@ -439,9 +412,7 @@ func TestTxnFailedAttemptReturnedOutputsDropped(t *testing.T) {
 		}
 		return outs, nil
 	})
-	d.run(t)
-	rd := readOutputs(t, c, out, 1, sarama.ReadCommitted)
-	dl := readOutputs(t, c, dlq, 1, sarama.ReadCommitted)
+	rd, dl := d.runReading(t, out, dlq)
 	ok := d.publish(t, "ok", 3)
 	poisoned := d.publish(t, "fails", 2)
 
@@ -488,11 +459,7 @@ func TestTxnDeferredCompletion(t *testing.T) {
 	rd.waitAll(t, ids, 20*time.Second)
 	rd.complete(t, c, out, 2)
 	rd.checkExactlyOnce(t, ids)
-	rd.mu.Lock()
-	defer rd.mu.Unlock()
-	for _, id := range flaky {
-		require.Equal(t, "2", headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
-	}
+	rd.requireAttempt(t, flaky, "2")
 }
 
 // Two subscriptions of one Subscriber (two input topics, one consumer
@@ -523,5 +490,48 @@ func TestTxnTwoSubscriptionsSharePublisher(t *testing.T) {
 	rd.waitAll(t, ids, 20*time.Second)
 	rd.complete(t, c, out, 2)
 	rd.checkExactlyOnce(t, ids)
+	require.Zero(t, d.pub.Stats().Aborted)
+}
+
+// requireAttempt requires the first output of each id to come from the
+// handler's attempt (the hdrAttempt header): the output of a retried
+// input is its later attempt's.
+func (rd *outputReader) requireAttempt(t *testing.T, ids []string, attempt string) {
+	t.Helper()
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	for _, id := range ids {
+		require.Equal(t, attempt, headerOf(rd.byID[id][0], hdrAttempt), "output of %s from its failed attempt", id)
+	}
+}
+
+// runReading runs d's router, then reads out and the dead-letter topic dlq
+// (one partition each) with read_committed readers.
+func (d *defaultTxn) runReading(t *testing.T, out, dlq string) (rd, dl *outputReader) {
+	t.Helper()
+	d.run(t)
+	return readOutputs(t, d.c, out, 1, sarama.ReadCommitted), readOutputs(t, d.c, dlq, 1, sarama.ReadCommitted)
+}
+
+// deadLetters makes a dead-letter topic (one partition) and a PoisonQueue
+// middleware that publishes to it through d's publisher.
+func (d *defaultTxn) deadLetters(t *testing.T) (dlq string, poison message.HandlerMiddleware) {
+	t.Helper()
+	dlq = d.c.NewTopic(t, 1)
+	poison, err := middleware.PoisonQueue(d.pub, dlq)
+	require.NoError(t, err)
+	return dlq, poison
+}
+
+// requireOneDeadLetter requires one visible output of each of ids in out
+// (one partition), one dead letter in dl (what), the first handler error
+// to be cause and no aborted transaction.
+func (d *defaultTxn) requireOneDeadLetter(t *testing.T, rd, dl *outputReader, out string, ids []string, what string, refused <-chan error, cause error) {
+	t.Helper()
+	rd.waitAll(t, ids, 20*time.Second)
+	dl.waitRecords(t, 1, what)
+	rd.complete(t, d.c, out, 1)
+	rd.checkExactlyOnce(t, ids)
+	require.ErrorIs(t, <-refused, cause)
 	require.Zero(t, d.pub.Stats().Aborted)
 }

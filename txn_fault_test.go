@@ -1,7 +1,6 @@
 package safeack_test
 
 import (
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,9 +28,7 @@ func transform(att *attempts, delay time.Duration) message.HandlerFunc {
 // transactions are being written, then starting again: the outputs are
 // exactly once.
 func TestTxnCloseMidTransaction(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 4, 2000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	_, r, rd := startTxnRig(t, 4, 2000)
 	ids := r.inputIDs()
 	var att attempts
 
@@ -51,28 +48,16 @@ func TestTxnCloseMidTransaction(t *testing.T) {
 // between the two while transactions are in flight), then the first one
 // leaves: the outputs are exactly once.
 func TestTxnRebalanceSecondMember(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 4, 3000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	_, r, rd := startTxnRig(t, 4, 3000)
 	ids := r.inputIDs()
 	var att attempts
 
 	// The first member stops after a while until the second one owns
 	// partitions, so that there is work left to share.
 	gate := make(chan struct{})
-	var handled atomic.Int32
 	sub1, pub1 := r.subscriber(t, "txn-member-1", nil)
 	work := transform(&att, 3*time.Millisecond)
-	stop1 := runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
-		if handled.Add(1) > 1000 {
-			select {
-			case <-gate:
-			case <-msg.Context().Done():
-				return nil, msg.Context().Err()
-			}
-		}
-		return work(msg)
-	})
+	stop1 := runRouter(t, r, sub1, pub1, gateAfter(1000, gate, work))
 	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
 
 	sub2, pub2 := r.subscriber(t, "txn-member-2", nil)
@@ -114,18 +99,7 @@ func TestTxnFencedByTransactionalID(t *testing.T) {
 	// Handlers stop after a while until the fence is up, so that there are
 	// transactions left to fence.
 	gate := make(chan struct{})
-	var handled atomic.Int32
-	work := transform(&att, 2*time.Millisecond)
-	runRouter(t, r, sub, pub, func(msg *message.Message) ([]*message.Message, error) {
-		if handled.Add(1) > 1000 {
-			select {
-			case <-gate:
-			case <-msg.Context().Done():
-				return nil, msg.Context().Err()
-			}
-		}
-		return work(msg)
-	})
+	runRouter(t, r, sub, pub, gateAfter(1000, gate, transform(&att, 2*time.Millisecond)))
 	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
 
 	// InitProducerId with the same id bumps the epoch: the running producer
@@ -149,13 +123,8 @@ func TestTxnFencedByTransactionalID(t *testing.T) {
 // left behind): the transaction aborts, its outputs are never visible to a
 // read_committed reader, and the records are handled again.
 func TestTxnOffsetsFencedByGeneration(t *testing.T) {
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	r := newTxnRig(t, c, 2, 2000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
-	ids := r.inputIDs()
-	var att attempts
 	sub, pub := r.subscriber(t, "txn-zombie", nil)
 
 	var reject atomic.Int32
@@ -181,18 +150,7 @@ func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 		return resp, nil, true
 	})
 
-	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
-	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
-	reject.Store(2)
-	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
-	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
-	uncommitted.complete(t, c, r.out, r.parts)
-	uncommitted.mu.Lock()
-	written := uncommitted.records - len(uncommitted.sentry)*2 // both readers' sentries
-	uncommitted.mu.Unlock()
-	st := pub.Stats()
-	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", st, written, len(ids))
-	require.Greater(t, written, len(ids), "the aborted transactions wrote outputs that read_committed must not see")
+	abortMidRun(t, c, r, rd, uncommitted, sub, pub, func() { reject.Store(2) }, "the aborted transactions wrote outputs that read_committed must not see")
 }
 
 // A record that never finishes holds its partition's committed offset back
@@ -201,21 +159,15 @@ func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 // owner skips exactly those records (their outputs are there already) and
 // handles the held one: one output each.
 func TestTxnCompletedTailHandedOver(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 1, 400)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 1, 400)
 	ids := r.inputIDs()
 	held := ids[10]
 	var att attempts
 
-	sub1, pub1 := r.subscriber(t, "txn-tail", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
-		cfg.DrainTimeout = 200 * time.Millisecond
-	})
+	sub1, pub1 := r.subscriber(t, "txn-tail", shortDrain)
 	first := transform(&att, time.Millisecond)
 	stop1 := runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
-		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
-		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-		if fmt.Sprintf("%d@%d", p, o) == held {
+		if k, _ := msgPO(msg); k.String() == held {
 			att.next(msg)
 			<-msg.Context().Done() // until the drain gives up on it
 			return nil, msg.Context().Err()
@@ -249,13 +201,8 @@ func TestTxnCompletedTailHandedOver(t *testing.T) {
 // that): the producer's commit fails, the transaction's outputs are never
 // visible to a read_committed reader, and the records are handled again.
 func TestTxnAbortedByBrokerTimeout(t *testing.T) {
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	r := newTxnRig(t, c, 2, 2000)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
-	ids := r.inputIDs()
-	var att attempts
 	const txnTimeout = 3 * time.Second
 	sub, pub := r.subscriber(t, "txn-timeout", func(_ *safeack.SubscriberConfig, tc *safeack.TxnConfig) {
 		tc.OverwriteSaramaConfig.Producer.Transaction.Timeout = txnTimeout
@@ -273,17 +220,7 @@ func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 		return nil, nil, false
 	})
 
-	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
-	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
-	hold.Store(true)
-	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
-	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
-	uncommitted.complete(t, c, r.out, r.parts)
-	uncommitted.mu.Lock()
-	written := uncommitted.records - len(uncommitted.sentry)*2
-	uncommitted.mu.Unlock()
-	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", pub.Stats(), written, len(ids))
-	require.Greater(t, written, len(ids), "the aborted transaction wrote outputs that read_committed must not see")
+	abortMidRun(t, c, r, rd, uncommitted, sub, pub, func() { hold.Store(true) }, "the aborted transaction wrote outputs that read_committed must not see")
 }
 
 // A record whose completion was deferred (safeack.Defer) and resolved only
@@ -292,22 +229,16 @@ func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 // next owner handles the record again: one output, from the second
 // delivery.
 func TestTxnDeferredResolvedAfterHandOver(t *testing.T) {
-	c := kafkatest.Start(t)
-	r := newTxnRig(t, c, 1, 200)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	_, r, rd := startTxnRig(t, 1, 200)
 	ids := r.inputIDs()
 	held := ids[10]
 	var att attempts
 	late := make(chan *safeack.Completion, 1)
 
-	sub1, pub1 := r.subscriber(t, "txn-deferred-late", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
-		cfg.DrainTimeout = 200 * time.Millisecond
-	})
+	sub1, pub1 := r.subscriber(t, "txn-deferred-late", shortDrain)
 	first := transform(&att, time.Millisecond)
 	stop1 := runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
-		p, _ := safeack.MessagePartitionFromCtx(msg.Context())
-		o, _ := safeack.MessagePartitionOffsetFromCtx(msg.Context())
-		if fmt.Sprintf("%d@%d", p, o) != held {
+		if k, _ := msgPO(msg); k.String() != held {
 			return first(msg)
 		}
 		n := att.next(msg)
@@ -330,4 +261,56 @@ func TestTxnDeferredResolvedAfterHandOver(t *testing.T) {
 	rd.mu.Lock()
 	defer rd.mu.Unlock()
 	require.Equal(t, "2", headerOf(rd.byID[held][0], hdrAttempt), "output of the deferred record from the delivery whose drain gave up")
+}
+
+// abortMidRun runs a router of sub and pub over the rig's inputs, starts
+// fault once 300 outputs were read, waits for a transaction to abort, and
+// requires one visible output per input while the read_uncommitted reader
+// saw the aborted ones too (what: the message of that check).
+func abortMidRun(t *testing.T, c *kafkatest.Cluster, r *txnRig, rd, uncommitted *outputReader, sub *safeack.Subscriber, pub *safeack.TxnPublisher, fault func(), what string) {
+	t.Helper()
+	ids := r.inputIDs()
+	var att attempts
+	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
+	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
+	fault()
+	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
+	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
+	requireAbortedOutputs(t, c, r, uncommitted, pub, len(ids), what)
+}
+
+// requireAbortedOutputs reads the output topic to its end with the
+// read_uncommitted reader and requires more records there (both readers'
+// sentries not counted) than inputs: aborted transactions wrote outputs
+// that the read_committed reader never showed.
+func requireAbortedOutputs(t *testing.T, c *kafkatest.Cluster, r *txnRig, uncommitted *outputReader, pub *safeack.TxnPublisher, inputs int, what string) {
+	t.Helper()
+	uncommitted.complete(t, c, r.out, r.parts)
+	uncommitted.mu.Lock()
+	written := uncommitted.records - len(uncommitted.sentry)*2 // both readers' sentries
+	uncommitted.mu.Unlock()
+	t.Logf("transactions: %+v; records written (read_uncommitted): %d for %d inputs", pub.Stats(), written, inputs)
+	require.Greater(t, written, inputs, what)
+}
+
+// gateAfter is work behind a gate: past the first n records, a handler
+// waits until gate closes (or its message's context ends).
+func gateAfter(n int32, gate <-chan struct{}, work func(*message.Message) ([]*message.Message, error)) func(*message.Message) ([]*message.Message, error) {
+	var handled atomic.Int32
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if handled.Add(1) > n {
+			select {
+			case <-gate:
+			case <-msg.Context().Done():
+				return nil, msg.Context().Err()
+			}
+		}
+		return work(msg)
+	}
+}
+
+// shortDrain gives a transactional member 200 ms to drain: a handler held
+// past it is given up on.
+func shortDrain(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+	cfg.DrainTimeout = 200 * time.Millisecond
 }

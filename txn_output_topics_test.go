@@ -4,12 +4,9 @@ import (
 	"bytes"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/stretchr/testify/require"
 
 	"github.com/safeack/safeack/internal/kafkatest"
 )
@@ -29,22 +26,9 @@ func TestTxnOutputTopicLimit(t *testing.T) {
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-topic-limit")
 	out := c.NewTopicWithConfig(t, 1, map[string]string{"max.message.bytes": strconv.Itoa(topicLimit)})
-	dlq := c.NewTopic(t, 1)
-	poison, err := middleware.PoisonQueue(d.pub, dlq)
-	require.NoError(t, err)
+	dlq, poison := d.deadLetters(t)
 	refused := make(chan error, 1)
-	d.router.AddMiddleware(poison, func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := h(msg)
-			if err != nil {
-				select {
-				case refused <- err:
-				default:
-				}
-			}
-			return out, err
-		}
-	}, d.pub.Middleware)
+	d.router.AddMiddleware(poison, errorsTo(refused), d.pub.Middleware)
 	d.router.AddHandler("h", d.in, d.sub, out, d.pub, func(msg *message.Message) ([]*message.Message, error) {
 		size := 1000 // four of them make a batch above the topic's limit
 		if string(msg.Payload) == "too large" {
@@ -62,10 +46,5 @@ func TestTxnOutputTopicLimit(t *testing.T) {
 	d.publish(t, "too large", 1)
 	ids = append(ids, d.publish(t, "fits", 40)...)
 
-	rd.waitAll(t, ids, 20*time.Second)
-	dl.waitRecords(t, 1, "the input whose output is above the topic's limit dead-lettered")
-	rd.complete(t, c, out, 1)
-	rd.checkExactlyOnce(t, ids)
-	require.ErrorIs(t, <-refused, sarama.ErrMessageSizeTooLarge)
-	require.Zero(t, d.pub.Stats().Aborted)
+	d.requireOneDeadLetter(t, rd, dl, out, ids, "the input whose output is above the topic's limit dead-lettered", refused, sarama.ErrMessageSizeTooLarge)
 }

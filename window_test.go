@@ -17,9 +17,7 @@ import (
 // the retained window Windows draws, then that Totals keep counting across
 // a second assignment of the partition to the same Subscriber.
 func TestWindowsAndTotals(t *testing.T) {
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, 10, nil)
 
 	sc := c.SaramaConfig()

@@ -239,18 +239,11 @@ func consumerName[T owner](x T) string {
 // scenario.begin).
 func TestRebalanceStorm(t *testing.T) {
 	t.Parallel()
-	for _, coop := range []bool{false, true} {
-		balance := "eager"
-		if coop {
-			balance = "cooperative"
-		}
-		t.Run(balance, func(t *testing.T) {
-			t.Parallel()
-			sideBySide(t, func(t *testing.T, initial int64) {
-				storm(t, "rebalance-storm-"+balance+initialSuffix(initial), coop, initial)
-			})
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, coop bool) {
+		sideBySide(t, func(t *testing.T, initial int64) {
+			storm(t, "rebalance-storm-"+kafkatest.RebalanceName(coop)+initialSuffix(initial), coop, initial)
 		})
-	}
+	})
 }
 
 func storm(t *testing.T, name string, coop bool, initial int64) {

@@ -53,9 +53,7 @@ func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string, coop boo
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}
 	if c.Embedded() {
-		sc.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
-		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-		sc.Consumer.Group.Rebalance.Timeout = kafkatest.EmbeddedSessionTimeout
+		kafkatest.KillableSessions(sc)
 	}
 	pc := c.SaramaConfig()
 	pc.Producer.Partitioner = sarama.NewHashPartitioner
@@ -123,7 +121,7 @@ func TestTxnChaosChild(t *testing.T) {
 		_, _ = io.Copy(io.Discard, os.Stdin) // the parent holds it open
 		os.Exit(3)
 	}()
-	if _, err := startTxnRouter(c, f[0], f[1], f[2], f[3], f[4] == balanceName(true)); err != nil {
+	if _, err := startTxnRouter(c, f[0], f[1], f[2], f[3], f[4] == kafkatest.RebalanceName(true)); err != nil {
 		fmt.Fprintln(os.Stderr, "txn child:", err)
 		os.Exit(2)
 	}
@@ -159,14 +157,6 @@ func TestTxnRouterChaos(t *testing.T) { txnRouterChaos(t, false) }
 // its revocation completes, while the other partitions go on.
 func TestTxnRouterChaosCooperative(t *testing.T) { txnRouterChaos(t, true) }
 
-// balanceName names the balancing of a transactional chaos run.
-func balanceName(coop bool) string {
-	if coop {
-		return "cooperative"
-	}
-	return "eager"
-}
-
 func txnRouterChaos(t *testing.T, coop bool) {
 	// On a real broker with a restart command (SAFEACK_CHAOS_RESTART), the
 	// broker is restarted once, halfway through; the scenario then runs
@@ -187,7 +177,7 @@ func txnRouterChaos(t *testing.T, coop bool) {
 	}
 	rng := rand.New(rand.NewPCG(seed, stream))
 	var err error
-	t.Logf("seed %d, %s balancing", seed, balanceName(coop))
+	t.Logf("seed %d, %s balancing", seed, kafkatest.RebalanceName(coop))
 
 	// The producer: a record every millisecond or so, until stopped.
 	var produced atomic.Int64
@@ -228,7 +218,7 @@ func txnRouterChaos(t *testing.T, coop bool) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestTxnChaosChild$", "-test.count=1")
 		cmd.Env = append(os.Environ(),
 			kafkatest.EnvBrokers+"="+strings.Join(c.Brokers(), ","),
-			envTxnChild+"="+strings.Join([]string{in, out, group, s.id, balanceName(coop)}, ","),
+			envTxnChild+"="+strings.Join([]string{in, out, group, s.id, kafkatest.RebalanceName(coop)}, ","),
 		)
 		stdin, err := cmd.StdinPipe()
 		require.NoError(t, err)
@@ -243,7 +233,7 @@ func txnRouterChaos(t *testing.T, coop bool) {
 		s.child = nil
 	}
 	// Transactional ids are per balancing: the two runs go side by side.
-	b := balanceName(coop)
+	b := kafkatest.RebalanceName(coop)
 	slots := []*txnSlot{{id: "chaos-txn-a-" + b}, {id: "chaos-txn-b-" + b}, {id: "chaos-txn-inner-" + b}}
 	defer func() {
 		for _, s := range slots[:2] {

@@ -3,7 +3,6 @@ package metrics_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,15 +17,11 @@ import (
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
+	"github.com/safeack/safeack/internal/safeacktest"
 	"github.com/safeack/safeack/metrics"
 )
 
-func testLogger() watermill.LoggerAdapter {
-	if os.Getenv("SAFEACK_TEST_DEBUG") != "" {
-		return watermill.NewStdLogger(true, false)
-	}
-	return watermill.NopLogger{}
-}
+func testLogger() watermill.LoggerAdapter { return safeacktest.Logger() }
 
 type po struct {
 	p int32
@@ -75,24 +70,9 @@ func (c *consumer) release() {
 
 func newSubscriber(t *testing.T, c *kafkatest.Cluster, group string) *safeack.Subscriber {
 	t.Helper()
-	sc := c.SaramaConfig()
-	sc.Consumer.Return.Errors = true
-	sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
-		Brokers:               c.Brokers(),
-		OverwriteSaramaConfig: sc,
-		ConsumerGroup:         group,
-		Ordering:              safeack.Unordered,
-		NackResendSleep:       10 * time.Millisecond,
-		ReconnectRetrySleep:   100 * time.Millisecond,
-		DrainTimeout:          300 * time.Millisecond,
-		CommitInterval:        50 * time.Millisecond,
-	}, testLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Close() })
-	return sub
+	return safeacktest.NewSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Consumer.Return.Errors = true
+	})
 }
 
 // settled reports whether the subscriber owns want partitions of topic and

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,15 +27,11 @@ import (
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/figures"
 	"github.com/safeack/safeack/internal/kafkatest"
+	"github.com/safeack/safeack/internal/safeacktest"
 	safeackotel "github.com/safeack/safeack/otel"
 )
 
-func testLogger() watermill.LoggerAdapter {
-	if os.Getenv("SAFEACK_TEST_DEBUG") != "" {
-		return watermill.NewStdLogger(true, false)
-	}
-	return watermill.NopLogger{}
-}
+func testLogger() watermill.LoggerAdapter { return safeacktest.Logger() }
 
 // telemetry is an SDK tracer and meter provider that keep what they record.
 type telemetry struct {
@@ -75,32 +69,27 @@ func (tel *telemetry) collect(t *testing.T) metricdata.ResourceMetrics {
 	return rm
 }
 
-func newSubscriber(t *testing.T, c *kafkatest.Cluster, group string, obs safeack.Observer) *safeack.Subscriber {
+// subscribe makes a subscriber of group observed by tel (newSubscriber)
+// and subscribes it to topic until the test ends.
+func (tel *telemetry) subscribe(t *testing.T, c *kafkatest.Cluster, group, topic string) <-chan *message.Message {
 	t.Helper()
-	sub, err := safeack.NewSubscriber(subscriberConfig(c, group, obs), testLogger())
+	obs, err := safeackotel.NewObserver(tel.options()...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = sub.Close() })
-	return sub
+	sub := newSubscriber(t, c, group, obs)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs
 }
 
-// subscriberConfig is the tests' subscriber: unordered, with short
-// intervals and drains.
-func subscriberConfig(c *kafkatest.Cluster, group string, obs safeack.Observer) safeack.SubscriberConfig {
-	sc := c.SaramaConfig()
-	sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	return safeack.SubscriberConfig{
-		Brokers:               c.Brokers(),
-		OverwriteSaramaConfig: sc,
-		ConsumerGroup:         group,
-		Ordering:              safeack.Unordered,
-		NackResendSleep:       10 * time.Millisecond,
-		ReconnectRetrySleep:   100 * time.Millisecond,
-		DrainTimeout:          300 * time.Millisecond,
-		CommitInterval:        50 * time.Millisecond,
-		Observer:              obs,
-	}
+func newSubscriber(t *testing.T, c *kafkatest.Cluster, group string, obs safeack.Observer) *safeack.Subscriber {
+	t.Helper()
+	return safeacktest.NewSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Observer = obs })
 }
 
 func attrs(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
@@ -129,9 +118,7 @@ func offsetOf(m *message.Message) po {
 // a handler span nested under it, ack and nack events, and commit spans whose
 // last positions are the partitions' ends.
 func TestTracesFollowRecords(t *testing.T) {
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	tel := newTelemetry(t)
 	tracer := tel.tp.Tracer("test")
 
@@ -151,17 +138,7 @@ func TestTracesFollowRecords(t *testing.T) {
 	}
 	c.Produce(t, topic, recs...)
 
-	obs, err := safeackotel.NewObserver(tel.options()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := newSubscriber(t, c, group, obs)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	msgs, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := tel.subscribe(t, c, group, topic)
 	nackOnce := po{0, 1}
 	var mu sync.Mutex
 	handlerParent := map[trace.SpanID]po{} // process span → its record, from the handler's span
@@ -324,9 +301,7 @@ func TestTracesFollowRecords(t *testing.T) {
 // nacks another once, then reads every instrument RegisterMetrics made and
 // compares it with the Subscriber's Stats and Totals of the same moment.
 func TestMetricsMatchStats(t *testing.T) {
-	c := kafkatest.Start(t)
-	topic := c.NewTopic(t, 2)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 2)
 	tel := newTelemetry(t)
 	const perPartition = 6
 	c.ProduceN(t, topic, 2, 2*perPartition, nil)
@@ -524,7 +499,7 @@ func TestDeferredAndTransactionSpans(t *testing.T) {
 	}
 	pc := c.SaramaConfig()
 	pc.Producer.Partitioner = sarama.NewHashPartitioner
-	sub, pub, err := safeack.NewTxnSubscriber(subscriberConfig(c, group, obs), safeack.TxnConfig{
+	sub, pub, err := safeack.NewTxnSubscriber(safeacktest.Config(c, group, func(cfg *safeack.SubscriberConfig) { cfg.Observer = obs }), safeack.TxnConfig{
 		TransactionalID:       "otel-" + group,
 		CommitInterval:        50 * time.Millisecond,
 		OverwriteSaramaConfig: pc,
@@ -619,53 +594,14 @@ func TestDeferredAndTransactionSpans(t *testing.T) {
 // read-back found the coordinator below what was sent), and the commit
 // that takes afterwards has an unset status and the partition's end.
 func TestRefusedCommitSpan(t *testing.T) {
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	const records = 3
 	c.ProduceN(t, topic, 1, records, nil)
-	var refused atomic.Int32
-	kf := c.Kfake()
-	kf.ControlKey(kmsg.OffsetCommit.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kf.KeepControl()
-		oc := req.(*kmsg.OffsetCommitRequest)
-		if oc.Group != group || refused.Load() >= 2 {
-			return nil, nil, false
-		}
-		resp := oc.ResponseKind().(*kmsg.OffsetCommitResponse)
-		resp.SetVersion(oc.GetVersion())
-		past := false
-		for _, rt := range oc.Topics {
-			st := kmsg.NewOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				past = past || rp.Offset > 0
-				sp := kmsg.NewOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.CoordinatorLoadInProgress.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		if !past {
-			return nil, nil, false // the pinned start goes through
-		}
-		refused.Add(1)
-		return resp, nil, true
-	})
+	// The pinned start (offset 0) goes through.
+	refused := c.RefuseCommits(group, kerr.CoordinatorLoadInProgress.Code, 2, func(rp kmsg.OffsetCommitRequestTopicPartition) bool { return rp.Offset > 0 })
 
 	tel := newTelemetry(t)
-	obs, err := safeackotel.NewObserver(tel.options()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := newSubscriber(t, c, group, obs)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	msgs, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := tel.subscribe(t, c, group, topic)
 	go func() {
 		for m := range msgs {
 			m.Ack()

@@ -66,6 +66,7 @@ type options struct {
 	brokers   int
 	kfakeOpts []kfake.Opt
 	superuser *sasl
+	embedded  bool
 }
 
 type sasl struct{ user, pass string }
@@ -90,6 +91,13 @@ func WithKfakeOpts(opts ...kfake.Opt) Option {
 // the embedded broker: Start skips it on a real cluster.
 func WithPlainSuperuser(user, pass string) Option {
 	return func(o *options) { o.superuser = &sasl{user: user, pass: pass} }
+}
+
+// Embedded makes Start skip the test on a real cluster, as RequireEmbedded
+// does, before anything is created: fault injection and commit observation
+// exist only on the embedded broker.
+func Embedded() Option {
+	return func(o *options) { o.embedded = true }
 }
 
 // Cluster is a Kafka cluster for one test (and its subtests): embedded kfake
@@ -131,6 +139,9 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	}
 
 	if env := strings.TrimSpace(os.Getenv(EnvBrokers)); env != "" {
+		if o.embedded {
+			tb.Skipf(needsEmbedded, EnvBrokers)
+		}
 		if o.superuser != nil {
 			tb.Skipf("kafkatest: needs the embedded kfake broker (SASL users and ACLs); %s points at a real cluster", EnvBrokers)
 		}
@@ -174,6 +185,23 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	return c
 }
 
+// KillableSessions sets sc's group session, heartbeat and rebalance
+// timeouts for a member a test kills on the embedded broker: it is evicted
+// quickly, but not so fast that a loaded machine expels a live member.
+func KillableSessions(sc *sarama.Config) {
+	sc.Consumer.Group.Session.Timeout = EmbeddedSessionTimeout
+	sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+	sc.Consumer.Group.Rebalance.Timeout = EmbeddedSessionTimeout
+}
+
+// StartTopic is the preamble of most end-to-end tests: Start, then a new
+// topic of the given partitions and a group name unique to tb.
+func StartTopic(tb testing.TB, partitions int, opts ...Option) (c *Cluster, topic, group string) {
+	tb.Helper()
+	c = Start(tb, opts...)
+	return c, c.NewTopic(tb, partitions), c.NewGroup(tb)
+}
+
 // Brokers returns the bootstrap addresses.
 func (c *Cluster) Brokers() []string { return append([]string(nil), c.brokers...) }
 
@@ -184,12 +212,14 @@ func (c *Cluster) Embedded() bool { return c.kf != nil }
 // nil on a real cluster (see RequireEmbedded).
 func (c *Cluster) Kfake() *kfake.Cluster { return c.kf }
 
+const needsEmbedded = "kafkatest: needs the embedded kfake broker (fault injection / broker-side observation); %s points at a real cluster"
+
 // RequireEmbedded skips the test on a real cluster: fault injection and
 // commit observation exist only on the embedded broker.
 func (c *Cluster) RequireEmbedded(tb testing.TB) {
 	tb.Helper()
 	if c.kf == nil {
-		tb.Skipf("kafkatest: needs the embedded kfake broker (fault injection / broker-side observation); %s points at a real cluster", EnvBrokers)
+		tb.Skipf(needsEmbedded, EnvBrokers)
 	}
 }
 
@@ -429,5 +459,26 @@ func Poll(timeout, interval time.Duration, cond func() bool) bool {
 			return false
 		}
 		time.Sleep(interval)
+	}
+}
+
+// RebalanceName names a rebalance protocol in subtest names: "eager" or
+// "cooperative".
+func RebalanceName(cooperative bool) string {
+	if cooperative {
+		return "cooperative"
+	}
+	return "eager"
+}
+
+// EagerAndCooperative runs f in two parallel subtests of t, named by
+// RebalanceName: eager first, then cooperative.
+func EagerAndCooperative(t *testing.T, f func(t *testing.T, cooperative bool)) {
+	t.Helper()
+	for _, cooperative := range []bool{false, true} {
+		t.Run(RebalanceName(cooperative), func(t *testing.T) {
+			t.Parallel()
+			f(t, cooperative)
+		})
 	}
 }

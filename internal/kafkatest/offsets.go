@@ -70,18 +70,18 @@ func (c *Cluster) CommittedOffsets(tb testing.TB, group, topic string) map[int32
 // produced record will get (the end of the log).
 func (c *Cluster) HighWaterMarks(tb testing.TB, topic string) map[int32]int64 {
 	tb.Helper()
-	return c.offsetsAt(tb, topic, sarama.OffsetNewest, "high watermark")
+	return c.listOffsets(tb, topic, sarama.OffsetNewest, "high watermark")
 }
 
-// offsetsAt resolves position (OffsetNewest, OffsetOldest) for every
+// listOffsets resolves at (OffsetNewest or OffsetOldest) for every
 // partition of topic; what names it in a failure.
-func (c *Cluster) offsetsAt(tb testing.TB, topic string, position int64, what string) map[int32]int64 {
+func (c *Cluster) listOffsets(tb testing.TB, topic string, at int64, what string) map[int32]int64 {
 	tb.Helper()
 	ps := c.partitions(tb, topic)
 	client, _ := c.clients(tb)
 	out := make(map[int32]int64, len(ps))
 	for _, p := range ps {
-		off, err := client.GetOffset(topic, p, position)
+		off, err := client.GetOffset(topic, p, at)
 		if err != nil {
 			tb.Fatalf("kafkatest: %s of %s/%d: %v", what, topic, p, err)
 		}

@@ -48,7 +48,7 @@ func (c *Cluster) DeleteRecords(tb testing.TB, topic string, partition int32, be
 // the log (what OffsetOldest resolves to).
 func (c *Cluster) LogStartOffsets(tb testing.TB, topic string) map[int32]int64 {
 	tb.Helper()
-	return c.offsetsAt(tb, topic, sarama.OffsetOldest, "log start")
+	return c.listOffsets(tb, topic, sarama.OffsetOldest, "log start")
 }
 
 // AddPartitions grows topic to total partitions and waits until metadata

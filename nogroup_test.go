@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -81,7 +80,7 @@ func TestNoGroupReconnectResumesAtTheCompletedPrefix(t *testing.T) {
 			// 5..14: all acked but 8.
 			c.ProduceN(t, topic, 1, 10, nil)
 			for range 10 {
-				m := receive(t, msgs)
+				m := receive(t, msgs, 15*time.Second, "no message within 15 s")
 				if k, _ := msgPO(m); k.o != 8 {
 					m.Ack()
 				}
@@ -107,24 +106,13 @@ func TestNoGroupReconnectResumesAtTheCompletedPrefix(t *testing.T) {
 				want[o] = true
 			}
 			for len(want) > 0 {
-				m := receive(t, msgs)
+				m := receive(t, msgs, 15*time.Second, "no message within 15 s")
 				k, _ := msgPO(m)
 				require.GreaterOrEqual(t, k.o, tc.neverLow, "record %d delivered again after the reconnect", k.o)
 				delete(want, k.o)
 				m.Ack()
 			}
 		})
-	}
-}
-
-func receive(t *testing.T, msgs <-chan *message.Message) *message.Message {
-	t.Helper()
-	select {
-	case m := <-msgs:
-		return m
-	case <-time.After(15 * time.Second):
-		t.Fatal("no message within 15 s")
-		return nil
 	}
 }
 
@@ -149,7 +137,7 @@ func TestNoGroupCloseLetsRunningHandlersFinish(t *testing.T) {
 	})
 	msgs := mustSubscribe(t, sub, topic)
 	c.ProduceN(t, topic, 1, 1, nil)
-	m := receive(t, msgs)
+	m := receive(t, msgs, 15*time.Second, "no message within 15 s")
 
 	closed := make(chan time.Duration, 1)
 	start := time.Now()
@@ -169,4 +157,38 @@ func TestNoGroupCloseLetsRunningHandlersFinish(t *testing.T) {
 	}
 	_, open := <-msgs
 	require.False(t, open, "the output channel is open after Close")
+}
+
+// TestNoGroupConsumesAddedPartitions: without a consumer group, at
+// Sarama's default OffsetNewest, partitions added to the topic while the
+// subscription runs are consumed once the subscription sees them (within
+// Metadata.RefreshFrequency, as a group notices them), from their first
+// record: every record of a partition that did not exist when Subscribe
+// returned was written after it. Before, they were never consumed at all
+// until a reconnect, which then started them at their end.
+func TestNoGroupConsumesAddedPartitions(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	topic := c.NewTopic(t, 1)
+	c.ProduceN(t, topic, 1, 5, nil) // history, before the subscription: skipped at OffsetNewest
+	c.ForgetProduced(topic, 0, 5)
+	acks := newAckLog()
+	sub := newTestSubscriber(t, c, "", func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 200 * time.Millisecond
+	})
+	handleAll(mustSubscribe(t, sub, topic), acks.ack)
+	c.Produce(t, topic, records(0, 3)...)
+	acks.waitAllAcked(t, c, topic, mwWait)
+
+	c.AddPartitions(t, topic, 3)
+	c.Produce(t, topic, append(records(1, 4), records(2, 4)...)...)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	kafkatest.WaitFor(t, mwWait, "Stats to show every partition", func() bool {
+		return len(ownedPartitions(sub, topic)) == 3
+	})
+	c.Produce(t, topic, append(records(1, 2), records(2, 2)...)...)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	for k, n := range acks.snapshot() {
+		require.Equal(t, 1, n, "record %v handled more than once", k)
+	}
 }
