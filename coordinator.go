@@ -43,6 +43,11 @@ func newCoordinatorClient(c sarama.Client) *coordinatorClient {
 // request and expects the next Coordinator call to reopen it, as the
 // client's own cached brokers do.
 func (c *coordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
+	if c.isClosed() {
+		// Not looked up: Sarama's lookup retries, sleeping, while the
+		// brokers cannot be reached.
+		return nil, sarama.ErrClosedClient
+	}
 	shared, err := c.Client.Coordinator(group)
 	if err != nil {
 		return nil, err
@@ -69,6 +74,20 @@ func (c *coordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+func (c *coordinatorClient) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// refuse makes Coordinator fail from now on: the subscription's
+// connections were abandoned (see connTracker).
+func (c *coordinatorClient) refuse() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
 }
 
 // Close closes the coordinator connections, then the wrapped client.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -155,6 +156,12 @@ func waitCond(timeout time.Duration, cond func() bool) bool {
 // closes it at the end of the test.
 func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
 	t.Helper()
+	return newLoggedSubscriber(t, c, group, testLogger(), mod)
+}
+
+// newLoggedSubscriber is newTestSubscriber logging to logger.
+func newLoggedSubscriber(t *testing.T, c *kafkatest.Cluster, group string, logger watermill.LoggerAdapter, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
+	t.Helper()
 	sc := c.SaramaConfig()
 	sc.Consumer.Return.Errors = true
 	// Notice rebalances quickly.
@@ -171,7 +178,7 @@ func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod fun
 	if mod != nil {
 		mod(&cfg)
 	}
-	sub, err := safeack.NewSubscriber(cfg, testLogger())
+	sub, err := safeack.NewSubscriber(cfg, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub

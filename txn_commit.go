@@ -50,10 +50,18 @@ type txnCommitter struct {
 
 	// client is the producer's connection, and answers Publish's
 	// question whether an output's topic exists.
-	client   sarama.Client
-	topics   lockedMap[string, outputTopic] // what the cluster says of each output topic
-	commitMu sync.Mutex                     // one transaction at a time; guards producer
-	producer sarama.SyncProducer
+	client sarama.Client
+	conns  *connTracker                   // client's connections
+	topics lockedMap[string, outputTopic] // what the cluster says of each output topic
+	// sem holds one transaction at a time, and guards producer. A
+	// transaction abandoned at the shutdown deadline keeps it until the
+	// producer gives up on its own (see awaitTxn).
+	sem       chan struct{}
+	producer  sarama.SyncProducer
+	closeOnce sync.Once // closes client
+	// gaveUp closes when a transaction is abandoned (see abandonTxn).
+	gaveUp     chan struct{}
+	gaveUpOnce sync.Once
 
 	mu          sync.Mutex
 	epoch       uint64
@@ -65,6 +73,9 @@ type txnCommitter struct {
 	committing  bool
 	ackedInTxn  uint64 // deliveries taken while committing, for TxnStats
 	sessionOpen bool
+	// abandoned: a transaction was given up at shutdown (see awaitTxn);
+	// nothing is committed any more.
+	abandoned bool
 }
 
 // txnMark is a partition's completed prefix and tail, as a worker marks it.
@@ -134,9 +145,12 @@ func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error
 		sub:      sub,
 		id:       pub.cfg.TransactionalID + "-" + sub.topic,
 		interval: pub.cfg.CommitInterval,
+		sem:      make(chan struct{}, 1),
+		gaveUp:   make(chan struct{}),
 	}
 	cfg := *pub.pcfg
 	cfg.Producer.Transaction.ID = c.id
+	c.conns = trackConns(&cfg)
 	client, err := sarama.NewClient(pub.cfg.Brokers, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("safeack: connecting the transactional producer %q: %w", c.id, err)
@@ -167,7 +181,7 @@ func (c *txnCommitter) checkTopic(topic string) (outputTopic, error) {
 
 // ensureProducer makes the transactional producer if there is none.
 // InitProducerId, which it sends, fences and aborts what an earlier
-// producer of the same id left open. Callers hold commitMu (or own c).
+// producer of the same id left open. Callers hold sem (or own c).
 func (c *txnCommitter) ensureProducer() error {
 	if c.producer != nil {
 		return nil
@@ -180,20 +194,67 @@ func (c *txnCommitter) ensureProducer() error {
 	return nil
 }
 
-// close closes the producer; the subscription has ended.
+// close closes the producer; the subscription has ended. A transaction
+// abandoned at the shutdown deadline is not waited for: its producer is
+// closed once Sarama gives up on it.
 func (c *txnCommitter) close() {
-	c.commitMu.Lock()
-	defer c.commitMu.Unlock()
+	if c.acquire() {
+		c.closeProducer()
+		c.release()
+	}
+	if c.sub.halt.isAbandoned() || c.isGivenUp() {
+		go c.closeClient()
+	} else {
+		c.closeClient()
+	}
+	c.pub.releaseTopic(c.sub.topic)
+}
+
+// acquire takes sem; it reports false, without it, once a transaction
+// was abandoned or the shutdown deadline passed while one held it.
+func (c *txnCommitter) acquire() bool {
+	select {
+	case c.sem <- struct{}{}:
+		return true
+	default:
+	}
+	select {
+	case c.sem <- struct{}{}:
+		return true
+	case <-c.gaveUp:
+		return false
+	case <-c.sub.halt.abandoned:
+		return false
+	}
+}
+
+func (c *txnCommitter) isGivenUp() bool {
+	select {
+	case <-c.gaveUp:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *txnCommitter) release() { <-c.sem }
+
+// closeProducer closes the producer. Callers hold sem.
+func (c *txnCommitter) closeProducer() {
 	if c.producer != nil {
 		if err := c.producer.Close(); err != nil {
 			c.sub.logger.Debug("Closing the transactional producer", c.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 		}
 		c.producer = nil
 	}
-	if err := c.client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
-		c.sub.logger.Debug("Closing the transactional producer's client", c.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
-	}
-	c.pub.releaseTopic(c.sub.topic)
+}
+
+func (c *txnCommitter) closeClient() {
+	c.closeOnce.Do(func() {
+		if err := c.client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
+			c.sub.logger.Debug("Closing the transactional producer's client", c.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+		}
+	})
 }
 
 // beginSession starts an epoch for a consumer group session: positions are
@@ -346,11 +407,25 @@ func (m *txnMarker) Nacked(_ *message.Message, state any) {
 // commit writes the outputs and positions recorded since the last commit
 // in one transaction. On failure the transaction is aborted, the epoch is
 // closed and the session ended, so that its partitions restart from their
-// committed offsets.
+// committed offsets. Once the subscription stops, a transaction is waited
+// for at most closeCommitWait (see awaitTxn).
 func (c *txnCommitter) commit() {
-	c.commitMu.Lock()
-	defer c.commitMu.Unlock()
+	if !c.acquire() {
+		c.reportUncommitted()
+		return
+	}
+	held := true
+	defer func() {
+		if held {
+			c.release()
+		}
+	}()
 	c.mu.Lock()
+	if c.abandoned {
+		c.mu.Unlock()
+		c.reportUncommitted()
+		return
+	}
 	if !c.sessionOpen {
 		c.mu.Unlock()
 		return
@@ -371,7 +446,15 @@ func (c *txnCommitter) commit() {
 	}
 
 	start := time.Now()
-	err := c.runTxn(outputs, marks, group)
+	done := make(chan error, 1)
+	go func() {
+		err := c.runTxn(outputs, marks, group)
+		if err != nil {
+			c.abortProducer()
+		}
+		done <- err
+	}()
+	err, answered := c.awaitTxn(done)
 	took := time.Since(start)
 
 	c.mu.Lock()
@@ -380,6 +463,11 @@ func (c *txnCommitter) commit() {
 	c.ackedInTxn = 0
 	c.mu.Unlock()
 
+	if !answered {
+		held = false // the transaction's goroutine keeps sem (see abandonTxn)
+		c.abandonTxn(done, marks, len(outputs), took)
+		return
+	}
 	if err != nil {
 		c.forgetRefusedTopics(err)
 		c.abort(epoch, err)
@@ -404,6 +492,83 @@ func (c *txnCommitter) commit() {
 		s.CommitTime += took
 		s.MaxCommit = max(s.MaxCommit, took)
 	})
+}
+
+// awaitTxn waits for the transaction whose result done brings. Once the
+// subscription stops it waits at most closeCommitWait more, and not past
+// the shutdown deadline: a broker that does not answer its EndTxn would
+// otherwise hold Close for Net.ReadTimeout on each of Sarama's
+// Producer.Transaction.Retry.Max attempts (25 minutes at the defaults).
+// It reports false when it gave up.
+func (c *txnCommitter) awaitTxn(done <-chan error) (error, bool) {
+	stopped := c.sub.halt.stopped
+	var timeout <-chan time.Time
+	for {
+		select {
+		case err := <-done:
+			return err, true
+		case <-stopped:
+			stopped = nil
+			t := time.NewTimer(c.sub.cfg.closeCommitWait())
+			defer t.Stop()
+			timeout = t.C
+		case <-timeout:
+			return nil, false
+		case <-c.sub.halt.abandoned:
+			return nil, false
+		}
+	}
+}
+
+// abandonTxn gives up a transaction the broker did not answer in time at
+// shutdown. It is committed or aborted as a whole, whichever the broker
+// does: its outputs and the positions that cover their records together.
+// Left open, it is aborted by the next producer with the same
+// transactional id (InitProducerId), or by the broker after
+// Producer.Transaction.Timeout, and the partitions' next owner handles
+// those records again. Nothing is committed after it. The producer is
+// closed once Sarama gives up on it; its client is closed now, so that
+// happens soon.
+func (c *txnCommitter) abandonTxn(done <-chan error, marks map[int32]txnMark, outputs int, waited time.Duration) {
+	c.mu.Lock()
+	c.abandoned = true
+	c.mu.Unlock()
+	c.gaveUpOnce.Do(func() { close(c.gaveUp) })
+	offs := make(map[int32]int64, len(marks))
+	for p, mk := range marks {
+		offs[p] = mk.offset
+	}
+	c.pub.count(func(s *TxnStats) { s.Abandoned++ })
+	c.sub.logger.Error("Close abandoned a transaction the broker did not answer in time: it is committed or aborted as a whole; left open, the next producer with this transactional id aborts it (or the broker after Producer.Transaction.Timeout), and the next owner handles its records again",
+		fmt.Errorf("no answer after %v", waited.Round(time.Millisecond)),
+		c.sub.logFields.Add(watermill.LogFields{"transactional_id": c.id, "in_doubt": positions(offs), "outputs": outputs}))
+	go func() {
+		<-done
+		c.closeProducer()
+		c.release()
+	}()
+	// Its requests fail at once, and so the producer's retries soon.
+	c.conns.abandon()
+	go c.closeClient()
+}
+
+// reportUncommitted logs, as an Error, the positions recorded since a
+// transaction was abandoned: they are not committed.
+func (c *txnCommitter) reportUncommitted() {
+	c.mu.Lock()
+	marks := c.marks
+	c.marks = make(map[int32]txnMark)
+	c.mu.Unlock()
+	if len(marks) == 0 {
+		return
+	}
+	offs := make(map[int32]int64, len(marks))
+	for p, mk := range marks {
+		offs[p] = mk.offset
+	}
+	c.sub.logger.Error("Final positions not committed: a transaction was abandoned at Close; the next owner handles again the records acked after the position the group holds",
+		errors.New("transactional producer abandoned"),
+		c.sub.logFields.Add(watermill.LogFields{"transactional_id": c.id, "uncommitted": positions(offs), "partitions": len(offs)}))
 }
 
 // takeCoveredLocked takes the positions recorded since the last commit and
@@ -438,7 +603,7 @@ func (c *txnCommitter) takeCoveredLocked() ([]*sarama.ProducerMessage, map[int32
 	return outputs, marks, next
 }
 
-// runTxn writes one transaction. Callers hold commitMu.
+// runTxn writes one transaction. Callers hold sem.
 func (c *txnCommitter) runTxn(outputs []*sarama.ProducerMessage, marks map[int32]txnMark, group *sarama.ConsumerGroupMetadata) error {
 	if err := c.ensureProducer(); err != nil {
 		return err
@@ -470,24 +635,30 @@ func (c *txnCommitter) runTxn(outputs []*sarama.ProducerMessage, marks map[int32
 	return nil
 }
 
-// abort ends a failed transaction: aborted when the producer allows it,
-// the producer replaced otherwise (its successor's InitProducerId aborts
-// what it left open). The epoch's outputs and positions are dropped and the
-// session ended: its partitions restart from their committed offsets, and
-// the records whose outputs were discarded are handled again. Callers hold
-// commitMu.
-func (c *txnCommitter) abort(epoch uint64, cause error) {
-	if p := c.producer; p != nil {
-		st := p.TxnStatus()
-		aborted := false
-		if st&sarama.ProducerTxnFlagFatalError == 0 && st&(sarama.ProducerTxnFlagInTransaction|sarama.ProducerTxnFlagAbortableError) != 0 {
-			aborted = p.AbortTxn() == nil
-		}
-		if !aborted && p.TxnStatus()&sarama.ProducerTxnFlagReady == 0 {
-			_ = p.Close()
-			c.producer = nil
-		}
+// abortProducer aborts a failed transaction when the producer allows it,
+// and replaces the producer otherwise (its successor's InitProducerId
+// aborts what it left open). Callers hold sem.
+func (c *txnCommitter) abortProducer() {
+	p := c.producer
+	if p == nil {
+		return
 	}
+	st := p.TxnStatus()
+	aborted := false
+	if st&sarama.ProducerTxnFlagFatalError == 0 && st&(sarama.ProducerTxnFlagInTransaction|sarama.ProducerTxnFlagAbortableError) != 0 {
+		aborted = p.AbortTxn() == nil
+	}
+	if !aborted && p.TxnStatus()&sarama.ProducerTxnFlagReady == 0 {
+		_ = p.Close()
+		c.producer = nil
+	}
+}
+
+// abort ends a failed transaction (abortProducer has run): the epoch's
+// outputs and positions are dropped and the session ended, so that its
+// partitions restart from their committed offsets, and the records whose
+// outputs were discarded are handled again. Callers hold sem.
+func (c *txnCommitter) abort(epoch uint64, cause error) {
 	c.mu.Lock()
 	var end func()
 	if c.epoch == epoch {

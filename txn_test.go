@@ -57,8 +57,14 @@ func (r *txnRig) inputIDs() []string {
 // subscriber makes a transactional Subscriber and its TxnPublisher.
 func (r *txnRig) subscriber(t *testing.T, txnID string, mod func(*safeack.SubscriberConfig, *safeack.TxnConfig)) (*safeack.Subscriber, *safeack.TxnPublisher) {
 	t.Helper()
+	return r.loggedSubscriber(t, txnID, testLogger(), mod)
+}
+
+// loggedSubscriber is subscriber logging to logger.
+func (r *txnRig) loggedSubscriber(t *testing.T, txnID string, logger watermill.LoggerAdapter, mod func(*safeack.SubscriberConfig, *safeack.TxnConfig)) (*safeack.Subscriber, *safeack.TxnPublisher) {
+	t.Helper()
 	var tc safeack.TxnConfig
-	sub := newTestSubscriber(t, r.c, r.group, func(cfg *safeack.SubscriberConfig) {
+	sub := newLoggedSubscriber(t, r.c, r.group, logger, func(cfg *safeack.SubscriberConfig) {
 		cfg.Ordering = safeack.Unordered
 		cfg.MaxInFlight = 32
 		tc = safeack.TxnConfig{
@@ -70,7 +76,7 @@ func (r *txnRig) subscriber(t *testing.T, txnID string, mod func(*safeack.Subscr
 			mod(cfg, &tc)
 		}
 	})
-	pub, err := safeack.NewTxnPublisher(sub, tc, testLogger())
+	pub, err := safeack.NewTxnPublisher(sub, tc, logger)
 	require.NoError(t, err)
 	return sub, pub
 }
