@@ -31,6 +31,7 @@ const (
 	commitsUnanswered                    // OffsetCommit never answered
 	commitsRefused                       // every OffsetCommit refused (COORDINATOR_LOAD_IN_PROGRESS)
 	brokersUnanswering                   // no request answered (but Metadata)
+	fetchesUnanswered                    // Fetch never answered; the group coordinator answers
 	brokersGone                          // the cluster is closed
 )
 
@@ -68,6 +69,18 @@ func injectCloseFault(t *testing.T, c *kafkatest.Cluster, group string, fault cl
 	case brokersGone:
 		kf.Close()
 		return nil
+	case fetchesUnanswered:
+		var swallowed atomic.Int32
+		kf.ControlKey(kmsg.Fetch.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+			kf.KeepControl()
+			if !on.Load() {
+				return nil, nil, false
+			}
+			swallowed.Add(1)
+			return nil, nil, true
+		})
+		// Close comes while a Fetch waits for its answer.
+		kafkatest.WaitFor(t, 10*time.Second, "a Fetch left unanswered", func() bool { return swallowed.Load() > 0 })
 	case brokersUnanswering:
 		kf.Control(func(req kmsg.Request) (kmsg.Response, error, bool) {
 			kf.KeepControl()
@@ -176,6 +189,7 @@ func TestCloseBoundedWhateverTheBrokersDo(t *testing.T) {
 		{"commits-unanswered", commitsUnanswered},
 		{"commits-refused", commitsRefused},
 		{"brokers-unanswering", brokersUnanswering},
+		{"fetches-unanswered", fetchesUnanswered},
 		{"brokers-gone", brokersGone},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -228,8 +242,9 @@ func testCloseBounded(t *testing.T, fault closeFault) {
 	commits.WaitForOffsets(t, 20*time.Second, group, topic, want)
 
 	off := injectCloseFault(t, c, group, fault)
-	if os.Getenv("SAFEACK_CLOSE_DUMP") != "" {
-		dump := time.AfterFunc(closeBound-500*time.Millisecond, func() { _ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1) })
+	// SAFEACK_CLOSE_DUMP=4s dumps the goroutines that long into Close.
+	if at, err := time.ParseDuration(os.Getenv("SAFEACK_CLOSE_DUMP")); err == nil {
+		dump := time.AfterFunc(at, func() { _ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1) })
 		defer dump.Stop()
 	}
 	took := timeClose(t, sub, 3*time.Minute)
@@ -254,7 +269,7 @@ func testCloseBounded(t *testing.T, fault closeFault) {
 	for p, co := range at.CommittedOffsets(t, group, topic) {
 		committed[p] = co.Offset
 	}
-	if fault == commitsSlow {
+	if fault == commitsSlow || fault == fetchesUnanswered {
 		require.Equal(t, final, committed, "a commit answered within the bound is held")
 	} else {
 		require.Equal(t, want, committed, "nothing past the held records could be committed")

@@ -28,8 +28,11 @@ func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 		switch {
 		case err != nil:
 		case sub.cfg.ConsumerGroup != "":
-			// Commits must not wait behind a Fetch (see coordinatorClient).
-			c = &trackedClient{Client: newCoordinatorClient(c), conns: conns}
+			// Commits must not wait behind a Fetch (see coordinatorClient),
+			// nor end with the fetches' connections (see ConsumeClaim).
+			cc := newCoordinatorClient(c)
+			cc.cfg = copySaramaConfig(sub.cfg.OverwriteSaramaConfig)
+			c = &trackedClient{Client: cc, conns: conns, coordConns: trackConns(cc.cfg)}
 		default:
 			c = &trackedClient{Client: c, conns: conns}
 		}

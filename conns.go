@@ -127,7 +127,19 @@ func (t *connTracker) abandon() {
 // connections (see consumeOnce).
 type trackedClient struct {
 	sarama.Client
-	conns *connTracker
+	conns      *connTracker // the client's own
+	coordConns *connTracker // its coordinatorClient's, if it has one
+}
+
+// abandon closes every connection of the client and refuses new ones.
+func (c *trackedClient) abandon() {
+	if cc, ok := c.Client.(*coordinatorClient); ok {
+		cc.refuse()
+	}
+	c.conns.abandon()
+	if c.coordConns != nil {
+		c.coordConns.abandon()
+	}
 }
 
 // trackedConn leaves its tracker when closed.

@@ -106,6 +106,8 @@ type groupHandler struct {
 	// final is the last position each claim the session ended marked, for
 	// Cleanup to confirm (see confirmFinalCommit).
 	final map[int32]committedOffset
+	// claims counts the ConsumeClaims running (see ConsumeClaim).
+	claims atomic.Int32
 }
 
 // Setup reads the committed offsets and metadata of the claimed partitions
@@ -441,6 +443,21 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// owner's.
 		return nil
 	}
+	h.claims.Add(1)
+	defer func() {
+		if h.claims.Add(-1) == 0 && h.sub.halt.isStopping() {
+			// Every claim is over and the subscription stops: its fetches
+			// are not needed any more. Sarama runs Cleanup, and so the
+			// final commit, only once each claim's partition consumer has
+			// closed, which waits for a Fetch in flight (Net.ReadTimeout
+			// when its leader does not answer). The coordinator's requests
+			// have connections of their own.
+			if tc, ok := h.client.(*trackedClient); ok && tc.coordConns != nil {
+				tc.Client.(*coordinatorClient).keep()
+				tc.conns.abandon()
+			}
+		}
+	}()
 	start := h.startOf(claim)
 	// Where completed offsets go: the session's marks, or the transaction.
 	a := partition.Assignment{

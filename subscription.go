@@ -181,10 +181,7 @@ func (sub *subscription) consumeOnce(parent context.Context, client sarama.Clien
 		select {
 		case <-sub.halt.abandoned:
 			if tc, ok := client.(*trackedClient); ok {
-				if cc, ok := tc.Client.(*coordinatorClient); ok {
-					cc.refuse()
-				}
-				tc.conns.abandon()
+				tc.abandon()
 			}
 			go closeClient()
 		case <-ended:
