@@ -31,7 +31,8 @@ const maxEarlyCommitGap = 100 * time.Millisecond
 // at most one interval (plus the commit's round trip) to be covered, then
 // commits, then reads back what the coordinator holds (Stats'
 // ConfirmedOffset). A partition with every received record complete asks
-// for a commit at once (commitSoon), within earlyCommitGap.
+// for a commit at once (commitSoon), within earlyCommitGap. It ends when
+// the subscription stops.
 func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done, soon chan struct{}) {
 	defer close(done)
 	interval := h.sub.subscriber.commitEvery
@@ -92,6 +93,11 @@ func (h *groupHandler) commitLoop(sess sarama.ConsumerGroupSession, stop, done, 
 			early, earlyC = nil, nil
 			commitEarly()
 		case <-stop:
+			return
+		case <-h.sub.halt.stopped:
+			// The subscription stops: Cleanup commits once, for every
+			// claim, after the drains. Commits of the loop meanwhile
+			// would queue at a slow coordinator ahead of that one.
 			return
 		}
 	}

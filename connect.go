@@ -22,10 +22,19 @@ func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		c, err := newConnectedClient(sub.cfg.Brokers, copySaramaConfig(sub.cfg.OverwriteSaramaConfig))
-		if err == nil && sub.cfg.ConsumerGroup != "" {
-			// Commits must not wait behind a Fetch (see coordinatorClient).
-			c = newCoordinatorClient(c)
+		cfg := copySaramaConfig(sub.cfg.OverwriteSaramaConfig)
+		conns := trackConns(cfg) // closed under the client at the shutdown deadline
+		c, err := newConnectedClient(sub.cfg.Brokers, cfg)
+		switch {
+		case err != nil:
+		case sub.cfg.ConsumerGroup != "":
+			// Commits must not wait behind a Fetch (see coordinatorClient),
+			// nor end with the fetches' connections (see ConsumeClaim).
+			cc := newCoordinatorClient(c)
+			cc.cfg = copySaramaConfig(sub.cfg.OverwriteSaramaConfig)
+			c = &trackedClient{Client: cc, conns: conns, coordConns: trackConns(cc.cfg)}
+		default:
+			c = &trackedClient{Client: c, conns: conns}
 		}
 		done <- result{c, err}
 	}()
@@ -114,6 +123,9 @@ var errNotReported = errors.New("not reported by the broker")
 // coordinatorMetadataLimit reads offset.metadata.max.bytes from the
 // group's coordinator. Broker configs are described by the broker itself.
 func coordinatorMetadataLimit(client sarama.Client, group string) (int, error) {
+	if tc, ok := client.(*trackedClient); ok {
+		client = tc.Client
+	}
 	if cc, ok := client.(*coordinatorClient); ok {
 		// Its coordinator connection carries no broker id; the id is the
 		// client's.

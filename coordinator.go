@@ -28,9 +28,14 @@ import (
 type coordinatorClient struct {
 	sarama.Client
 
+	// cfg opens the coordinator connections; nil: the wrapped client's.
+	cfg *sarama.Config
+
 	mu     sync.Mutex
 	closed bool
-	own    map[string]*sarama.Broker // by coordinator address: the current one
+	// kept: the coordinator is not looked up any more (see keep).
+	kept bool
+	own  map[string]*sarama.Broker // by coordinator address: the current one
 }
 
 func newCoordinatorClient(c sarama.Client) *coordinatorClient {
@@ -43,11 +48,26 @@ func newCoordinatorClient(c sarama.Client) *coordinatorClient {
 // request and expects the next Coordinator call to reopen it, as the
 // client's own cached brokers do.
 func (c *coordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
-	shared, err := c.Client.Coordinator(group)
-	if err != nil {
-		return nil, err
+	c.mu.Lock()
+	closed, kept := c.closed, c.kept
+	var known string
+	for addr := range c.own {
+		known = addr
 	}
-	addr := shared.Addr()
+	c.mu.Unlock()
+	if closed {
+		// Not looked up: Sarama's lookup retries, sleeping, while the
+		// brokers cannot be reached.
+		return nil, sarama.ErrClosedClient
+	}
+	addr := known
+	if !kept || known == "" {
+		shared, err := c.Client.Coordinator(group)
+		if err != nil {
+			return nil, err
+		}
+		addr = shared.Addr()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -65,10 +85,43 @@ func (c *coordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
 		b = sarama.NewBroker(addr)
 		c.own[addr] = b
 	}
-	if err := b.Open(c.Client.Config()); err != nil && !errors.Is(err, sarama.ErrAlreadyConnected) {
+	conf := c.cfg
+	if conf == nil {
+		conf = c.Client.Config()
+	}
+	if err := b.Open(conf); err != nil && !errors.Is(err, sarama.ErrAlreadyConnected) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// RefreshCoordinator looks the coordinator up again, unless it is kept.
+func (c *coordinatorClient) RefreshCoordinator(group string) error {
+	c.mu.Lock()
+	kept := c.kept && len(c.own) > 0
+	c.mu.Unlock()
+	if kept {
+		return nil
+	}
+	return c.Client.RefreshCoordinator(group)
+}
+
+// keep makes Coordinator answer the coordinator it has a connection to
+// without looking it up through the wrapped client, whose connections
+// were closed (see ConsumeClaim): the subscription is stopping, and its
+// last requests go to the coordinator it knows.
+func (c *coordinatorClient) keep() {
+	c.mu.Lock()
+	c.kept = true
+	c.mu.Unlock()
+}
+
+// refuse makes Coordinator fail from now on: the subscription's
+// connections were abandoned (see connTracker).
+func (c *coordinatorClient) refuse() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
 }
 
 // Close closes the coordinator connections, then the wrapped client.

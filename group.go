@@ -122,6 +122,8 @@ type groupHandler struct {
 	// final is the last position each claim the session ended marked, for
 	// Cleanup to confirm (see confirmFinalCommit).
 	final map[int32]committedOffset
+	// claims counts the ConsumeClaims running (see ConsumeClaim).
+	claims atomic.Int32
 }
 
 // Setup reads the committed offsets and metadata of the claimed partitions
@@ -342,7 +344,9 @@ func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partiti
 	h.mu.Lock()
 	h.truncated = withTruncated(h.truncated, partition)
 	h.mu.Unlock()
-	h.confirmCommitted(sess, marks)
+	ctx, cancel := h.sub.halt.within(h.sub.cfg.finalCommitWait())
+	defer cancel()
+	h.confirmCommitted(ctx, sess, marks)
 	h.sub.logger.Info("Ending the session so that the truncated partition starts again where its log diverged",
 		h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "start": marks[partition].offset}))
 	return true
@@ -356,16 +360,30 @@ func withTruncated(m map[int32]bool, partition int32) map[int32]bool {
 	return m
 }
 
-// Cleanup stops the commit loop and commits what the claims marked.
+// Cleanup stops the commit loop and commits what the claims marked. When
+// the subscription stops, this final commit may wait closeCommitWait for
+// the brokers (finalCommitWait at a rebalance); the shutdown deadline then
+// leaves closeGrace to leave the group.
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	sess = guardSession(sess)
 	h.sub.subscriber.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
+	wait := h.sub.cfg.finalCommitWait()
+	closing := h.sub.halt.isStopping()
+	if closing {
+		wait = h.sub.cfg.closeCommitWait()
+		h.sub.halt.arm(wait + closeGrace)
+	}
+	ctx, cancel := h.sub.halt.within(wait)
+	defer cancel()
 	close(h.stop)
-	<-h.done
+	// The commit loop ends after its current commit, which waits for the
+	// broker (Net.ReadTimeout when it does not answer): not past the
+	// final commit's bound.
+	waitOr(ctx, h.done)
 	h.mu.Lock()
 	pinned := h.pinned
 	h.mu.Unlock()
-	<-pinned
+	waitOr(ctx, pinned)
 	if sessionFenced(sess.Context()) {
 		// The records are the fencing member's now: nothing more is
 		// committed (sess and the transactions refuse to).
@@ -373,33 +391,37 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	}
 	if h.txn != nil {
 		h.txn.finishSession()
-		return nil
+	} else {
+		callWithin(ctx, sess.Commit)
+		h.confirmFinalCommit(ctx, sess)
 	}
-	sess.Commit()
-	h.confirmFinalCommit(sess)
+	if closing {
+		h.sub.halt.arm(closeGrace)
+	}
 	return nil
 }
 
 // confirmFinalCommit reads the session's final commit back and commits
 // again until the coordinator holds the last mark of every claim the
 // session ended (see confirmCommitted).
-func (h *groupHandler) confirmFinalCommit(sess sarama.ConsumerGroupSession) {
+func (h *groupHandler) confirmFinalCommit(ctx context.Context, sess sarama.ConsumerGroupSession) {
 	h.mu.Lock()
 	final := h.final
 	h.final = nil
 	h.mu.Unlock()
-	h.confirmCommitted(sess, final)
+	h.confirmCommitted(ctx, sess, final)
 }
 
 // confirmCommitted reads back what the coordinator holds for the
 // partitions of marks and commits again until it holds each one's mark
-// (offset and completed tail),
-// for up to finalCommitWait. Sarama does not report a refused commit (a
-// coordinator loading or moving the group refuses it), and with its
-// auto-commit off it drops the marks of a partition whose claim ended
-// without flushing them again: the next owner would handle again
-// everything acked since the last commit the coordinator took.
-func (h *groupHandler) confirmCommitted(sess sarama.ConsumerGroupSession, marks map[int32]committedOffset) {
+// (offset and completed tail), until ctx ends. Sarama does not report a
+// refused commit (a coordinator loading or moving the group refuses it),
+// and with its auto-commit off it drops the marks of a partition whose
+// claim ended without flushing them again: the next owner would handle
+// again everything acked since the last commit the coordinator took. What
+// the coordinator does not hold when ctx ends is logged as an Error,
+// partition by partition.
+func (h *groupHandler) confirmCommitted(ctx context.Context, sess sarama.ConsumerGroupSession, marks map[int32]committedOffset) {
 	parts := make([]int32, 0, len(marks))
 	for p, mark := range marks {
 		if mark.offset >= 0 {
@@ -409,44 +431,63 @@ func (h *groupHandler) confirmCommitted(sess sarama.ConsumerGroupSession, marks 
 	if len(parts) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), h.sub.finalCommitWait())
-	defer cancel()
 	var pace backoff.Doubling
+	var lastHeld map[int32]committedOffset
 	for !sessionFenced(sess.Context()) {
-		// One attempt each round: fetchCommitted's own retries would
-		// overrun the bound while the coordinator is away.
-		held, err := fetchCommittedOnce(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
-		missing := 0
+		// One attempt each round, given up with ctx: fetchCommitted's
+		// own retries, and a coordinator that does not answer, would
+		// overrun the bound.
+		held, err := fetchCommittedWithin(ctx, h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
+		if err == nil {
+			lastHeld = held
+		}
+		missing := make(map[int32]int64)
 		for _, p := range parts {
 			// A tail that grew behind an unchanged head is a new
 			// position too: the next owner skips what it lists.
 			if c, ok := held[p]; err != nil || !ok || c.offset < marks[p].offset ||
 				c.offset == marks[p].offset && c.metadata != marks[p].metadata {
-				missing++
+				missing[p] = marks[p].offset
 			}
 		}
-		if missing == 0 {
+		if len(missing) == 0 {
 			return
 		}
 		if !backoff.Sleep(ctx, pace.Next()) {
-			fields := watermill.LogFields{"partitions": missing}
-			if err != nil {
-				fields["err"] = err.Error()
-			}
-			h.sub.logger.Info("The final commit of ended claims is not held by the coordinator; the next owner handles again what was acked since the last commit it took",
-				h.sub.logFields.Add(fields))
+			h.logUncommitted(missing, lastHeld, err)
 			return
 		}
-		sess.Commit()
+		callWithin(ctx, sess.Commit)
 	}
+}
+
+// logUncommitted reports final positions the group coordinator does not
+// hold: partition and offset of each ("uncommitted"), and what the
+// coordinator held when last read ("held", when it answered).
+func (h *groupHandler) logUncommitted(missing map[int32]int64, held map[int32]committedOffset, err error) {
+	fields := watermill.LogFields{"uncommitted": positions(missing), "partitions": len(missing)}
+	if held != nil {
+		offs := make(map[int32]int64, len(missing))
+		for p := range missing {
+			if c, ok := held[p]; ok {
+				offs[p] = c.offset
+			}
+		}
+		fields["held"] = positions(offs)
+	}
+	if err == nil {
+		err = errors.New("the group coordinator holds an earlier position")
+	}
+	h.sub.logger.Error("Final positions not committed: the next owner handles again the records acked after the position the group holds",
+		err, h.sub.logFields.Add(fields))
 }
 
 // finalCommitWait bounds confirmCommitted: DrainTimeout, and at most half
 // of what a full drain leaves of Rebalance.Timeout, so that the member
 // still rejoins (eager), or gives the partition up (cooperative), in time.
-func (sub *subscription) finalCommitWait() time.Duration {
-	left := sub.cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout - sub.cfg.DrainTimeout
-	return min(sub.cfg.DrainTimeout, left/2)
+func (c *SubscriberConfig) finalCommitWait() time.Duration {
+	left := c.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout - c.DrainTimeout
+	return min(c.DrainTimeout, left/2)
 }
 
 // ConsumeClaim runs one partition until it is revoked.
@@ -465,6 +506,21 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// owner's.
 		return nil
 	}
+	h.claims.Add(1)
+	defer func() {
+		if h.claims.Add(-1) == 0 && h.sub.halt.isStopping() {
+			// Every claim is over and the subscription stops: its fetches
+			// are not needed any more. Sarama runs Cleanup, and so the
+			// final commit, only once each claim's partition consumer has
+			// closed, which waits for a Fetch in flight (Net.ReadTimeout
+			// when its leader does not answer). The coordinator's requests
+			// have connections of their own.
+			if tc, ok := h.client.(*trackedClient); ok && tc.coordConns != nil {
+				tc.Client.(*coordinatorClient).keep()
+				tc.conns.abandon()
+			}
+		}
+	}()
 	commit, haveCommit, fromSetup, err := h.committedOffset(claim.Partition())
 	if err != nil && h.txn != nil {
 		// Without the completed tail, its records would be handled, and
@@ -491,7 +547,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		Topic:         claim.Topic(),
 		Partition:     claim.Partition(),
 		Start:         start,
-		Marker:        sess,
+		Marker:        sessionMarker{sess, h},
 		Pauser:        h.group,
 		HighWaterMark: claim.HighWaterMarkOffset,
 		RequestCommit: h.commitSoon,
@@ -565,8 +621,27 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	// partition's marks once this returns, so its final commit is
 	// confirmed now.
 	offset, meta := w.MarkedPosition()
-	h.confirmCommitted(sess, map[int32]committedOffset{claim.Partition(): {offset: offset, metadata: meta}})
+	ctx, cancel := h.sub.halt.within(h.sub.cfg.finalCommitWait())
+	defer cancel()
+	h.confirmCommitted(ctx, sess, map[int32]committedOffset{claim.Partition(): {offset: offset, metadata: meta}})
 	return nil
+}
+
+// sessionMarker is the session, as a partition worker marks and commits
+// through it. Once the session is ending, a commit (the drain's) is left
+// to Cleanup, which commits the marks of every claim at once and confirms
+// them, within its bound: one commit per drain queued them behind each
+// other at the coordinator, each holding its drain (and so Close) while a
+// broker was slow to answer, or for Net.ReadTimeout when it did not.
+type sessionMarker struct {
+	sarama.ConsumerGroupSession
+	h *groupHandler
+}
+
+func (m sessionMarker) Commit() {
+	if m.Context().Err() == nil && !m.h.sub.stopping(m.h.ctx) {
+		m.ConsumerGroupSession.Commit()
+	}
 }
 
 // startOf tells where a claim starts. InitialOffset is the committed

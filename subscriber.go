@@ -132,6 +132,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		topic:      topic,
 		output:     output,
 		pool:       partition.NewPool(output, s.cfg.MaxInFlight),
+		halt:       newShutdown(),
 		logFields: watermill.LogFields{
 			"provider":            "safeack",
 			"topic":               topic,
@@ -190,6 +191,17 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	go func() {
 		defer s.subs.Done()
 		defer s.releaseInstance()
+		ended := make(chan struct{})
+		defer close(ended)
+		go func() {
+			select {
+			case <-s.closing:
+			case <-ctx.Done():
+			case <-ended:
+				return
+			}
+			sub.halt.stop(s.cfg.closeBudget())
+		}()
 		sub.run(ctx, client)
 		if sub.txn != nil {
 			sub.txn.close()
@@ -235,13 +247,26 @@ func (s *Subscriber) releaseInstance() {
 // acks of the messages handed out are awaited up to DrainTimeout while
 // their contexts stay alive (a handler that finishes in time has its ack
 // committed), then the contexts of messages still unanswered are
-// cancelled, the final completed prefixes are committed (read back, and sent
-// again for up to DrainTimeout more while the coordinator refuses them), the
-// group is left and every output channel is closed. When Close returns, every message
+// cancelled, the final completed prefixes are committed (read back, and
+// sent again while the coordinator refuses them), the group is left and
+// every output channel is closed. When Close returns, every message
 // context is cancelled. It is safe to call more than once and
-// concurrently with acks. A JoinGroup request already in flight cannot be
-// interrupted (Sarama does not cancel it), so Close can wait up to the
-// client's Net.ReadTimeout when it lands mid-rebalance.
+// concurrently with acks.
+//
+// Close returns within DrainTimeout + min(max(DrainTimeout, 1 s), 5 s) +
+// 2 s whatever the brokers do (gone, refusing, or not answering): after
+// the drain, the final commit waits for the brokers at most the middle
+// term, leaving the group at most a second more; then the connections
+// still waiting for an answer are closed under their requests (Sarama
+// would wait Net.ReadTimeout, 30 s by default, for each, and retry). A
+// final position the group coordinator does not hold by then is logged as
+// an Error that names each partition and offset (field "uncommitted"); the
+// partition's next owner handles again the records acked after the
+// position the group holds. In transactional mode, a transaction the
+// broker does not answer in time is abandoned and logged as an Error (see
+// TxnStats.Abandoned). Should a call outlive its closed connection, Close
+// still returns at the bound, logs an Error, and that subscription's
+// output channel closes when the call returns.
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
 		s.lifecycle.Lock()
@@ -249,6 +274,22 @@ func (s *Subscriber) Close() error {
 		s.lifecycle.Unlock()
 		close(s.closing)
 	})
-	s.subs.Wait()
+	done := make(chan struct{})
+	go func() {
+		s.subs.Wait()
+		close(done)
+	}()
+	// Each subscription abandons what still waits for a broker within
+	// closeBudget (see shutdown); this is the last resort, should a call
+	// outlive its connection.
+	limit := s.cfg.closeBudget() + closeGrace
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.logger.Error("Close stopped waiting for its subscriptions; their output channels close once their last broker calls return",
+			fmt.Errorf("subscriptions still running %v after Close", limit), watermill.LogFields{"close_limit": limit.String()})
+	}
 	return nil
 }

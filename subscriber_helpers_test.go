@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -156,7 +157,13 @@ func waitCond(timeout time.Duration, cond func() bool) bool {
 // closes it at the end of the test.
 func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
 	t.Helper()
-	sub, err := safeack.NewSubscriber(testSubscriberConfig(c, group, mod), testLogger())
+	return newLoggedSubscriber(t, c, group, testLogger(), mod)
+}
+
+// newLoggedSubscriber is newTestSubscriber logging to logger.
+func newLoggedSubscriber(t *testing.T, c *kafkatest.Cluster, group string, logger watermill.LoggerAdapter, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
+	t.Helper()
+	sub, err := safeack.NewSubscriber(testSubscriberConfig(c, group, mod), logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"sync"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
@@ -38,6 +39,9 @@ type subscription struct {
 	// start at their first record whatever Offsets.Initial says (see
 	// initialOffset).
 	firstPartitions int32
+	// halt bounds the subscription's end, whatever the brokers do (see
+	// shutdown).
+	halt *shutdown
 }
 
 // initialOffset is where a partition without a commit (or a resume
@@ -141,9 +145,36 @@ func (sub *subscription) stopping(ctx context.Context) bool {
 // consumeOnce runs one client connection until it fails or is stopped,
 // and closes the client.
 func (sub *subscription) consumeOnce(parent context.Context, client sarama.Client) error {
+	var closeOnce sync.Once
+	closeClient := func() {
+		closeOnce.Do(func() {
+			if err := client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
+				sub.logger.Error("Cannot close Sarama client", err, sub.logFields)
+			}
+		})
+	}
+	ended := make(chan struct{})
 	defer func() {
-		if err := client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
-			sub.logger.Error("Cannot close Sarama client", err, sub.logFields)
+		close(ended)
+		if sub.halt.isAbandoned() {
+			// Its Close may wait for a broker that does not answer.
+			go closeClient()
+			return
+		}
+		closeClient()
+	}()
+	// At the shutdown deadline, the requests still waiting for a broker
+	// fail at once and no new one is sent: the consumer group's last
+	// steps (its final commit, leaving the group) end without waiting out
+	// Net.ReadTimeout.
+	go func() {
+		select {
+		case <-sub.halt.abandoned:
+			if tc, ok := client.(*trackedClient); ok {
+				tc.abandon()
+			}
+			go closeClient()
+		case <-ended:
 		}
 	}()
 

@@ -96,6 +96,14 @@ type TxnConfig struct {
 // committed position and the records whose outputs were discarded are
 // handled again.
 //
+// At Close, a transaction the broker does not answer in time (the same
+// wait as the final commit's, see Subscriber.Close) is abandoned: it is
+// committed or aborted as a whole, outputs and offsets together, whichever
+// the broker does; left open, the next producer with the same
+// TransactionalID aborts it when it starts (or the broker does after
+// Producer.Transaction.Timeout). Close logs it as an Error, with the
+// positions in it (field "in_doubt"), and nothing is committed after it.
+//
 // Publish, Middleware and Close are safe for concurrent use.
 type TxnPublisher struct {
 	sub    *Subscriber
@@ -456,6 +464,12 @@ type TxnStats struct {
 	// (cooperative rebalancing only; the second try commits the same
 	// outputs and positions with the new generation).
 	Retried uint64
+	// Abandoned counts transactions given up at Close because the broker
+	// did not answer in time. Each is committed or aborted as a whole,
+	// outputs and offsets together: left open, the next producer with the
+	// same transactional id aborts it, or the broker does after
+	// Producer.Transaction.Timeout.
+	Abandoned uint64
 	// Outputs counts the output records written in committed transactions.
 	Outputs uint64
 	// AckedDuringCommit counts acked deliveries (with or without outputs)

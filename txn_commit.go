@@ -58,10 +58,18 @@ type txnCommitter struct {
 
 	// client is the producer's connection, and answers Publish's
 	// question whether an output's topic exists.
-	client   sarama.Client
-	topics   lockedMap[string, outputTopic] // what the cluster says of each output topic
-	commitMu sync.Mutex                     // one transaction at a time; guards producer
-	producer sarama.SyncProducer
+	client sarama.Client
+	conns  *connTracker                   // client's connections
+	topics lockedMap[string, outputTopic] // what the cluster says of each output topic
+	// sem holds one transaction at a time, and guards producer. A
+	// transaction abandoned at the shutdown deadline keeps it until the
+	// producer gives up on its own (see awaitTxn).
+	sem       chan struct{}
+	producer  sarama.SyncProducer
+	closeOnce sync.Once // closes client
+	// gaveUp closes when a transaction is abandoned (see abandonTxn).
+	gaveUp     chan struct{}
+	gaveUpOnce sync.Once
 	// cooperative: the group balances cooperatively, so a session's
 	// generation moves on while its transactions run (see commit).
 	cooperative bool
@@ -77,6 +85,9 @@ type txnCommitter struct {
 	committing  bool
 	ackedInTxn  uint64 // deliveries taken while committing, for TxnStats
 	sessionOpen bool
+	// abandoned: a transaction was given up at shutdown (see awaitTxn);
+	// nothing is committed any more.
+	abandoned bool
 }
 
 // txnMark is a partition's completed prefix and tail, as a worker marks it.
@@ -148,9 +159,12 @@ func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error
 		id:          pub.cfg.TransactionalID + "-" + sub.topic,
 		interval:    pub.cfg.CommitInterval,
 		cooperative: usesCooperative(sub.cfg.OverwriteSaramaConfig),
+		sem:         make(chan struct{}, 1),
+		gaveUp:      make(chan struct{}),
 	}
 	cfg := *pub.pcfg
 	cfg.Producer.Transaction.ID = c.id
+	c.conns = trackConns(&cfg)
 	client, err := sarama.NewClient(pub.cfg.Brokers, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("safeack: connecting the transactional producer %q: %w", c.id, err)
@@ -181,7 +195,7 @@ func (c *txnCommitter) checkTopic(topic string) (outputTopic, error) {
 
 // ensureProducer makes the transactional producer if there is none.
 // InitProducerId, which it sends, fences and aborts what an earlier
-// producer of the same id left open. Callers hold commitMu (or own c).
+// producer of the same id left open. Callers hold sem (or own c).
 func (c *txnCommitter) ensureProducer() error {
 	if c.producer != nil {
 		return nil
@@ -194,20 +208,67 @@ func (c *txnCommitter) ensureProducer() error {
 	return nil
 }
 
-// close closes the producer; the subscription has ended.
+// close closes the producer; the subscription has ended. A transaction
+// abandoned at the shutdown deadline is not waited for: its producer is
+// closed once Sarama gives up on it.
 func (c *txnCommitter) close() {
-	c.commitMu.Lock()
-	defer c.commitMu.Unlock()
+	if c.acquire() {
+		c.closeProducer()
+		c.release()
+	}
+	if c.sub.halt.isAbandoned() || c.isGivenUp() {
+		go c.closeClient()
+	} else {
+		c.closeClient()
+	}
+	c.pub.releaseTopic(c.sub.topic)
+}
+
+// acquire takes sem; it reports false, without it, once a transaction
+// was abandoned or the shutdown deadline passed while one held it.
+func (c *txnCommitter) acquire() bool {
+	select {
+	case c.sem <- struct{}{}:
+		return true
+	default:
+	}
+	select {
+	case c.sem <- struct{}{}:
+		return true
+	case <-c.gaveUp:
+		return false
+	case <-c.sub.halt.abandoned:
+		return false
+	}
+}
+
+func (c *txnCommitter) isGivenUp() bool {
+	select {
+	case <-c.gaveUp:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *txnCommitter) release() { <-c.sem }
+
+// closeProducer closes the producer. Callers hold sem.
+func (c *txnCommitter) closeProducer() {
 	if c.producer != nil {
 		if err := c.producer.Close(); err != nil {
 			c.sub.logger.Debug("Closing the transactional producer", c.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 		}
 		c.producer = nil
 	}
-	if err := c.client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
-		c.sub.logger.Debug("Closing the transactional producer's client", c.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
-	}
-	c.pub.releaseTopic(c.sub.topic)
+}
+
+func (c *txnCommitter) closeClient() {
+	c.closeOnce.Do(func() {
+		if err := c.client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
+			c.sub.logger.Debug("Closing the transactional producer's client", c.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+		}
+	})
 }
 
 // beginSession starts an epoch for a consumer group session: positions are
@@ -275,6 +336,83 @@ func (c *txnCommitter) newMarker(partition int32) *txnMarker {
 
 // startFrom takes what the group has committed on the marker's partition as
 // the assignment starts: what a position must keep covering (see
+// awaitTxn waits for the transaction whose result done brings. Once the
+// subscription stops it waits at most closeCommitWait more, and not past
+// the shutdown deadline: a broker that does not answer its EndTxn would
+// otherwise hold Close for Net.ReadTimeout on each of Sarama's
+// Producer.Transaction.Retry.Max attempts (25 minutes at the defaults).
+// It reports false when it gave up.
+func (c *txnCommitter) awaitTxn(done <-chan error) (error, bool) {
+	stopped := c.sub.halt.stopped
+	var timeout <-chan time.Time
+	for {
+		select {
+		case err := <-done:
+			return err, true
+		case <-stopped:
+			stopped = nil
+			t := time.NewTimer(c.sub.cfg.closeCommitWait())
+			defer t.Stop()
+			timeout = t.C
+		case <-timeout:
+			return nil, false
+		case <-c.sub.halt.abandoned:
+			return nil, false
+		}
+	}
+}
+
+// abandonTxn gives up a transaction the broker did not answer in time at
+// shutdown. It is committed or aborted as a whole, whichever the broker
+// does: its outputs and the positions that cover their records together.
+// Left open, it is aborted by the next producer with the same
+// transactional id (InitProducerId), or by the broker after
+// Producer.Transaction.Timeout, and the partitions' next owner handles
+// those records again. Nothing is committed after it. The producer is
+// closed once Sarama gives up on it; its client is closed now, so that
+// happens soon.
+func (c *txnCommitter) abandonTxn(done <-chan error, marks map[int32]txnMark, outputs int, waited time.Duration) {
+	c.mu.Lock()
+	c.abandoned = true
+	c.mu.Unlock()
+	c.gaveUpOnce.Do(func() { close(c.gaveUp) })
+	offs := make(map[int32]int64, len(marks))
+	for p, mk := range marks {
+		offs[p] = mk.offset
+	}
+	c.pub.count(func(s *TxnStats) { s.Abandoned++ })
+	c.sub.logger.Error("Close abandoned a transaction the broker did not answer in time: it is committed or aborted as a whole; left open, the next producer with this transactional id aborts it (or the broker after Producer.Transaction.Timeout), and the next owner handles its records again",
+		fmt.Errorf("no answer after %v", waited.Round(time.Millisecond)),
+		c.sub.logFields.Add(watermill.LogFields{"transactional_id": c.id, "in_doubt": positions(offs), "outputs": outputs}))
+	go func() {
+		<-done
+		c.closeProducer()
+		c.release()
+	}()
+	// Its requests fail at once, and so the producer's retries soon.
+	c.conns.abandon()
+	go c.closeClient()
+}
+
+// reportUncommitted logs, as an Error, the positions recorded since a
+// transaction was abandoned: they are not committed.
+func (c *txnCommitter) reportUncommitted() {
+	c.mu.Lock()
+	marks := c.marks
+	c.marks = make(map[int32]txnMark)
+	c.mu.Unlock()
+	if len(marks) == 0 {
+		return
+	}
+	offs := make(map[int32]int64, len(marks))
+	for p, mk := range marks {
+		offs[p] = mk.offset
+	}
+	c.sub.logger.Error("Final positions not committed: a transaction was abandoned at Close; the next owner handles again the records acked after the position the group holds",
+		errors.New("transactional producer abandoned"),
+		c.sub.logFields.Add(watermill.LogFields{"transactional_id": c.id, "uncommitted": positions(offs), "partitions": len(offs)}))
+}
+
 // takeCoveredLocked). Setup read it for the session's first assignments; a
 // partition a cooperative rebalance adds, or gives back, is read on its
 // own, and a previous owner may have committed further since.
@@ -434,11 +572,25 @@ func (m *txnMarker) Nacked(_ *message.Message, state any) {
 // commit writes the outputs and positions recorded since the last commit
 // in one transaction. On failure the transaction is aborted, the epoch is
 // closed and the session ended, so that its partitions restart from their
-// committed offsets.
+// committed offsets. Once the subscription stops, a transaction is waited
+// for at most closeCommitWait (see awaitTxn).
 func (c *txnCommitter) commit() {
-	c.commitMu.Lock()
-	defer c.commitMu.Unlock()
+	if !c.acquire() {
+		c.reportUncommitted()
+		return
+	}
+	held := true
+	defer func() {
+		if held {
+			c.release()
+		}
+	}()
 	c.mu.Lock()
+	if c.abandoned {
+		c.mu.Unlock()
+		c.reportUncommitted()
+		return
+	}
 	if !c.sessionOpen || sessionFenced(c.sess.Context()) {
 		// A fenced member's positions are not its to commit: its
 		// TxnOffsetCommit would be refused, aborting the outputs anyway.
@@ -461,12 +613,22 @@ func (c *txnCommitter) commit() {
 	}
 
 	start := time.Now()
-	used, err := c.runTxn(outputs, marks)
-	if err != nil && c.cooperative {
-		err = c.retryInNextGeneration(outputs, marks, used, err)
-	}
+	done := make(chan error, 1)
+	go func() {
+		used, err := c.runTxn(outputs, marks)
+		if err != nil && c.cooperative {
+			err = c.retryInNextGeneration(outputs, marks, used, err)
+		}
+		if err != nil {
+			c.abortOpen()
+		}
+		done <- err
+	}()
+	err, answered := c.awaitTxn(done)
 	took := time.Since(start)
-	c.sub.observeTxn(start, took, marks, len(outputs), err)
+	if answered {
+		c.sub.observeTxn(start, took, marks, len(outputs), err)
+	}
 
 	c.mu.Lock()
 	c.committing = false
@@ -474,6 +636,11 @@ func (c *txnCommitter) commit() {
 	c.ackedInTxn = 0
 	c.mu.Unlock()
 
+	if !answered {
+		held = false // the transaction's goroutine keeps sem (see abandonTxn)
+		c.abandonTxn(done, marks, len(outputs), took)
+		return
+	}
 	if err != nil {
 		c.forgetRefusedTopics(err)
 		c.abort(epoch, err)
@@ -535,7 +702,7 @@ func (c *txnCommitter) takeCoveredLocked() ([]*sarama.ProducerMessage, map[int32
 // runTxn writes one transaction, and returns the group metadata its
 // offsets were committed with: the session's generation and member id as
 // they are once the outputs are written, just before the offsets go to the
-// coordinator (at CommitTxn). Callers hold commitMu.
+// coordinator (at CommitTxn). Callers hold sem.
 func (c *txnCommitter) runTxn(outputs []*sarama.ProducerMessage, marks map[int32]txnMark) (*sarama.ConsumerGroupMetadata, error) {
 	return c.runTxnAs(outputs, marks, nil)
 }
@@ -593,12 +760,12 @@ const generationRetries = 3
 // moves to the next generation when every member has rejoined, before
 // Sarama learns the new one (at SyncGroup): a transaction committed in
 // between carries the old one. The member keeps its partitions (a revoked
-// one is handed on only after its claim's drain, which waits for commitMu,
+// one is handed on only after its claim's drain, which waits for sem,
 // committed), so the same outputs and positions are committed with the
 // new generation, after aborting the refused transaction. A member id that
 // changed means the member was dropped from the group and its partitions
 // may have moved on: the transaction stays refused (see abort).
-// Callers hold commitMu.
+// Callers hold sem.
 func (c *txnCommitter) retryInNextGeneration(outputs []*sarama.ProducerMessage, marks map[int32]txnMark,
 	used *sarama.ConsumerGroupMetadata, err error) error {
 	for range generationRetries {
@@ -657,7 +824,7 @@ func (c *txnCommitter) awaitGeneration(used *sarama.ConsumerGroupMetadata) (*sar
 
 // abortOpen aborts the producer's open transaction when it allows it, and
 // otherwise closes the producer (its successor's InitProducerId, sent by
-// ensureProducer, aborts what it left open). Callers hold commitMu.
+// ensureProducer, aborts what it left open). Callers hold sem.
 func (c *txnCommitter) abortOpen() {
 	p := c.producer
 	if p == nil {
@@ -674,14 +841,11 @@ func (c *txnCommitter) abortOpen() {
 	}
 }
 
-// abort ends a failed transaction: aborted when the producer allows it,
-// the producer replaced otherwise (its successor's InitProducerId aborts
-// what it left open). The epoch's outputs and positions are dropped and the
-// session ended: its partitions restart from their committed offsets, and
-// the records whose outputs were discarded are handled again. Callers hold
-// commitMu.
+// abort ends a failed transaction (abortOpen has run): the epoch's
+// outputs and positions are dropped and the session ended, so that its
+// partitions restart from their committed offsets, and the records whose
+// outputs were discarded are handled again. Callers hold sem.
 func (c *txnCommitter) abort(epoch uint64, cause error) {
-	c.abortOpen()
 	c.mu.Lock()
 	var end func()
 	if c.epoch == epoch {

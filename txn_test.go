@@ -58,6 +58,12 @@ func (r *txnRig) inputIDs() []string {
 // subscriber makes a transactional Subscriber and its TxnPublisher.
 func (r *txnRig) subscriber(t *testing.T, txnID string, mod func(*safeack.SubscriberConfig, *safeack.TxnConfig)) (*safeack.Subscriber, *safeack.TxnPublisher) {
 	t.Helper()
+	return r.loggedSubscriber(t, txnID, testLogger(), mod)
+}
+
+// loggedSubscriber is subscriber logging to logger.
+func (r *txnRig) loggedSubscriber(t *testing.T, txnID string, logger watermill.LoggerAdapter, mod func(*safeack.SubscriberConfig, *safeack.TxnConfig)) (*safeack.Subscriber, *safeack.TxnPublisher) {
+	t.Helper()
 	var tc safeack.TxnConfig
 	cfg := testSubscriberConfig(r.c, r.group, func(cfg *safeack.SubscriberConfig) {
 		cfg.Ordering = safeack.Unordered
@@ -71,7 +77,7 @@ func (r *txnRig) subscriber(t *testing.T, txnID string, mod func(*safeack.Subscr
 			mod(cfg, &tc)
 		}
 	})
-	sub, pub, err := safeack.NewTxnSubscriber(cfg, tc, testLogger())
+	sub, pub, err := safeack.NewTxnSubscriber(cfg, tc, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub, pub
