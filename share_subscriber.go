@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -259,6 +260,10 @@ type shareMember struct {
 	sub    *shareSubscription
 	id     int
 	client *kgo.Client
+	// coordinator is the broker that answered the last heartbeat (for
+	// shareReadyHook); hasCoordinator says one did.
+	coordinator    atomic.Int32
+	hasCoordinator atomic.Bool
 }
 
 // checkShareSupport asks a broker which requests it serves.
@@ -596,12 +601,46 @@ func (s *ShareSubscriber) SubscribeInitialize(topic string) (err error) {
 	return init.SubscribeInitializeWithContext(context.Background(), topic)
 }
 
-// shareReadyHook follows the share group heartbeats for Ready.
+// shareReadyHook follows the share group heartbeats for Ready. A heartbeat
+// read tells both ways; a heartbeat that could not be written, or a failed
+// connection to the broker that answered the last one, tells that the
+// member is cut off: kgo then calls no read hook at all (a reset connection
+// fails the write, a refused dial fails before any write), and Ready would
+// go on reporting the last answer.
 type shareReadyHook struct{ m *shareMember }
 
-func (h shareReadyHook) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+var (
+	_ kgo.HookBrokerRead    = shareReadyHook{}
+	_ kgo.HookBrokerWrite   = shareReadyHook{}
+	_ kgo.HookBrokerConnect = shareReadyHook{}
+)
+
+func (h shareReadyHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key != int16(kmsg.ShareGroupHeartbeat) {
+		return
+	}
+	if err == nil {
+		h.m.coordinator.Store(meta.NodeID)
+		h.m.hasCoordinator.Store(true)
+	}
+	h.set(err)
+}
+
+func (h shareReadyHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == int16(kmsg.ShareGroupHeartbeat) && err != nil {
+		h.set(err)
+	}
+}
+
+func (h shareReadyHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil && h.m.hasCoordinator.Load() && meta.NodeID == h.m.coordinator.Load() {
+		h.set(err)
+	}
+}
+
+func (h shareReadyHook) set(err error) {
 	sub := h.m.sub
-	if key != int16(kmsg.ShareGroupHeartbeat) || sub.stop.Err() != nil {
+	if sub.stop.Err() != nil {
 		return
 	}
 	p := phaseConsuming

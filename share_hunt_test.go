@@ -1,0 +1,220 @@
+package safeack_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// TestShareCloseBrokerGone: the broker disappears while a share member
+// holds a record. Ready must stop reporting nil, and Close must return
+// within a bound (the drain, plus the flush's DrainTimeout + 5 s), not hang
+// on a leave that can never be answered; its goroutines end.
+func TestShareCloseBrokerGone(t *testing.T) {
+	c := startShareCluster(t, 0)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	before := runtime.NumGoroutine()
+	sub := newShareSub(t, c, group, nil)
+	msgs := subscribeShare(t, sub, topic)
+	c.ProduceN(t, topic, 1, 3, nil)
+	var held *message.Message
+	select {
+	case held = <-msgs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no record")
+	}
+	c.Kfake().Close()
+	kafkatest.WaitFor(t, 20*time.Second, "Ready reports the lost broker", func() bool { return sub.Ready() != nil })
+
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { _ = sub.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		t.Fatalf("Close still running after 30 s (DrainTimeout 500 ms)\n%s", buf[:n])
+	}
+	took := time.Since(start)
+	t.Logf("Close took %v with the broker gone", took)
+	assert.Less(t, took, 500*time.Millisecond+500*time.Millisecond+5*time.Second+2*time.Second, "Close past DrainTimeout + the flush bound")
+	select {
+	case <-held.Context().Done():
+	default:
+		t.Error("held message's context alive after Close")
+	}
+	ok := kafkatest.Poll(10*time.Second, 100*time.Millisecond, func() bool { return runtime.NumGoroutine() <= before+2 })
+	if !ok {
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		t.Errorf("goroutines after Close: %d, before Subscribe %d\n%s", runtime.NumGoroutine(), before, buf[:n])
+	}
+}
+
+// TestShareCloseReleasesAcrossBrokers: three brokers, partitions led by
+// each, two members per subscription. Records held unanswered at Close
+// reach another subscriber at once (long before the 30 s acquisition
+// lock), acked ones are never delivered again, and every record is handled.
+func TestShareCloseReleasesAcrossBrokers(t *testing.T) {
+	t.Parallel()
+	c := startShareClusterN(t, 3)
+	topic := c.NewTopic(t, 6)
+	group := c.NewGroup(t)
+	const n = 120
+	c.ProduceN(t, topic, 6, n, nil)
+
+	first := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.Members, cfg.MaxInFlight = 2, 4
+	})
+	msgs := subscribeShare(t, first, topic)
+	var held []*message.Message
+	acked := map[string]bool{}
+	for len(held) < 8 {
+		select {
+		case m := <-msgs:
+			if len(acked) < 4 {
+				m.Ack()
+				acked[string(m.Payload)] = true
+				continue
+			}
+			held = append(held, m)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("held %d of 8", len(held))
+		}
+	}
+	kafkatest.WaitFor(t, 5*time.Second, "the acks counted", func() bool {
+		tot, _ := shareTotals(first)
+		return tot.Accepted == 4
+	})
+	time.Sleep(300 * time.Millisecond) // past AckFlushInterval: the acks are sent
+
+	second := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) { cfg.Members = 2 })
+	msgs2 := subscribeShare(t, second, topic)
+	seen := newShareSeen()
+	var mu sync.Mutex
+	arrived := map[string]time.Duration{}
+	start := time.Now()
+	go func() {
+		for m := range msgs2 {
+			seen.add(m)
+			mu.Lock()
+			if _, ok := arrived[string(m.Payload)]; !ok {
+				arrived[string(m.Payload)] = time.Since(start)
+			}
+			mu.Unlock()
+			m.Ack()
+		}
+	}()
+	require.NoError(t, first.Close())
+	kafkatest.WaitFor(t, 12*time.Second, "every held record at the second subscriber", func() bool {
+		for _, m := range held {
+			if seen.count(string(m.Payload)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	kafkatest.WaitFor(t, 25*time.Second, "every record not acked by the first handled by the second", func() bool {
+		return seen.distinct() >= n-len(acked)
+	})
+	time.Sleep(time.Second)
+	for v := range acked {
+		assert.Zero(t, seen.count(v), "record %s acked by the first subscriber delivered again", v)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var latest time.Duration
+	for _, m := range held {
+		latest = max(latest, arrived[string(m.Payload)])
+	}
+	t.Logf("held records at the second subscriber within %v of Close; %d distinct, %d deliveries", latest, seen.distinct(), seen.total())
+	assert.Equal(t, n-len(acked), seen.distinct(), "records handled by the second")
+	_ = fmt.Sprint
+	_ = context.Background
+}
+
+// startShareClusterN is startShareCluster with n embedded brokers and the
+// broker's default acquisition lock (30 s).
+func startShareClusterN(t *testing.T, n int) *kafkatest.Cluster {
+	t.Helper()
+	c := kafkatest.Start(t, kafkatest.WithBrokers(n), kafkatest.WithKfakeOpts(kfake.BrokerConfigs(map[string]string{"share.record.lock.sweep.interval.ms": "100"})))
+	requireShareGroups(t, c)
+	return c
+}
+
+// cutDialer dials normally until cut; from then on every dial is refused
+// and every write on a connection it made fails, as when the broker's host
+// is gone and its connections were reset.
+type cutDialer struct {
+	cut atomic.Bool
+}
+
+var errCut = errors.New("test: connection reset (network cut)")
+
+func (d *cutDialer) dial(ctx context.Context, network, host string) (net.Conn, error) {
+	if d.cut.Load() {
+		return nil, errCut
+	}
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, host)
+	if err != nil {
+		return nil, err
+	}
+	return &cutConn{Conn: c, d: d}, nil
+}
+
+type cutConn struct {
+	net.Conn
+	d *cutDialer
+}
+
+func (c *cutConn) Write(b []byte) (int, error) {
+	if c.d.cut.Load() {
+		return 0, errCut
+	}
+	return c.Conn.Write(b)
+}
+
+// TestShareReadyAfterNetworkCut: the network to the broker is cut (new
+// connections refused, writes on the old ones reset). The share group
+// heartbeats go unanswered, so Ready must stop reporting nil; the member
+// only ever sees write and dial errors, never a failed heartbeat read.
+// Once the network is back, Ready reports nil again.
+func TestShareReadyAfterNetworkCut(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	d := &cutDialer{}
+	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.ClientOptions = []kgo.Opt{kgo.Dialer(d.dial)}
+	})
+	_ = subscribeShare(t, sub, topic)
+	require.NoError(t, sub.Ready())
+	d.cut.Store(true)
+	kafkatest.WaitFor(t, 10*time.Second, "Ready reports the unanswered heartbeats", func() bool { return sub.Ready() != nil })
+	t.Logf("Ready after the cut: %v", sub.Ready())
+	d.cut.Store(false)
+	kafkatest.WaitFor(t, 20*time.Second, "Ready again once the network is back", func() bool { return sub.Ready() == nil })
+	start := time.Now()
+	require.NoError(t, sub.Close())
+	t.Logf("Close took %v", time.Since(start))
+}
