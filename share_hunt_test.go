@@ -218,3 +218,60 @@ func TestShareReadyAfterNetworkCut(t *testing.T) {
 	require.NoError(t, sub.Close())
 	t.Logf("Close took %v", time.Since(start))
 }
+
+// TestShareLockRenewedSequentialReader: a consumer that reads its channel
+// one message at a time (for m := range msgs { handle; Ack }), each
+// handling taking two and a half acquisition locks (1 s here). The
+// documented renewal ("a long handler keeps its record") must hold while
+// the member waits to hand out the poll's next message: neither the
+// message in work nor the ones of the same poll waiting for the reader
+// may go to another member, and every Ack must be accepted.
+func TestShareLockRenewedSequentialReader(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, time.Second)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": "1000"})
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("a")}, kafkatest.Record{Value: []byte("b")}, kafkatest.Record{Value: []byte("c")})
+	slow := newShareSub(t, c, group, nil)
+	msgs := subscribeShare(t, slow, topic)
+	// The first message, then the other member, so that the poll that
+	// took it is the slow member's.
+	var first *message.Message
+	select {
+	case first = <-msgs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no message")
+	}
+	other := newShareSub(t, c, group, nil)
+	others := subscribeShare(t, other, topic)
+	seen := newShareSeen()
+	go func() {
+		for m := range others {
+			seen.add(m)
+			m.Ack()
+		}
+	}()
+	handled := newShareSeen()
+	handle := func(m *message.Message) {
+		time.Sleep(2500 * time.Millisecond)
+		handled.add(m)
+		m.Ack()
+	}
+	handle(first)
+	for handled.distinct()+seen.distinct() < 3 {
+		select {
+		case m := <-msgs:
+			handle(m)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("handled %d by the slow member, %d by the other", handled.distinct(), seen.distinct())
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	tot, _ := shareTotals(slow)
+	t.Logf("slow member: handled %d, %+v; other member got %d", handled.total(), tot, seen.total())
+	for _, v := range []string{"a", "b", "c"} {
+		assert.Zero(t, seen.count(v), "record %s went to the other member while the slow member held it", v)
+	}
+	assert.Zero(t, tot.AckErrors, "the broker refused acks: locks had expired")
+}

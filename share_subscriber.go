@@ -357,7 +357,7 @@ func (m *shareMember) run() {
 			sub.logger.Error("Share fetch failed", err, watermill.LogFields{"partition": p, "member": m.id})
 		})
 		batch := sub.take(fetches.Records())
-		sub.handOut(batch)
+		sub.handOut(batch, renew.C)
 		sub.await(batch, renew.C)
 	}
 }
@@ -376,29 +376,40 @@ func (sub *shareSubscription) take(recs []*kgo.Record) []*shareDelivery {
 	return batch
 }
 
-// handOut sends the batch's messages; on stop, the ones not sent are
-// released.
-func (sub *shareSubscription) handOut(batch []*shareDelivery) {
-	for i, d := range batch {
-		d.handedAt = time.Now()
+// handOut sends the batch's messages, renewing meanwhile the acquisition
+// locks of the batch's records that take long: a reader that takes one
+// message at a time keeps the member here while it handles the last one,
+// and the records not yet sent wait here too, their locks running. On
+// stop, the ones not sent are released.
+func (sub *shareSubscription) handOut(batch []*shareDelivery, renew <-chan time.Time) {
+	now := time.Now()
+	for _, d := range batch {
 		// The lock runs from the broker's fetch: what is left of it now
 		// is a little less than its duration, a safe span to renew by.
 		if deadline := d.rec.AcquisitionDeadline(); !deadline.IsZero() {
-			d.lockSpan = deadline.Sub(d.handedAt)
-			d.renewAt = d.handedAt.Add(d.lockSpan / 2)
+			d.lockSpan = deadline.Sub(now)
+			d.renewAt = now.Add(d.lockSpan / 2)
 		}
+	}
+	for i, d := range batch {
+		d.handedAt = time.Now()
 		sub.track(d)
 		go d.watch()
-		select {
-		case sub.output <- d.msg:
-		case <-sub.stop.Done():
-			for _, rest := range batch[i:] {
-				if rest != d {
-					sub.track(rest)
+		for sent := false; !sent; {
+			select {
+			case sub.output <- d.msg:
+				sent = true
+			case now := <-renew:
+				sub.renew(batch, now)
+			case <-sub.stop.Done():
+				for _, rest := range batch[i:] {
+					if rest != d {
+						sub.track(rest)
+					}
+					rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
 				}
-				rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
+				return
 			}
-			return
 		}
 	}
 }
