@@ -236,10 +236,10 @@ func TestShareReadyAfterNetworkCut(t *testing.T) {
 // may go to another member, and every Ack must be accepted.
 func TestShareLockRenewedSequentialReader(t *testing.T) {
 	t.Parallel()
-	c := startShareCluster(t, time.Second)
+	c := startShareCluster(t, 2*time.Second)
 	topic := c.NewTopic(t, 1)
 	group := c.NewGroup(t)
-	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": "1000"})
+	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": "2000"})
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("a")}, kafkatest.Record{Value: []byte("b")}, kafkatest.Record{Value: []byte("c")})
 	slow := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, slow, topic)
@@ -262,7 +262,7 @@ func TestShareLockRenewedSequentialReader(t *testing.T) {
 	}()
 	handled := newShareSeen()
 	handle := func(m *message.Message) {
-		time.Sleep(2500 * time.Millisecond)
+		time.Sleep(4500 * time.Millisecond)
 		handled.add(m)
 		m.Ack()
 	}
@@ -271,11 +271,11 @@ func TestShareLockRenewedSequentialReader(t *testing.T) {
 		select {
 		case m := <-msgs:
 			handle(m)
-		case <-time.After(15 * time.Second):
+		case <-time.After(20 * time.Second):
 			t.Fatalf("handled %d by the slow member, %d by the other", handled.distinct(), seen.distinct())
 		}
 	}
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond)
 	tot, _ := shareTotals(slow)
 	t.Logf("slow member: handled %d, %+v; other member got %d", handled.total(), tot, seen.total())
 	for _, v := range []string{"a", "b", "c"} {
