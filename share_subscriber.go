@@ -564,7 +564,9 @@ func (s *ShareSubscriber) Close() error {
 // Ready reports whether every subscription is a member of its share group,
 // as Subscriber.Ready does: nil when every member of every Subscribe call
 // not yet ended had its last share group heartbeat answered, else an error
-// wrapping ErrNotReady that says what each is doing. The broker may hand a
+// wrapping ErrNotReady that says what each is doing; a member whose
+// heartbeat could not be sent, or whose coordinator cannot be reached, is
+// not ready until a heartbeat is answered again. The broker may hand a
 // new member its partitions a heartbeat later
 // (share.heartbeat.interval.ms, 5 s by default). Before the first Subscribe
 // it reports ErrNotReady, after Close ErrSubscriberClosed. It does no I/O.
