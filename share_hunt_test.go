@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"runtime"
 	"sync"
@@ -282,4 +283,180 @@ func TestShareLockRenewedSequentialReader(t *testing.T) {
 		assert.Zero(t, seen.count(v), "record %s went to the other member while the slow member held it", v)
 	}
 	assert.Zero(t, tot.AckErrors, "the broker refused acks: locks had expired")
+}
+
+// TestShareAckDuringDrain: records answered while Close drains (inside
+// DrainTimeout) are accepted, never released nor delivered again, and
+// Close returns once the last one is answered rather than at the end of
+// DrainTimeout.
+func TestShareAckDuringDrain(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	first := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.MaxInFlight = 5
+		cfg.DrainTimeout = 5 * time.Second
+	})
+	// Produced first: a member polls again only once its last poll is
+	// answered, so all five must come in one poll.
+	c.ProduceN(t, topic, 1, 5, nil)
+	msgs := subscribeShare(t, first, topic)
+	var held []*message.Message
+	for len(held) < 5 {
+		select {
+		case m := <-msgs:
+			held = append(held, m)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("held %d of 5", len(held))
+		}
+	}
+	second := newShareSub(t, c, group, nil)
+	msgs2 := subscribeShare(t, second, topic)
+	seen := newShareSeen()
+	go func() {
+		for m := range msgs2 {
+			seen.add(m)
+			m.Ack()
+		}
+	}()
+	start := time.Now()
+	closed := make(chan time.Duration, 1)
+	go func() { _ = first.Close(); closed <- time.Since(start) }()
+	time.Sleep(300 * time.Millisecond)
+	for _, m := range held {
+		select {
+		case <-m.Context().Done():
+			t.Fatalf("message %s: context cancelled during the drain", m.Payload)
+		default:
+		}
+		m.Ack()
+	}
+	var took time.Duration
+	select {
+	case took = <-closed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	t.Logf("Close returned %v after it started (acks at 300 ms, DrainTimeout 5 s)", took)
+	assert.Less(t, took, 3*time.Second, "Close waited for DrainTimeout although every message was answered")
+	tot, _ := shareTotals(first)
+	assert.Equal(t, uint64(5), tot.Accepted)
+	assert.Zero(t, tot.ReleasedAtClose)
+	c.ProduceN(t, topic, 1, 1, nil) // a sentinel: once the second has it, the acked ones would have shown
+	kafkatest.WaitFor(t, 20*time.Second, "the sentinel at the second subscriber", func() bool { return seen.distinct() >= 1 })
+	time.Sleep(500 * time.Millisecond)
+	for _, m := range held {
+		assert.Zero(t, seen.count(string(m.Payload)), "record %s acked during the drain delivered again", m.Payload)
+	}
+}
+
+// TestShareRollingCloses: share subscribers of one group are closed and
+// replaced one after another while records keep coming and handlers take
+// random time. Every record is handled, and a record acked by a subscriber
+// whose Close has returned (its acks sent) is never delivered again, to
+// any member; no ack is refused.
+func TestShareRollingCloses(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 2)
+	group := c.NewGroup(t)
+
+	var mu sync.Mutex
+	ackedBy := map[string]int{}       // value -> generation of the subscriber that acked it
+	ackedAt := map[string]time.Time{} // value -> when
+	closeStart := map[int]time.Time{} // generation -> when its Close started
+	closedGen := map[int]bool{}       // generations whose Close returned
+	var violations []string           // deliveries after a confirmed ack
+	deliveries := map[string]int{}    // value -> deliveries
+	var refused atomic.Uint64
+
+	run := func(gen int) *safeack.ShareSubscriber {
+		sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+			cfg.Members, cfg.MaxInFlight = 2, 8
+			cfg.DrainTimeout = 300 * time.Millisecond
+		})
+		msgs := subscribeShare(t, sub, topic)
+		go func() {
+			for m := range msgs {
+				v := string(m.Payload)
+				mu.Lock()
+				deliveries[v]++
+				// An ack given before its subscriber's Close started took
+				// effect (nothing released it) and was sent by the time
+				// Close returned.
+				if g, ok := ackedBy[v]; ok && closedGen[g] && ackedAt[v].Before(closeStart[g]) {
+					violations = append(violations, fmt.Sprintf("%s delivered again after subscriber %d acked it and closed", v, g))
+				}
+				mu.Unlock()
+				go func() {
+					time.Sleep(time.Duration(rand.N(500)) * time.Millisecond)
+					select {
+					case <-m.Context().Done():
+						m.Nack() // too late: released at Close
+						return
+					default:
+					}
+					mu.Lock()
+					if _, ok := ackedBy[v]; !ok {
+						ackedBy[v], ackedAt[v] = gen, time.Now()
+					}
+					mu.Unlock()
+					m.Ack()
+				}()
+			}
+		}()
+		return sub
+	}
+	stop := make(chan struct{})
+	var produced atomic.Int64
+	var prodWG sync.WaitGroup
+	prodWG.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			c.Produce(t, topic, kafkatest.Record{Partition: int32(i % 2), Value: []byte(fmt.Sprintf("r%d", i))})
+			produced.Add(1)
+		}
+	})
+	live := []*safeack.ShareSubscriber{run(0), run(1)}
+	for gen := 2; gen < 8; gen++ {
+		time.Sleep(time.Duration(700+rand.N(800)) * time.Millisecond)
+		old := live[0]
+		live = append(live[1:], run(gen))
+		mu.Lock()
+		closeStart[gen-2] = time.Now()
+		mu.Unlock()
+		require.NoError(t, old.Close())
+		tot, _ := shareTotals(old)
+		refused.Add(tot.AckErrors)
+		mu.Lock()
+		closedGen[gen-2] = true
+		mu.Unlock()
+	}
+	close(stop)
+	prodWG.Wait()
+	n := int(produced.Load())
+	kafkatest.WaitFor(t, 30*time.Second, "every record acked", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ackedBy) == n
+	})
+	for _, s := range live {
+		require.NoError(t, s.Close())
+		tot, _ := shareTotals(s)
+		refused.Add(tot.AckErrors)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	total := 0
+	for _, d := range deliveries {
+		total += d
+	}
+	t.Logf("%d records, %d deliveries, %d acks refused", n, total, refused.Load())
+	assert.Empty(t, violations)
+	assert.Zero(t, refused.Load(), "acks refused by the broker")
 }
