@@ -462,3 +462,150 @@ func TestShareRollingCloses(t *testing.T) {
 	assert.Empty(t, violations)
 	assert.Zero(t, refused.Load(), "acks refused by the broker")
 }
+
+// TestShareDeadLetterFailsAtDefaultLimit: with the defaults (MaxDeliveries
+// 5, the broker's group.share.delivery.count.limit 5), a record whose
+// handler always fails reaches DeadLetter at its fifth delivery; the
+// dead-letter topic is away at that moment. The docs promise that a
+// failing DeadLetter releases the record "to be tried again": it must come
+// back and reach DeadLetter again, not be archived by the broker unseen.
+func TestShareDeadLetterFailsAtDefaultLimit(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	var mu sync.Mutex
+	var dead []int32
+	sub := newShareSub(t, c, c.NewGroup(t), func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.DeadLetter = func(ctx context.Context, msg *message.Message) error {
+			dc, _ := safeack.MessageDeliveryCountFromCtx(msg.Context())
+			mu.Lock()
+			defer mu.Unlock()
+			dead = append(dead, dc)
+			if len(dead) == 1 {
+				return errors.New("dead-letter topic away")
+			}
+			return nil
+		}
+	})
+	msgs := subscribeShare(t, sub, topic)
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("bad")})
+	seen := newShareSeen()
+	go func() {
+		for m := range msgs {
+			seen.add(m)
+			m.Nack()
+		}
+	}()
+	ok := kafkatest.Poll(15*time.Second, 100*time.Millisecond, func() bool {
+		tot, _ := shareTotals(sub)
+		return tot.DeadLettered == 1
+	})
+	tot, _ := shareTotals(sub)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("deliveries %v, DeadLetter calls at delivery counts %v, %+v", seen.deliveryCounts("bad"), dead, tot)
+	assert.True(t, ok, "the record never reached DeadLetter again after its failure: the broker archived it at its delivery limit")
+}
+
+// TestShareDeadLetterPastMaxDeliveries: a record that arrives past
+// MaxDeliveries (here: released once by a subscriber allowing more, then
+// received by one with MaxDeliveries 1) is not handed out but given to
+// DeadLetter; a failing DeadLetter is tried again while the record is
+// held, and the record is accepted once it succeeds.
+func TestShareDeadLetterPastMaxDeliveries(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("bad")})
+	first := newShareSub(t, c, group, nil)
+	msgs := subscribeShare(t, first, topic)
+	select {
+	case m := <-msgs:
+		m.Nack() // released: delivery count 1
+	case <-time.After(20 * time.Second):
+		t.Fatal("no record")
+	}
+	kafkatest.WaitFor(t, 10*time.Second, "the release counted", func() bool {
+		tot, _ := shareTotals(first)
+		return tot.Released == 1
+	})
+	require.NoError(t, first.Close())
+
+	var mu sync.Mutex
+	var dead []int32
+	second := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.MaxDeliveries = 1
+		cfg.DeadLetter = func(ctx context.Context, msg *message.Message) error {
+			dc, _ := safeack.MessageDeliveryCountFromCtx(msg.Context())
+			mu.Lock()
+			defer mu.Unlock()
+			dead = append(dead, dc)
+			if len(dead) < 3 {
+				return errors.New("dead-letter topic away")
+			}
+			return nil
+		}
+	})
+	msgs2 := subscribeShare(t, second, topic)
+	handed := make(chan struct{}, 10)
+	go func() {
+		for m := range msgs2 {
+			handed <- struct{}{}
+			m.Ack()
+		}
+	}()
+	kafkatest.WaitFor(t, 20*time.Second, "dead-lettered and accepted", func() bool {
+		tot, _ := shareTotals(second)
+		return tot.DeadLettered == 1 && tot.Accepted == 1
+	})
+	mu.Lock()
+	// Two at least: the first subscriber may acquire the released record
+	// again before it leaves, and release it at Close.
+	if assert.Len(t, dead, 3, "DeadLetter calls") {
+		assert.GreaterOrEqual(t, dead[0], int32(2))
+		assert.Equal(t, []int32{dead[0], dead[0], dead[0]}, dead, "tried again on the same delivery")
+	}
+	mu.Unlock()
+	assert.Empty(t, handed, "a record past MaxDeliveries was handed out")
+	tot, inFlight := shareTotals(second)
+	assert.Zero(t, tot.Released)
+	assert.Zero(t, inFlight)
+}
+
+// TestShareDeadLetterFailingAtClose: DeadLetter fails for good; the record
+// is held and DeadLetter tried again until Close, which releases it and
+// returns promptly, its goroutines ended.
+func TestShareDeadLetterFailingAtClose(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	var calls atomic.Int64
+	sub := newShareSub(t, c, c.NewGroup(t), func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.MaxDeliveries = 1
+		cfg.DrainTimeout = 5 * time.Second
+		cfg.DeadLetter = func(ctx context.Context, msg *message.Message) error {
+			calls.Add(1)
+			return errors.New("dead-letter topic away")
+		}
+	})
+	msgs := subscribeShare(t, sub, topic)
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("bad")})
+	go func() {
+		for m := range msgs {
+			m.Nack()
+		}
+	}()
+	kafkatest.WaitFor(t, 20*time.Second, "DeadLetter tried three times", func() bool { return calls.Load() >= 3 })
+	tot, inFlight := shareTotals(sub)
+	assert.Zero(t, tot.Released, "released while DeadLetter was being retried")
+	assert.Equal(t, 1, inFlight)
+	start := time.Now()
+	require.NoError(t, sub.Close())
+	took := time.Since(start)
+	t.Logf("Close took %v; DeadLetter called %d times", took, calls.Load())
+	assert.Less(t, took, 3*time.Second, "Close waited out DrainTimeout for a record only DeadLetter held")
+	tot, inFlight = shareTotals(sub)
+	assert.Equal(t, uint64(1), tot.Released)
+	assert.Zero(t, inFlight)
+}

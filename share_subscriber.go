@@ -394,6 +394,10 @@ func (sub *shareSubscription) handOut(batch []*shareDelivery, renew <-chan time.
 	for i, d := range batch {
 		d.handedAt = time.Now()
 		sub.track(d)
+		if d.pastMax {
+			go d.giveUp()
+			continue
+		}
 		go d.watch()
 		for sent := false; !sent; {
 			select {
