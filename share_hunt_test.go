@@ -31,10 +31,11 @@ func TestShareCloseBrokerGone(t *testing.T) {
 	c.RequireEmbedded(t)
 	topic := c.NewTopic(t, 1)
 	group := c.NewGroup(t)
+	// Produced first: the harness's producer goroutines are not counted.
+	c.ProduceN(t, topic, 1, 3, nil)
 	before := runtime.NumGoroutine()
 	sub := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, sub, topic)
-	c.ProduceN(t, topic, 1, 3, nil)
 	var held *message.Message
 	select {
 	case held = <-msgs:
@@ -608,4 +609,57 @@ func TestShareDeadLetterFailingAtClose(t *testing.T) {
 	tot, inFlight = shareTotals(sub)
 	assert.Equal(t, uint64(1), tot.Released)
 	assert.Zero(t, inFlight)
+}
+
+// TestShareSubscribeContextEnds: ending Subscribe's context ends that
+// subscription like Close does (held records released, the channel
+// closed, message contexts cancelled) while the ShareSubscriber stays
+// usable: a new Subscribe gets the released record at once, and after
+// Close no goroutine of either subscription is left.
+func TestShareSubscribeContextEnds(t *testing.T) {
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	// Produced first: the harness's producer goroutines are not counted.
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("held")})
+	before := runtime.NumGoroutine()
+	sub := newShareSub(t, c, group, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	var held *message.Message
+	select {
+	case held = <-msgs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no record")
+	}
+	cancel()
+	select {
+	case _, ok := <-msgs:
+		require.False(t, ok, "a message after the context ended")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the channel did not close after Subscribe's context ended")
+	}
+	select {
+	case <-held.Context().Done():
+	default:
+		t.Error("held message's context alive after its subscription ended")
+	}
+	msgs2 := subscribeShare(t, sub, topic)
+	start := time.Now()
+	select {
+	case m := <-msgs2:
+		assert.Equal(t, "held", string(m.Payload))
+		m.Ack()
+		t.Logf("released record back after %v", time.Since(start))
+	case <-time.After(15 * time.Second):
+		t.Fatal("the released record did not come back (the lock is 30 s)")
+	}
+	require.NoError(t, sub.Close())
+	ok := kafkatest.Poll(10*time.Second, 100*time.Millisecond, func() bool { return runtime.NumGoroutine() <= before+2 })
+	if !ok {
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		t.Errorf("goroutines after Close: %d, before %d\n%s", runtime.NumGoroutine(), before, buf[:n])
+	}
 }
