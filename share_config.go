@@ -75,10 +75,12 @@ type ShareSubscriberConfig struct {
 	// DeadLetter, when set, is called for a record past MaxDeliveries
 	// instead of rejecting it, with its message (the message's context is
 	// the subscription's). When it returns nil the record is accepted; when
-	// it returns an error, the error is logged and the record released, so
-	// that the dead-lettering is tried again at its next delivery (the
-	// broker's delivery count limit ends that at worst: it archives the
-	// record).
+	// it returns an error, the error is logged and DeadLetter is called
+	// again, with backoff (up to 1 s), while the record stays held, its
+	// acquisition lock renewed, until it succeeds or the subscriber closes;
+	// then the record is released (at the broker's delivery count limit,
+	// the broker archives it). A release would not bring it back: with the
+	// defaults a record reaching DeadLetter is at the broker's limit.
 	DeadLetter func(ctx context.Context, msg *message.Message) error
 
 	// OnUnmarshalError decides the fate of a record the Unmarshaler

@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/safeack/safeack/internal/backoff"
 )
 
 // outcome says why a delivery ended as it did, for Stats and logs.
@@ -68,6 +70,10 @@ type shareDelivery struct {
 	status atomic.Int32
 	done   chan struct{}
 
+	// pastMax: received past MaxDeliveries, to be dead-lettered by
+	// handOut, not handed out.
+	pastMax bool
+
 	// reject makes a Nack reject the record (RejectPoison); skipped says
 	// SkipRevoked did not run its handler.
 	reject, skipped atomic.Bool
@@ -112,8 +118,14 @@ func (sub *shareSubscription) newDelivery(r *kgo.Record) *shareDelivery {
 	d.msg, d.cancel = msg, cancel
 	if int(r.DeliveryCount()) > sub.cfg.MaxDeliveries {
 		sub.logger.Info("Record received past MaxDeliveries; not handed out", d.fields())
-		d.giveUp()
-		return nil
+		if sub.cfg.DeadLetter == nil {
+			d.giveUp()
+			return nil
+		}
+		// DeadLetter may fail and be tried again while the record is
+		// held: handOut runs it beside the batch, whose wait renews the
+		// record's lock.
+		d.pastMax = true
 	}
 	return d
 }
@@ -177,7 +189,13 @@ func (d *shareDelivery) nacked() {
 	d.finish(kgo.AckRelease, outcomeNacked)
 }
 
-// giveUp dead-letters or rejects a record past MaxDeliveries.
+// giveUp dead-letters or rejects a record past MaxDeliveries. A failing
+// DeadLetter is tried again, with backoff, while the record stays held
+// (its lock renewed like any unanswered record's), until it succeeds or
+// the subscription stops: released then, a record at the broker's
+// delivery count limit would be archived by the broker, neither handled
+// nor dead-lettered, and with the defaults (MaxDeliveries is the broker's
+// default limit) every record reaching DeadLetter is at that limit.
 func (d *shareDelivery) giveUp() {
 	cfg := d.sub.cfg
 	if cfg.DeadLetter == nil {
@@ -185,12 +203,26 @@ func (d *shareDelivery) giveUp() {
 		d.finish(kgo.AckReject, outcomeMaxDeliveries)
 		return
 	}
-	if err := cfg.DeadLetter(d.sub.msgCtx, d.msg); err != nil {
-		d.sub.logger.Error("DeadLetter failed; releasing the record to try again", err, d.fields())
-		d.finish(kgo.AckRelease, outcomeDeadLetterFailed)
-		return
+	var pace backoff.Doubling
+	for {
+		err := cfg.DeadLetter(d.sub.msgCtx, d.msg)
+		if err == nil {
+			d.finish(kgo.AckAccept, outcomeDeadLettered)
+			return
+		}
+		if d.status.Load() != 0 {
+			return // released by the drain meanwhile
+		}
+		wait := pace.Next()
+		if !backoff.Sleep(d.sub.stop, wait) {
+			d.sub.logger.Error("DeadLetter failed and the subscription is stopping; releasing the record "+
+				"(at the broker's delivery count limit the broker archives it)", err, d.fields())
+			d.finish(kgo.AckRelease, outcomeDeadLetterFailed)
+			return
+		}
+		d.sub.logger.Error("DeadLetter failed; holding the record and trying again", err,
+			d.fields().Add(watermill.LogFields{"retry_in": wait.String()}))
 	}
-	d.finish(kgo.AckAccept, outcomeDeadLettered)
 }
 
 // finish answers the record once: the first call wins.

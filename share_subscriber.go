@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -259,6 +260,10 @@ type shareMember struct {
 	sub    *shareSubscription
 	id     int
 	client *kgo.Client
+	// coordinator is the broker that answered the last heartbeat (for
+	// shareReadyHook); hasCoordinator says one did.
+	coordinator    atomic.Int32
+	hasCoordinator atomic.Bool
 }
 
 // checkShareSupport asks a broker which requests it serves.
@@ -352,7 +357,7 @@ func (m *shareMember) run() {
 			sub.logger.Error("Share fetch failed", err, watermill.LogFields{"partition": p, "member": m.id})
 		})
 		batch := sub.take(fetches.Records())
-		sub.handOut(batch)
+		sub.handOut(batch, renew.C)
 		sub.await(batch, renew.C)
 	}
 }
@@ -371,29 +376,44 @@ func (sub *shareSubscription) take(recs []*kgo.Record) []*shareDelivery {
 	return batch
 }
 
-// handOut sends the batch's messages; on stop, the ones not sent are
-// released.
-func (sub *shareSubscription) handOut(batch []*shareDelivery) {
-	for i, d := range batch {
-		d.handedAt = time.Now()
+// handOut sends the batch's messages, renewing meanwhile the acquisition
+// locks of the batch's records that take long: a reader that takes one
+// message at a time keeps the member here while it handles the last one,
+// and the records not yet sent wait here too, their locks running. On
+// stop, the ones not sent are released.
+func (sub *shareSubscription) handOut(batch []*shareDelivery, renew <-chan time.Time) {
+	now := time.Now()
+	for _, d := range batch {
 		// The lock runs from the broker's fetch: what is left of it now
 		// is a little less than its duration, a safe span to renew by.
 		if deadline := d.rec.AcquisitionDeadline(); !deadline.IsZero() {
-			d.lockSpan = deadline.Sub(d.handedAt)
-			d.renewAt = d.handedAt.Add(d.lockSpan / 2)
+			d.lockSpan = deadline.Sub(now)
+			d.renewAt = now.Add(d.lockSpan / 2)
 		}
+	}
+	for i, d := range batch {
+		d.handedAt = time.Now()
 		sub.track(d)
+		if d.pastMax {
+			go d.giveUp()
+			continue
+		}
 		go d.watch()
-		select {
-		case sub.output <- d.msg:
-		case <-sub.stop.Done():
-			for _, rest := range batch[i:] {
-				if rest != d {
-					sub.track(rest)
+		for sent := false; !sent; {
+			select {
+			case sub.output <- d.msg:
+				sent = true
+			case now := <-renew:
+				sub.renew(batch, now)
+			case <-sub.stop.Done():
+				for _, rest := range batch[i:] {
+					if rest != d {
+						sub.track(rest)
+					}
+					rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
 				}
-				rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
+				return
 			}
-			return
 		}
 	}
 }
@@ -548,7 +568,9 @@ func (s *ShareSubscriber) Close() error {
 // Ready reports whether every subscription is a member of its share group,
 // as Subscriber.Ready does: nil when every member of every Subscribe call
 // not yet ended had its last share group heartbeat answered, else an error
-// wrapping ErrNotReady that says what each is doing. The broker may hand a
+// wrapping ErrNotReady that says what each is doing; a member whose
+// heartbeat could not be sent, or whose coordinator cannot be reached, is
+// not ready until a heartbeat is answered again. The broker may hand a
 // new member its partitions a heartbeat later
 // (share.heartbeat.interval.ms, 5 s by default). Before the first Subscribe
 // it reports ErrNotReady, after Close ErrSubscriberClosed. It does no I/O.
@@ -596,12 +618,46 @@ func (s *ShareSubscriber) SubscribeInitialize(topic string) (err error) {
 	return init.SubscribeInitializeWithContext(context.Background(), topic)
 }
 
-// shareReadyHook follows the share group heartbeats for Ready.
+// shareReadyHook follows the share group heartbeats for Ready. A heartbeat
+// read tells both ways; a heartbeat that could not be written, or a failed
+// connection to the broker that answered the last one, tells that the
+// member is cut off: kgo then calls no read hook at all (a reset connection
+// fails the write, a refused dial fails before any write), and Ready would
+// go on reporting the last answer.
 type shareReadyHook struct{ m *shareMember }
 
-func (h shareReadyHook) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+var (
+	_ kgo.HookBrokerRead    = shareReadyHook{}
+	_ kgo.HookBrokerWrite   = shareReadyHook{}
+	_ kgo.HookBrokerConnect = shareReadyHook{}
+)
+
+func (h shareReadyHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key != int16(kmsg.ShareGroupHeartbeat) {
+		return
+	}
+	if err == nil {
+		h.m.coordinator.Store(meta.NodeID)
+		h.m.hasCoordinator.Store(true)
+	}
+	h.set(err)
+}
+
+func (h shareReadyHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == int16(kmsg.ShareGroupHeartbeat) && err != nil {
+		h.set(err)
+	}
+}
+
+func (h shareReadyHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil && h.m.hasCoordinator.Load() && meta.NodeID == h.m.coordinator.Load() {
+		h.set(err)
+	}
+}
+
+func (h shareReadyHook) set(err error) {
 	sub := h.m.sub
-	if key != int16(kmsg.ShareGroupHeartbeat) || sub.stop.Err() != nil {
+	if sub.stop.Err() != nil {
 		return
 	}
 	p := phaseConsuming

@@ -1,0 +1,665 @@
+package safeack_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// TestShareCloseBrokerGone: the broker disappears while a share member
+// holds a record. Ready must stop reporting nil, and Close must return
+// within a bound (the drain, plus the flush's DrainTimeout + 5 s), not hang
+// on a leave that can never be answered; its goroutines end.
+func TestShareCloseBrokerGone(t *testing.T) {
+	c := startShareCluster(t, 0)
+	c.RequireEmbedded(t)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	// Produced first: the harness's producer goroutines are not counted.
+	c.ProduceN(t, topic, 1, 3, nil)
+	before := runtime.NumGoroutine()
+	sub := newShareSub(t, c, group, nil)
+	msgs := subscribeShare(t, sub, topic)
+	var held *message.Message
+	select {
+	case held = <-msgs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no record")
+	}
+	c.Kfake().Close()
+	kafkatest.WaitFor(t, 20*time.Second, "Ready reports the lost broker", func() bool { return sub.Ready() != nil })
+
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { _ = sub.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		t.Fatalf("Close still running after 30 s (DrainTimeout 500 ms)\n%s", buf[:n])
+	}
+	took := time.Since(start)
+	t.Logf("Close took %v with the broker gone", took)
+	assert.Less(t, took, 500*time.Millisecond+500*time.Millisecond+5*time.Second+2*time.Second, "Close past DrainTimeout + the flush bound")
+	select {
+	case <-held.Context().Done():
+	default:
+		t.Error("held message's context alive after Close")
+	}
+	ok := kafkatest.Poll(10*time.Second, 100*time.Millisecond, func() bool { return runtime.NumGoroutine() <= before+2 })
+	if !ok {
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		t.Errorf("goroutines after Close: %d, before Subscribe %d\n%s", runtime.NumGoroutine(), before, buf[:n])
+	}
+}
+
+// TestShareCloseReleasesAcrossBrokers: three brokers, partitions led by
+// each, two members per subscription. Records held unanswered at Close
+// reach another subscriber at once (long before the 30 s acquisition
+// lock), acked ones are never delivered again, and every record is handled.
+func TestShareCloseReleasesAcrossBrokers(t *testing.T) {
+	t.Parallel()
+	c := startShareClusterN(t, 3)
+	topic := c.NewTopic(t, 6)
+	group := c.NewGroup(t)
+	const n = 120
+	c.ProduceN(t, topic, 6, n, nil)
+
+	first := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.Members, cfg.MaxInFlight = 2, 4
+	})
+	msgs := subscribeShare(t, first, topic)
+	var held []*message.Message
+	acked := map[string]bool{}
+	// Eight held when the four acked came from one member's poll, which
+	// then polls again; when they came from both members' polls, neither
+	// polls again (a member waits for its whole poll to be answered) and
+	// four are held.
+	deadline := time.After(20 * time.Second)
+hold:
+	for len(held) < 8 {
+		select {
+		case <-deadline:
+			if len(held) >= 4 {
+				t.Logf("held %d of 8: the acked records came from both members' polls", len(held))
+				break hold
+			}
+			t.Fatalf("held %d of 8", len(held))
+		case m := <-msgs:
+			if len(acked) < 4 {
+				m.Ack()
+				acked[string(m.Payload)] = true
+				continue
+			}
+			held = append(held, m)
+		}
+	}
+	kafkatest.WaitFor(t, 5*time.Second, "the acks counted", func() bool {
+		tot, _ := shareTotals(first)
+		return tot.Accepted == 4
+	})
+	time.Sleep(300 * time.Millisecond) // past AckFlushInterval: the acks are sent
+
+	second := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) { cfg.Members = 2 })
+	msgs2 := subscribeShare(t, second, topic)
+	seen := newShareSeen()
+	var mu sync.Mutex
+	arrived := map[string]time.Duration{}
+	start := time.Now()
+	go func() {
+		for m := range msgs2 {
+			seen.add(m)
+			mu.Lock()
+			if _, ok := arrived[string(m.Payload)]; !ok {
+				arrived[string(m.Payload)] = time.Since(start)
+			}
+			mu.Unlock()
+			m.Ack()
+		}
+	}()
+	require.NoError(t, first.Close())
+	kafkatest.WaitFor(t, 12*time.Second, "every held record at the second subscriber", func() bool {
+		for _, m := range held {
+			if seen.count(string(m.Payload)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	kafkatest.WaitFor(t, 25*time.Second, "every record not acked by the first handled by the second", func() bool {
+		return seen.distinct() >= n-len(acked)
+	})
+	time.Sleep(time.Second)
+	for v := range acked {
+		assert.Zero(t, seen.count(v), "record %s acked by the first subscriber delivered again", v)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var latest time.Duration
+	for _, m := range held {
+		latest = max(latest, arrived[string(m.Payload)])
+	}
+	t.Logf("held records at the second subscriber within %v of Close; %d distinct, %d deliveries", latest, seen.distinct(), seen.total())
+	assert.Equal(t, n-len(acked), seen.distinct(), "records handled by the second")
+	_ = fmt.Sprint
+	_ = context.Background
+}
+
+// startShareClusterN is startShareCluster with n embedded brokers and the
+// broker's default acquisition lock (30 s).
+func startShareClusterN(t *testing.T, n int) *kafkatest.Cluster {
+	t.Helper()
+	c := kafkatest.Start(t, kafkatest.WithBrokers(n), kafkatest.WithKfakeOpts(kfake.BrokerConfigs(map[string]string{"share.record.lock.sweep.interval.ms": "100"})))
+	requireShareGroups(t, c)
+	return c
+}
+
+// cutDialer dials normally until cut; from then on every dial is refused
+// and every write on a connection it made fails, as when the broker's host
+// is gone and its connections were reset.
+type cutDialer struct {
+	cut atomic.Bool
+}
+
+var errCut = errors.New("test: connection reset (network cut)")
+
+func (d *cutDialer) dial(ctx context.Context, network, host string) (net.Conn, error) {
+	if d.cut.Load() {
+		return nil, errCut
+	}
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, host)
+	if err != nil {
+		return nil, err
+	}
+	return &cutConn{Conn: c, d: d}, nil
+}
+
+type cutConn struct {
+	net.Conn
+	d *cutDialer
+}
+
+func (c *cutConn) Write(b []byte) (int, error) {
+	if c.d.cut.Load() {
+		return 0, errCut
+	}
+	return c.Conn.Write(b)
+}
+
+// TestShareReadyAfterNetworkCut: the network to the broker is cut (new
+// connections refused, writes on the old ones reset). The share group
+// heartbeats go unanswered, so Ready must stop reporting nil; the member
+// only ever sees write and dial errors, never a failed heartbeat read.
+// Once the network is back, Ready reports nil again.
+func TestShareReadyAfterNetworkCut(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	d := &cutDialer{}
+	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.ClientOptions = []kgo.Opt{kgo.Dialer(d.dial)}
+	})
+	_ = subscribeShare(t, sub, topic)
+	require.NoError(t, sub.Ready())
+	d.cut.Store(true)
+	kafkatest.WaitFor(t, 10*time.Second, "Ready reports the unanswered heartbeats", func() bool { return sub.Ready() != nil })
+	t.Logf("Ready after the cut: %v", sub.Ready())
+	d.cut.Store(false)
+	kafkatest.WaitFor(t, 20*time.Second, "Ready again once the network is back", func() bool { return sub.Ready() == nil })
+	start := time.Now()
+	require.NoError(t, sub.Close())
+	t.Logf("Close took %v", time.Since(start))
+}
+
+// TestShareLockRenewedSequentialReader: a consumer that reads its channel
+// one message at a time (for m := range msgs { handle; Ack }), each
+// handling taking two and a half acquisition locks (1 s here). The
+// documented renewal ("a long handler keeps its record") must hold while
+// the member waits to hand out the poll's next message: neither the
+// message in work nor the ones of the same poll waiting for the reader
+// may go to another member, and every Ack must be accepted.
+func TestShareLockRenewedSequentialReader(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 2*time.Second)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": "2000"})
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("a")}, kafkatest.Record{Value: []byte("b")}, kafkatest.Record{Value: []byte("c")})
+	slow := newShareSub(t, c, group, nil)
+	msgs := subscribeShare(t, slow, topic)
+	// The first message, then the other member, so that the poll that
+	// took it is the slow member's.
+	var first *message.Message
+	select {
+	case first = <-msgs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no message")
+	}
+	other := newShareSub(t, c, group, nil)
+	others := subscribeShare(t, other, topic)
+	seen := newShareSeen()
+	go func() {
+		for m := range others {
+			seen.add(m)
+			m.Ack()
+		}
+	}()
+	handled := newShareSeen()
+	handle := func(m *message.Message) {
+		time.Sleep(4500 * time.Millisecond)
+		handled.add(m)
+		m.Ack()
+	}
+	handle(first)
+	for handled.distinct()+seen.distinct() < 3 {
+		select {
+		case m := <-msgs:
+			handle(m)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("handled %d by the slow member, %d by the other", handled.distinct(), seen.distinct())
+		}
+	}
+	time.Sleep(2500 * time.Millisecond)
+	tot, _ := shareTotals(slow)
+	t.Logf("slow member: handled %d, %+v; other member got %d", handled.total(), tot, seen.total())
+	for _, v := range []string{"a", "b", "c"} {
+		assert.Zero(t, seen.count(v), "record %s went to the other member while the slow member held it", v)
+	}
+	assert.Zero(t, tot.AckErrors, "the broker refused acks: locks had expired")
+}
+
+// TestShareAckDuringDrain: records answered while Close drains (inside
+// DrainTimeout) are accepted, never released nor delivered again, and
+// Close returns once the last one is answered rather than at the end of
+// DrainTimeout.
+func TestShareAckDuringDrain(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	first := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.MaxInFlight = 5
+		cfg.DrainTimeout = 5 * time.Second
+	})
+	// Produced first: a member polls again only once its last poll is
+	// answered, so all five must come in one poll.
+	c.ProduceN(t, topic, 1, 5, nil)
+	msgs := subscribeShare(t, first, topic)
+	var held []*message.Message
+	for len(held) < 5 {
+		select {
+		case m := <-msgs:
+			held = append(held, m)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("held %d of 5", len(held))
+		}
+	}
+	second := newShareSub(t, c, group, nil)
+	msgs2 := subscribeShare(t, second, topic)
+	seen := newShareSeen()
+	go func() {
+		for m := range msgs2 {
+			seen.add(m)
+			m.Ack()
+		}
+	}()
+	start := time.Now()
+	closed := make(chan time.Duration, 1)
+	go func() { _ = first.Close(); closed <- time.Since(start) }()
+	time.Sleep(300 * time.Millisecond)
+	for _, m := range held {
+		select {
+		case <-m.Context().Done():
+			t.Fatalf("message %s: context cancelled during the drain", m.Payload)
+		default:
+		}
+		m.Ack()
+	}
+	var took time.Duration
+	select {
+	case took = <-closed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	t.Logf("Close returned %v after it started (acks at 300 ms, DrainTimeout 5 s)", took)
+	assert.Less(t, took, 3*time.Second, "Close waited for DrainTimeout although every message was answered")
+	tot, _ := shareTotals(first)
+	assert.Equal(t, uint64(5), tot.Accepted)
+	assert.Zero(t, tot.ReleasedAtClose)
+	c.ProduceN(t, topic, 1, 1, nil) // a sentinel: once the second has it, the acked ones would have shown
+	kafkatest.WaitFor(t, 20*time.Second, "the sentinel at the second subscriber", func() bool { return seen.distinct() >= 1 })
+	time.Sleep(500 * time.Millisecond)
+	for _, m := range held {
+		assert.Zero(t, seen.count(string(m.Payload)), "record %s acked during the drain delivered again", m.Payload)
+	}
+}
+
+// TestShareRollingCloses: share subscribers of one group are closed and
+// replaced one after another while records keep coming and handlers take
+// random time. Every record is handled, and a record acked by a subscriber
+// whose Close has returned (its acks sent) is never delivered again, to
+// any member; no ack is refused.
+func TestShareRollingCloses(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 2)
+	group := c.NewGroup(t)
+
+	var mu sync.Mutex
+	ackedBy := map[string]int{}       // value -> generation of the subscriber that acked it
+	ackedAt := map[string]time.Time{} // value -> when
+	closeStart := map[int]time.Time{} // generation -> when its Close started
+	closedGen := map[int]bool{}       // generations whose Close returned
+	var violations []string           // deliveries after a confirmed ack
+	deliveries := map[string]int{}    // value -> deliveries
+	var refused atomic.Uint64
+
+	run := func(gen int) *safeack.ShareSubscriber {
+		sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+			cfg.Members, cfg.MaxInFlight = 2, 8
+			cfg.DrainTimeout = 300 * time.Millisecond
+		})
+		msgs := subscribeShare(t, sub, topic)
+		go func() {
+			for m := range msgs {
+				v := string(m.Payload)
+				mu.Lock()
+				deliveries[v]++
+				// An ack given before its subscriber's Close started took
+				// effect (nothing released it) and was sent by the time
+				// Close returned.
+				if g, ok := ackedBy[v]; ok && closedGen[g] && ackedAt[v].Before(closeStart[g]) {
+					violations = append(violations, fmt.Sprintf("%s delivered again after subscriber %d acked it and closed", v, g))
+				}
+				mu.Unlock()
+				go func() {
+					time.Sleep(time.Duration(rand.N(500)) * time.Millisecond)
+					select {
+					case <-m.Context().Done():
+						m.Nack() // too late: released at Close
+						return
+					default:
+					}
+					mu.Lock()
+					if _, ok := ackedBy[v]; !ok {
+						ackedBy[v], ackedAt[v] = gen, time.Now()
+					}
+					mu.Unlock()
+					m.Ack()
+				}()
+			}
+		}()
+		return sub
+	}
+	stop := make(chan struct{})
+	var produced atomic.Int64
+	var prodWG sync.WaitGroup
+	prodWG.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			c.Produce(t, topic, kafkatest.Record{Partition: int32(i % 2), Value: []byte(fmt.Sprintf("r%d", i))})
+			produced.Add(1)
+		}
+	})
+	live := []*safeack.ShareSubscriber{run(0), run(1)}
+	for gen := 2; gen < 8; gen++ {
+		time.Sleep(time.Duration(700+rand.N(800)) * time.Millisecond)
+		old := live[0]
+		live = append(live[1:], run(gen))
+		mu.Lock()
+		closeStart[gen-2] = time.Now()
+		mu.Unlock()
+		require.NoError(t, old.Close())
+		tot, _ := shareTotals(old)
+		refused.Add(tot.AckErrors)
+		mu.Lock()
+		closedGen[gen-2] = true
+		mu.Unlock()
+	}
+	close(stop)
+	prodWG.Wait()
+	n := int(produced.Load())
+	kafkatest.WaitFor(t, 30*time.Second, "every record acked", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ackedBy) == n
+	})
+	for _, s := range live {
+		require.NoError(t, s.Close())
+		tot, _ := shareTotals(s)
+		refused.Add(tot.AckErrors)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	total := 0
+	for _, d := range deliveries {
+		total += d
+	}
+	t.Logf("%d records, %d deliveries, %d acks refused", n, total, refused.Load())
+	assert.Empty(t, violations)
+	assert.Zero(t, refused.Load(), "acks refused by the broker")
+}
+
+// TestShareDeadLetterFailsAtDefaultLimit: with the defaults (MaxDeliveries
+// 5, the broker's group.share.delivery.count.limit 5), a record whose
+// handler always fails reaches DeadLetter at its fifth delivery; the
+// dead-letter topic is away at that moment. The docs promise that a
+// failing DeadLetter releases the record "to be tried again": it must come
+// back and reach DeadLetter again, not be archived by the broker unseen.
+func TestShareDeadLetterFailsAtDefaultLimit(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	var mu sync.Mutex
+	var dead []int32
+	sub := newShareSub(t, c, c.NewGroup(t), func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.DeadLetter = func(ctx context.Context, msg *message.Message) error {
+			dc, _ := safeack.MessageDeliveryCountFromCtx(msg.Context())
+			mu.Lock()
+			defer mu.Unlock()
+			dead = append(dead, dc)
+			if len(dead) == 1 {
+				return errors.New("dead-letter topic away")
+			}
+			return nil
+		}
+	})
+	msgs := subscribeShare(t, sub, topic)
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("bad")})
+	seen := newShareSeen()
+	go func() {
+		for m := range msgs {
+			seen.add(m)
+			m.Nack()
+		}
+	}()
+	ok := kafkatest.Poll(15*time.Second, 100*time.Millisecond, func() bool {
+		tot, _ := shareTotals(sub)
+		return tot.DeadLettered == 1
+	})
+	tot, _ := shareTotals(sub)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("deliveries %v, DeadLetter calls at delivery counts %v, %+v", seen.deliveryCounts("bad"), dead, tot)
+	assert.True(t, ok, "the record never reached DeadLetter again after its failure: the broker archived it at its delivery limit")
+}
+
+// TestShareDeadLetterPastMaxDeliveries: a record that arrives past
+// MaxDeliveries (here: released once by a subscriber allowing more, then
+// received by one with MaxDeliveries 1) is not handed out but given to
+// DeadLetter; a failing DeadLetter is tried again while the record is
+// held, and the record is accepted once it succeeds.
+func TestShareDeadLetterPastMaxDeliveries(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("bad")})
+	first := newShareSub(t, c, group, nil)
+	msgs := subscribeShare(t, first, topic)
+	select {
+	case m := <-msgs:
+		m.Nack() // released: delivery count 1
+	case <-time.After(20 * time.Second):
+		t.Fatal("no record")
+	}
+	kafkatest.WaitFor(t, 10*time.Second, "the release counted", func() bool {
+		tot, _ := shareTotals(first)
+		return tot.Released == 1
+	})
+	require.NoError(t, first.Close())
+
+	var mu sync.Mutex
+	var dead []int32
+	second := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.MaxDeliveries = 1
+		cfg.DeadLetter = func(ctx context.Context, msg *message.Message) error {
+			dc, _ := safeack.MessageDeliveryCountFromCtx(msg.Context())
+			mu.Lock()
+			defer mu.Unlock()
+			dead = append(dead, dc)
+			if len(dead) < 3 {
+				return errors.New("dead-letter topic away")
+			}
+			return nil
+		}
+	})
+	msgs2 := subscribeShare(t, second, topic)
+	handed := make(chan struct{}, 10)
+	go func() {
+		for m := range msgs2 {
+			handed <- struct{}{}
+			m.Ack()
+		}
+	}()
+	kafkatest.WaitFor(t, 20*time.Second, "dead-lettered and accepted", func() bool {
+		tot, _ := shareTotals(second)
+		return tot.DeadLettered == 1 && tot.Accepted == 1
+	})
+	mu.Lock()
+	// Two at least: the first subscriber may acquire the released record
+	// again before it leaves, and release it at Close.
+	if assert.Len(t, dead, 3, "DeadLetter calls") {
+		assert.GreaterOrEqual(t, dead[0], int32(2))
+		assert.Equal(t, []int32{dead[0], dead[0], dead[0]}, dead, "tried again on the same delivery")
+	}
+	mu.Unlock()
+	assert.Empty(t, handed, "a record past MaxDeliveries was handed out")
+	tot, inFlight := shareTotals(second)
+	assert.Zero(t, tot.Released)
+	assert.Zero(t, inFlight)
+}
+
+// TestShareDeadLetterFailingAtClose: DeadLetter fails for good; the record
+// is held and DeadLetter tried again until Close, which releases it and
+// returns promptly, its goroutines ended.
+func TestShareDeadLetterFailingAtClose(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	var calls atomic.Int64
+	sub := newShareSub(t, c, c.NewGroup(t), func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.MaxDeliveries = 1
+		cfg.DrainTimeout = 5 * time.Second
+		cfg.DeadLetter = func(ctx context.Context, msg *message.Message) error {
+			calls.Add(1)
+			return errors.New("dead-letter topic away")
+		}
+	})
+	msgs := subscribeShare(t, sub, topic)
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("bad")})
+	go func() {
+		for m := range msgs {
+			m.Nack()
+		}
+	}()
+	kafkatest.WaitFor(t, 20*time.Second, "DeadLetter tried three times", func() bool { return calls.Load() >= 3 })
+	tot, inFlight := shareTotals(sub)
+	assert.Zero(t, tot.Released, "released while DeadLetter was being retried")
+	assert.Equal(t, 1, inFlight)
+	start := time.Now()
+	require.NoError(t, sub.Close())
+	took := time.Since(start)
+	t.Logf("Close took %v; DeadLetter called %d times", took, calls.Load())
+	assert.Less(t, took, 3*time.Second, "Close waited out DrainTimeout for a record only DeadLetter held")
+	tot, inFlight = shareTotals(sub)
+	assert.Equal(t, uint64(1), tot.Released)
+	assert.Zero(t, inFlight)
+}
+
+// TestShareSubscribeContextEnds: ending Subscribe's context ends that
+// subscription like Close does (held records released, the channel
+// closed, message contexts cancelled) while the ShareSubscriber stays
+// usable: a new Subscribe gets the released record at once, and after
+// Close no goroutine of either subscription is left.
+func TestShareSubscribeContextEnds(t *testing.T) {
+	c := startShareCluster(t, 0)
+	topic := c.NewTopic(t, 1)
+	group := c.NewGroup(t)
+	// Produced first: the harness's producer goroutines are not counted.
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("held")})
+	before := runtime.NumGoroutine()
+	sub := newShareSub(t, c, group, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	msgs, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	var held *message.Message
+	select {
+	case held = <-msgs:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no record")
+	}
+	cancel()
+	select {
+	case _, ok := <-msgs:
+		require.False(t, ok, "a message after the context ended")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the channel did not close after Subscribe's context ended")
+	}
+	select {
+	case <-held.Context().Done():
+	default:
+		t.Error("held message's context alive after its subscription ended")
+	}
+	msgs2 := subscribeShare(t, sub, topic)
+	start := time.Now()
+	select {
+	case m := <-msgs2:
+		assert.Equal(t, "held", string(m.Payload))
+		m.Ack()
+		t.Logf("released record back after %v", time.Since(start))
+	case <-time.After(15 * time.Second):
+		t.Fatal("the released record did not come back (the lock is 30 s)")
+	}
+	require.NoError(t, sub.Close())
+	ok := kafkatest.Poll(10*time.Second, 100*time.Millisecond, func() bool { return runtime.NumGoroutine() <= before+2 })
+	if !ok {
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		t.Errorf("goroutines after Close: %d, before %d\n%s", runtime.NumGoroutine(), before, buf[:n])
+	}
+}
