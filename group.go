@@ -267,42 +267,81 @@ func fetchStarts(claimed []int32, committed map[int32]committedOffset) map[int32
 }
 
 // commitPinned commits the pinned starts and reads them back, committing
-// again until the coordinator holds them or the session ends. Sarama does
-// not tell a refused commit from a taken one (a coordinator loading the
-// group, or moving, refuses it), and a record handed out while the group
-// has no commit is skipped by the next owner at OffsetNewest if this
-// member dies before it is committed.
+// again until the coordinator holds them or the session ends (see
+// commitUntilHeld): a record handed out while the group has no commit is
+// skipped by the next owner at OffsetNewest if this member dies before it
+// is committed.
 func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map[int32]int64) {
-	parts := make([]int32, 0, len(starts))
-	for p := range starts {
-		parts = append(parts, p)
+	want := make(map[int32]committedOffset, len(starts))
+	for p, start := range starts {
+		want[p] = committedOffset{offset: start}
 	}
-	var pace backoff.Doubling
-	for {
-		sess.Commit()
-		held, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
-		missing := 0
-		for p, start := range starts {
-			if c, ok := held[p]; err != nil || !ok || c.offset < start {
-				missing++
-			}
-		}
-		if missing == 0 {
-			h.sub.logger.Debug("Committed the start of partitions without a commit",
-				h.sub.logFields.Add(watermill.LogFields{"partitions": len(starts)}))
-			return
-		}
-		wait := pace.Next()
-		fields := watermill.LogFields{"partitions": missing, "retry_in": wait.String()}
+	missing, _, err := h.commitUntilHeld(sess.Context(), sess, want, func(missing map[int32]int64, err error, retryIn time.Duration) {
+		fields := watermill.LogFields{"partitions": len(missing), "retry_in": retryIn.String()}
 		if err != nil {
 			fields["err"] = err.Error()
 		}
 		h.sub.logger.Info("The start of partitions without a commit is not committed yet; nothing is handed out until it is",
 			h.sub.logFields.Add(fields))
-		if !backoff.Sleep(sess.Context(), wait) {
-			return
+	})
+	if len(missing) == 0 && err == nil {
+		h.sub.logger.Debug("Committed the start of partitions without a commit",
+			h.sub.logFields.Add(watermill.LogFields{"partitions": len(starts)}))
+	}
+}
+
+// commitUntilHeld commits the session's marks and reads back what the
+// coordinator holds for the partitions of want, committing again (paced
+// by backoff.Doubling) until it holds each one's position, or a later one,
+// or until ctx ends or the session is fenced. Sarama does not report a
+// refused commit (a coordinator loading or moving the group refuses it),
+// so only a read-back tells. At an equal offset the completed tail must
+// match too: a tail that grew behind an unchanged head is a new position,
+// and the next owner skips what it lists. One read each round, given up
+// with ctx: fetchCommitted's own retries, and a coordinator that does not
+// answer, would overrun a caller's bound. waiting, when not nil, is told
+// of each round that found positions missing. It returns the positions
+// still missing (none when all are held), what the coordinator last
+// answered, and the last read's error (ErrInstanceFenced when the session
+// was fenced: its positions are not this member's to commit any more).
+func (h *groupHandler) commitUntilHeld(ctx context.Context, sess sarama.ConsumerGroupSession, want map[int32]committedOffset,
+	waiting func(missing map[int32]int64, err error, retryIn time.Duration)) (missing map[int32]int64, lastHeld map[int32]committedOffset, err error) {
+	parts := make([]int32, 0, len(want))
+	for p, w := range want {
+		if w.offset >= 0 {
+			parts = append(parts, p)
 		}
 	}
+	if len(parts) == 0 {
+		return nil, nil, nil
+	}
+	var pace backoff.Doubling
+	for !sessionFenced(sess.Context()) {
+		callWithin(ctx, sess.Commit)
+		var held map[int32]committedOffset
+		held, err = fetchCommittedWithin(ctx, h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
+		if err == nil {
+			lastHeld = held
+		}
+		missing = make(map[int32]int64)
+		for _, p := range parts {
+			w := want[p]
+			if c, ok := held[p]; err != nil || !ok || c.offset < w.offset || c.offset == w.offset && c.metadata != w.metadata {
+				missing[p] = w.offset
+			}
+		}
+		if len(missing) == 0 {
+			return nil, lastHeld, nil
+		}
+		wait := pace.Next()
+		if waiting != nil {
+			waiting(missing, err, wait)
+		}
+		if !backoff.Sleep(ctx, wait) {
+			return missing, lastHeld, err
+		}
+	}
+	return missing, lastHeld, ErrInstanceFenced
 }
 
 // committedOffset returns what Setup read for partition. A cooperative
@@ -392,7 +431,6 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	if h.txn != nil {
 		h.txn.finishSession()
 	} else {
-		callWithin(ctx, sess.Commit)
 		h.confirmFinalCommit(ctx, sess)
 	}
 	if closing {
@@ -401,9 +439,9 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	return nil
 }
 
-// confirmFinalCommit reads the session's final commit back and commits
-// again until the coordinator holds the last mark of every claim the
-// session ended (see confirmCommitted).
+// confirmFinalCommit commits the session's final marks and reads them
+// back, committing again until the coordinator holds the last mark of
+// every claim the session ended (see confirmCommitted).
 func (h *groupHandler) confirmFinalCommit(ctx context.Context, sess sarama.ConsumerGroupSession) {
 	h.mu.Lock()
 	final := h.final
@@ -412,52 +450,17 @@ func (h *groupHandler) confirmFinalCommit(ctx context.Context, sess sarama.Consu
 	h.confirmCommitted(ctx, sess, final)
 }
 
-// confirmCommitted reads back what the coordinator holds for the
-// partitions of marks and commits again until it holds each one's mark
-// (offset and completed tail), until ctx ends. Sarama does not report a
-// refused commit (a coordinator loading or moving the group refuses it),
-// and with its auto-commit off it drops the marks of a partition whose
-// claim ended without flushing them again: the next owner would handle
-// again everything acked since the last commit the coordinator took. What
-// the coordinator does not hold when ctx ends is logged as an Error,
-// partition by partition.
+// confirmCommitted commits and reads back until the coordinator holds each
+// partition's mark in marks (see commitUntilHeld), until ctx ends. With
+// Sarama's auto-commit off, the marks of a partition whose claim ended are
+// dropped without being flushed again: the next owner would handle again
+// everything acked since the last commit the coordinator took. What the
+// coordinator does not hold when ctx ends is logged as an Error, partition
+// by partition.
 func (h *groupHandler) confirmCommitted(ctx context.Context, sess sarama.ConsumerGroupSession, marks map[int32]committedOffset) {
-	parts := make([]int32, 0, len(marks))
-	for p, mark := range marks {
-		if mark.offset >= 0 {
-			parts = append(parts, p)
-		}
-	}
-	if len(parts) == 0 {
-		return
-	}
-	var pace backoff.Doubling
-	var lastHeld map[int32]committedOffset
-	for !sessionFenced(sess.Context()) {
-		// One attempt each round, given up with ctx: fetchCommitted's
-		// own retries, and a coordinator that does not answer, would
-		// overrun the bound.
-		held, err := fetchCommittedWithin(ctx, h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
-		if err == nil {
-			lastHeld = held
-		}
-		missing := make(map[int32]int64)
-		for _, p := range parts {
-			// A tail that grew behind an unchanged head is a new
-			// position too: the next owner skips what it lists.
-			if c, ok := held[p]; err != nil || !ok || c.offset < marks[p].offset ||
-				c.offset == marks[p].offset && c.metadata != marks[p].metadata {
-				missing[p] = marks[p].offset
-			}
-		}
-		if len(missing) == 0 {
-			return
-		}
-		if !backoff.Sleep(ctx, pace.Next()) {
-			h.logUncommitted(missing, lastHeld, err)
-			return
-		}
-		callWithin(ctx, sess.Commit)
+	missing, held, err := h.commitUntilHeld(ctx, sess, marks, nil)
+	if len(missing) > 0 && !errors.Is(err, ErrInstanceFenced) {
+		h.logUncommitted(missing, held, err)
 	}
 }
 
