@@ -140,6 +140,19 @@ type shareSeen struct {
 	dcs    map[string][]int32 // delivery counts, in arrival order
 }
 
+// answerAll answers every message of msgs with answer (Ack or Nack), one
+// at a time, recording each in the returned shareSeen.
+func answerAll(msgs <-chan *message.Message, answer func(*message.Message) bool) *shareSeen {
+	seen := newShareSeen()
+	go func() {
+		for m := range msgs {
+			seen.add(m)
+			answer(m)
+		}
+	}()
+	return seen
+}
+
 func newShareSeen() *shareSeen {
 	return &shareSeen{counts: make(map[string]int), dcs: make(map[string][]int32)}
 }

@@ -36,12 +36,7 @@ func TestShareCloseBrokerGone(t *testing.T) {
 	before := runtime.NumGoroutine()
 	sub := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, sub, topic)
-	var held *message.Message
-	select {
-	case held = <-msgs:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no record")
-	}
+	held := receive(t, msgs, 20 * time.Second, "no record")
 	c.Kfake().Close()
 	kafkatest.WaitFor(t, 20*time.Second, "Ready reports the lost broker", func() bool { return sub.Ready() != nil })
 
@@ -249,21 +244,10 @@ func TestShareLockRenewedSequentialReader(t *testing.T) {
 	msgs := subscribeShare(t, slow, topic)
 	// The first message, then the other member, so that the poll that
 	// took it is the slow member's.
-	var first *message.Message
-	select {
-	case first = <-msgs:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no message")
-	}
+	first := receive(t, msgs, 20 * time.Second, "no message")
 	other := newShareSub(t, c, group, nil)
 	others := subscribeShare(t, other, topic)
-	seen := newShareSeen()
-	go func() {
-		for m := range others {
-			seen.add(m)
-			m.Ack()
-		}
-	}()
+	seen := answerAll(others, (*message.Message).Ack)
 	handled := newShareSeen()
 	handle := func(m *message.Message) {
 		time.Sleep(4500 * time.Millisecond)
@@ -316,13 +300,7 @@ func TestShareAckDuringDrain(t *testing.T) {
 	}
 	second := newShareSub(t, c, group, nil)
 	msgs2 := subscribeShare(t, second, topic)
-	seen := newShareSeen()
-	go func() {
-		for m := range msgs2 {
-			seen.add(m)
-			m.Ack()
-		}
-	}()
+	seen := answerAll(msgs2, (*message.Message).Ack)
 	start := time.Now()
 	closed := make(chan time.Duration, 1)
 	go func() { _ = first.Close(); closed <- time.Since(start) }()
@@ -490,13 +468,7 @@ func TestShareDeadLetterFailsAtDefaultLimit(t *testing.T) {
 	})
 	msgs := subscribeShare(t, sub, topic)
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("bad")})
-	seen := newShareSeen()
-	go func() {
-		for m := range msgs {
-			seen.add(m)
-			m.Nack()
-		}
-	}()
+	seen := answerAll(msgs, (*message.Message).Nack)
 	ok := kafkatest.Poll(15*time.Second, 100*time.Millisecond, func() bool {
 		tot, _ := shareTotals(sub)
 		return tot.DeadLettered == 1
@@ -627,12 +599,7 @@ func TestShareSubscribeContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	msgs, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
-	var held *message.Message
-	select {
-	case held = <-msgs:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no record")
-	}
+	held := receive(t, msgs, 20 * time.Second, "no record")
 	cancel()
 	select {
 	case _, ok := <-msgs:

@@ -157,13 +157,7 @@ func TestShareDeadLetterAtMaxDeliveries(t *testing.T) {
 	})
 	msgs := subscribeShare(t, sub, topic)
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("bad")})
-	seen := newShareSeen()
-	go func() {
-		for m := range msgs {
-			seen.add(m)
-			m.Nack()
-		}
-	}()
+	seen := answerAll(msgs, (*message.Message).Nack)
 	kafkatest.WaitFor(t, mwWait, "dead-lettered and accepted", func() bool {
 		tot, _ := shareTotals(sub)
 		return tot.DeadLettered == 1 && tot.Accepted == 1

@@ -203,12 +203,7 @@ func TestShareContextHelpers(t *testing.T) {
 	msgs := subscribeShare(t, sub, topic)
 	before := time.Now().Add(-time.Second)
 	p := c.Produce(t, topic, kafkatest.Record{Partition: 1, Key: []byte("k1"), Value: []byte("v")})[0]
-	var m *message.Message
-	select {
-	case m = <-msgs:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no message")
-	}
+	m := receive(t, msgs, 20 * time.Second, "no message")
 	ctx := m.Context()
 	part, ok := safeack.MessagePartitionFromCtx(ctx)
 	assert.True(t, ok)
@@ -364,22 +359,11 @@ func TestShareLockRenewed(t *testing.T) {
 	slow := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, slow, topic)
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("slow")})
-	var m *message.Message
-	select {
-	case m = <-msgs:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no message")
-	}
+	m := receive(t, msgs, 20 * time.Second, "no message")
 	// Another member joins while the record is being handled.
 	other := newShareSub(t, c, group, nil)
 	others := subscribeShare(t, other, topic)
-	seen := newShareSeen()
-	go func() {
-		for m := range others {
-			seen.add(m)
-			m.Ack()
-		}
-	}()
+	seen := answerAll(others, (*message.Message).Ack)
 	time.Sleep(3 * time.Second) // the handler's work: three lock durations
 	m.Ack()
 	kafkatest.WaitFor(t, 10*time.Second, "the slow record accepted", func() bool {
