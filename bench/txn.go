@@ -118,29 +118,30 @@ func txnRouterOnce(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec
 		}
 		sub = s
 	default:
-		s, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+		cfg := safeack.SubscriberConfig{
 			Brokers: env.brokers, OverwriteSaramaConfig: consumerConfig(), ConsumerGroup: group,
 			MaxInFlight: c.conc, Ordering: safeack.Unordered,
+		}
+		if kind != txnExactlyOnce {
+			s, err := safeack.NewSubscriber(cfg, nil)
+			if err != nil {
+				r.err = err
+				return r
+			}
+			sub = s
+			break
+		}
+		pc := consumerConfig()
+		pc.Producer.Partitioner = sarama.NewHashPartitioner
+		s, tp, err := safeack.NewTxnSubscriber(cfg, safeack.TxnConfig{
+			TransactionalID: group, CommitInterval: opt.txnInterval, OverwriteSaramaConfig: pc,
 		}, nil)
 		if err != nil {
 			r.err = err
 			return r
 		}
-		sub = s
-		if kind == txnExactlyOnce {
-			pc := consumerConfig()
-			pc.Producer.Partitioner = sarama.NewHashPartitioner
-			txnPub, err = safeack.NewTxnPublisher(s, safeack.TxnConfig{
-				TransactionalID: group, CommitInterval: opt.txnInterval, OverwriteSaramaConfig: pc,
-			}, nil)
-			if err != nil {
-				_ = s.Close()
-				r.err = err
-				return r
-			}
-			pub = txnPub
-			router.AddMiddleware(txnPub.Middleware)
-		}
+		sub, txnPub, pub = s, tp, tp
+		router.AddMiddleware(txnPub.Middleware)
 	}
 	if pub == nil {
 		pc := wmkafka.DefaultSaramaSyncPublisherConfig()
