@@ -43,21 +43,12 @@ func startShareCluster(t testing.TB, lockDuration time.Duration, opts ...kfake.O
 // enabled): its brokers do not list the share group requests.
 func requireShareGroups(t testing.TB, c *kafkatest.Cluster) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
-	require.NoError(t, err)
-	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
-	require.NoError(t, err, "ApiVersions")
-	served := map[int16]bool{}
-	for _, k := range resp.ApiKeys {
-		served[k.ApiKey] = true
-	}
-	for _, k := range []kmsg.Key{kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge} {
-		if !served[int16(k)] {
-			t.Skipf("the cluster does not serve share groups (no %s in ApiVersions): needs Kafka 4.2+ with share groups enabled", kmsg.NameForKey(int16(k)))
-		}
+	if err := safeack.CheckShareGroups(ctx, c.Brokers()); errors.Is(err, safeack.ErrShareGroupsUnsupported) {
+		t.Skipf("%v: needs Kafka 4.2+ with share groups enabled", err)
+	} else {
+		require.NoError(t, err, "ApiVersions")
 	}
 }
 

@@ -36,7 +36,7 @@ func TestShareCloseBrokerGone(t *testing.T) {
 	before := runtime.NumGoroutine()
 	sub := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, sub, topic)
-	held := receive(t, msgs, 20 * time.Second, "no record")
+	held := receive(t, msgs, 20*time.Second, "no record")
 	c.Kfake().Close()
 	kafkatest.WaitFor(t, 20*time.Second, "Ready reports the lost broker", func() bool { return sub.Ready() != nil })
 
@@ -244,7 +244,7 @@ func TestShareLockRenewedSequentialReader(t *testing.T) {
 	msgs := subscribeShare(t, slow, topic)
 	// The first message, then the other member, so that the poll that
 	// took it is the slow member's.
-	first := receive(t, msgs, 20 * time.Second, "no message")
+	first := receive(t, msgs, 20*time.Second, "no message")
 	other := newShareSub(t, c, group, nil)
 	others := subscribeShare(t, other, topic)
 	seen := answerAll(others, (*message.Message).Ack)
@@ -599,7 +599,7 @@ func TestShareSubscribeContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	msgs, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
-	held := receive(t, msgs, 20 * time.Second, "no record")
+	held := receive(t, msgs, 20*time.Second, "no record")
 	cancel()
 	select {
 	case _, ok := <-msgs:

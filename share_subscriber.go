@@ -266,7 +266,25 @@ type shareMember struct {
 	hasCoordinator atomic.Bool
 }
 
-// checkShareSupport asks a broker which requests it serves.
+// CheckShareGroups reports whether the cluster at brokers serves share
+// groups: nil when it does; an error wrapping ErrShareGroupsUnsupported,
+// naming what is missing, when it does not (a broker before Kafka 4.2, or
+// one whose share groups are not enabled: its share.version feature is not
+// finalized at 1 or more, as on Kafka 4.0 and 4.1, which list the share
+// requests as an early-access preview); or the error of the request. opts
+// are franz-go client options for the connection (TLS, SASL), as in
+// ShareSubscriberConfig.ClientOptions.
+func CheckShareGroups(ctx context.Context, brokers []string, opts ...kgo.Opt) error {
+	client, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	return checkShareSupport(ctx, client)
+}
+
+// checkShareSupport asks a broker which requests it serves and which
+// features the cluster has finalized (see CheckShareGroups).
 func checkShareSupport(ctx context.Context, client *kgo.Client) error {
 	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, client)
 	if err != nil {
@@ -282,6 +300,20 @@ func checkShareSupport(ctx context.Context, client *kgo.Client) error {
 	for _, k := range []kmsg.Key{kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge} {
 		if !served[int16(k)] {
 			return fmt.Errorf("%w: the broker does not serve %s", ErrShareGroupsUnsupported, kmsg.NameForKey(int16(k)))
+		}
+	}
+	// A cluster that lists finalized features says whether share groups
+	// are on; one that lists none (before KIP-584) has no preview to tell
+	// apart.
+	if len(resp.FinalizedFeatures) > 0 {
+		level := int16(0)
+		for _, f := range resp.FinalizedFeatures {
+			if f.Name == "share.version" {
+				level = f.MaxVersionLevel
+			}
+		}
+		if level < 1 {
+			return fmt.Errorf("%w: the cluster's share.version feature is %d (share groups not enabled; generally available from Kafka 4.2)", ErrShareGroupsUnsupported, level)
 		}
 	}
 	return nil

@@ -13,7 +13,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/safeack/safeack"
@@ -203,7 +206,7 @@ func TestShareContextHelpers(t *testing.T) {
 	msgs := subscribeShare(t, sub, topic)
 	before := time.Now().Add(-time.Second)
 	p := c.Produce(t, topic, kafkatest.Record{Partition: 1, Key: []byte("k1"), Value: []byte("v")})[0]
-	m := receive(t, msgs, 20 * time.Second, "no message")
+	m := receive(t, msgs, 20*time.Second, "no message")
 	ctx := m.Context()
 	part, ok := safeack.MessagePartitionFromCtx(ctx)
 	assert.True(t, ok)
@@ -359,7 +362,7 @@ func TestShareLockRenewed(t *testing.T) {
 	slow := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, slow, topic)
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("slow")})
-	m := receive(t, msgs, 20 * time.Second, "no message")
+	m := receive(t, msgs, 20*time.Second, "no message")
 	// Another member joins while the record is being handled.
 	other := newShareSub(t, c, group, nil)
 	others := subscribeShare(t, other, topic)
@@ -393,5 +396,46 @@ func TestShareUnsupportedBroker(t *testing.T) {
 	assert.Nil(t, msgs)
 	assert.Contains(t, err.Error(), "ShareGroupHeartbeat")
 	assert.ErrorIs(t, sub.Ready(), safeack.ErrNotReady)
+	require.NoError(t, sub.Close())
+}
+
+// TestShareGroupsNotEnabled: a cluster that serves the share group requests
+// but has not enabled share groups (share.version 0, as Kafka 4.0 and 4.1
+// ship them as an early-access preview) is refused at Subscribe with
+// ErrShareGroupsUnsupported naming the feature, not joined to hand nothing
+// out; CheckShareGroups says the same, and nil once the feature is on.
+func TestShareGroupsNotEnabled(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	require.NoError(t, safeack.CheckShareGroups(ctx, c.Brokers()))
+	setShareVersion := func(level int16) {
+		t.Helper()
+		cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
+		require.NoError(t, err)
+		defer cl.Close()
+		req := kmsg.NewPtrUpdateFeaturesRequest()
+		fu := kmsg.NewUpdateFeaturesRequestFeatureUpdate()
+		fu.Feature, fu.MaxVersionLevel, fu.UpgradeType = "share.version", level, 2 // safe downgrade
+		req.FeatureUpdates = append(req.FeatureUpdates, fu)
+		resp, err := req.RequestWith(ctx, cl)
+		require.NoError(t, err)
+		require.NoError(t, kerr.ErrorForCode(resp.ErrorCode), "UpdateFeatures")
+		for _, r := range resp.Results {
+			require.NoError(t, kerr.ErrorForCode(r.ErrorCode), "UpdateFeatures %s", r.Feature)
+		}
+	}
+	setShareVersion(0)
+	err := safeack.CheckShareGroups(ctx, c.Brokers())
+	require.ErrorIs(t, err, safeack.ErrShareGroupsUnsupported)
+	assert.Contains(t, err.Error(), "share.version")
+
+	sub, err := safeack.NewShareSubscriber(safeack.ShareSubscriberConfig{Brokers: c.Brokers(), ShareGroup: "g"}, nil)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(ctx, c.NewTopic(t, 1))
+	require.ErrorIs(t, err, safeack.ErrShareGroupsUnsupported)
+	assert.Nil(t, msgs)
 	require.NoError(t, sub.Close())
 }

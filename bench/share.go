@@ -18,8 +18,6 @@ import (
 	"github.com/IBM/sarama"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack"
 )
@@ -236,32 +234,14 @@ var shareSupport struct {
 }
 
 // shareReady reports why the share rows cannot run on env's brokers, nil
-// when they can: the brokers must list the share group requests in
-// ApiVersions (Kafka 4.2+ with share groups enabled; kfake).
+// when they can: Kafka 4.2+ with share groups enabled, or kfake (see
+// safeack.CheckShareGroups).
 func shareReady(ctx context.Context, env *brokerEnv) error {
 	shareSupport.once.Do(func() {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(env.brokers...))
-		if err != nil {
-			shareSupport.err = err
-			return
-		}
-		defer cl.Close()
 		ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		defer cancel()
-		resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
-		if err != nil {
-			shareSupport.err = fmt.Errorf("ApiVersions: %w", err)
-			return
-		}
-		served := map[int16]bool{}
-		for _, k := range resp.ApiKeys {
-			served[k.ApiKey] = true
-		}
-		for _, k := range []kmsg.Key{kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge} {
-			if !served[int16(k)] {
-				shareSupport.err = fmt.Errorf("the broker (%s) does not serve share groups (no %s in ApiVersions; needs Kafka 4.2+ with share groups enabled)", env.desc, kmsg.NameForKey(int16(k)))
-				return
-			}
+		if err := safeack.CheckShareGroups(ctx, env.brokers); err != nil {
+			shareSupport.err = fmt.Errorf("the broker (%s): %w", env.desc, err)
 		}
 	})
 	return shareSupport.err

@@ -355,19 +355,13 @@ func TestShareChaos(t *testing.T) {
 // requireShares skips the scenario on a cluster without share groups.
 func requireShares(t *testing.T, c *kafkatest.Cluster) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
-	require.NoError(t, err)
-	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
-	require.NoError(t, err)
-	for _, k := range resp.ApiKeys {
-		if k.ApiKey == int16(kmsg.ShareFetch) {
-			return
-		}
+	if err := safeack.CheckShareGroups(ctx, c.Brokers()); errors.Is(err, safeack.ErrShareGroupsUnsupported) {
+		t.Skipf("%v: needs Kafka 4.2+ with share groups enabled", err)
+	} else {
+		require.NoError(t, err)
 	}
-	t.Skip("the cluster does not serve share groups (Kafka 4.2+ with share groups enabled)")
 }
 
 // setGroupLock shortens the group's acquisition lock on a real cluster
