@@ -328,6 +328,10 @@ func TestStaticMemberOneSubscriptionAtATime(t *testing.T) {
 	group := c.NewGroup(t)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = "only"
+		// The records are produced once Subscribe returned, perhaps before
+		// the group assigned the topic (a real broker's rebalance of a
+		// static member takes longer than kfake's): not to be skipped.
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
 	})
 	ctx1, cancel1 := context.WithCancel(t.Context())
 	msgs1, err := sub.Subscribe(ctx1, topic1)
@@ -354,9 +358,14 @@ func TestStaticMemberOneSubscriptionAtATime(t *testing.T) {
 	cancel1()
 	for range msgs1 {
 	}
-	msgs2, err := sub.Subscribe(t.Context(), topic2)
+	// Subscribing again takes the id back (as a restarted static member
+	// does). To the same topic: a real broker hands a static member that
+	// rejoins its old assignment, without a rebalance, even when the topics
+	// it subscribes to changed; so an id is for one topic (see
+	// docs/guarantees.md).
+	msgs2, err := sub.Subscribe(t.Context(), topic1)
 	require.NoError(t, err, "the instance id was not released when the first subscription ended")
-	c.ProduceN(t, topic2, 1, 1, nil)
+	c.ProduceN(t, topic1, 1, 1, nil)
 	select {
 	case m := <-msgs2:
 		m.Ack()
