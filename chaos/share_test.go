@@ -201,10 +201,11 @@ func TestShareChaos(t *testing.T) {
 	}()
 
 	type child struct {
-		name  string
-		cmd   *exec.Cmd
-		stdin io.WriteCloser
-		done  chan struct{}
+		name    string
+		cmd     *exec.Cmd
+		stdin   io.WriteCloser
+		done    chan struct{}
+		handled atomic.Int64 // records this process reported handling
 	}
 	generation := 0
 	start := func(slot int) *child {
@@ -236,6 +237,7 @@ func TestShareChaos(t *testing.T) {
 					continue
 				}
 				out(f[0][0], f[1], int32(dc))
+				ch.handled.Add(1)
 			}
 		}()
 		return ch
@@ -261,6 +263,11 @@ func TestShareChaos(t *testing.T) {
 	for deadline := begin.Add(churn()); time.Now().Before(deadline) || fig.Crashes < 2; {
 		time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
 		slot := rng.IntN(len(children))
+		// Killed mid-batch: once it has records in work, not while the
+		// process is still starting (slow on a loaded machine), when it
+		// holds nothing that could come back.
+		ch := children[slot]
+		kafkatest.Poll(30*time.Second, 20*time.Millisecond, func() bool { return ch.handled.Load() > 0 })
 		kill(children[slot])
 		children[slot] = start(slot)
 		fig.Crashes++
