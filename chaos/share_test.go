@@ -70,7 +70,9 @@ func startShareMember(c *kafkatest.Cluster, topic, group string, out func(kind b
 	}
 	router.AddMiddleware(safeack.RejectPoison)
 	router.AddConsumerHandler("share", topic, sub, func(msg *message.Message) error {
-		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+		// Work long beside a fetch's round trip, so that a kill lands
+		// mid-batch: records in work, to come back after the lock.
+		time.Sleep(time.Duration(5000+rand.IntN(25000)) * time.Microsecond)
 		dc, _ := safeack.MessageDeliveryCountFromCtx(msg.Context())
 		v := string(msg.Payload)
 		if strings.HasPrefix(v, "poison-") {
