@@ -163,3 +163,47 @@ func benchZeroWork(b *testing.B, variants []benchVariant) {
 		})
 	}
 }
+
+// BenchmarkDelivered is what the Observer adds to one delivery that is
+// acked (Delivered, then Answered), without a subscriber around it, for
+// each set-up of BenchmarkZeroWork.
+func BenchmarkDelivered(b *testing.B) {
+	for _, v := range []struct {
+		name string
+		opts func(b *testing.B) []safeackotel.Option
+	}{
+		{"otel-noop", func(*testing.B) []safeackotel.Option { return nil }},
+		{"otel-sdk-1pct", sdkOptions(sdktrace.TraceIDRatioBased(0.01))},
+		{"otel-sdk", sdkOptions(sdktrace.AlwaysSample())},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			obs, err := safeackotel.NewObserver(append(v.opts(b), safeackotel.WithPropagator(propagation.TraceContext{}))...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			d := tracedDelivery()
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, do := obs.Delivered(ctx, d); do != nil {
+					do.Answered(safeack.OutcomeAck, nil)
+				}
+			}
+		})
+	}
+}
+
+// sdkOptions are the tracer and meter providers of the SDK, as in
+// sdkVariant.
+func sdkOptions(sampler sdktrace.Sampler) func(b *testing.B) []safeackotel.Option {
+	return func(b *testing.B) []safeackotel.Option {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler),
+			sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+		b.Cleanup(func() {
+			_ = tp.Shutdown(context.Background())
+			_ = mp.Shutdown(context.Background())
+		})
+		return []safeackotel.Option{safeackotel.WithTracerProvider(tp), safeackotel.WithMeterProvider(mp)}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -57,7 +58,7 @@ var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
 // Observer may serve several Subscribers.
 type Observer struct {
 	cfg     config
-	tracer  trace.Tracer
+	tracing atomic.Pointer[tracing]
 	process metric.Float64Histogram
 	commits metric.Float64Histogram
 
@@ -87,7 +88,7 @@ type partAttrs struct {
 // to create the duration histograms.
 func NewObserver(opts ...Option) (*Observer, error) {
 	o := &Observer{cfg: newConfig(opts), parts: map[partKey]*partAttrs{}, previous: map[partKey]int64{}}
-	o.tracer = o.cfg.tp.Tracer(ScopeName)
+	o.tracing.Store(newTracing(o.cfg.tp))
 	meter := o.cfg.mp.Meter(ScopeName)
 	var err error
 	o.process, err = meter.Float64Histogram("messaging.process.duration", metric.WithUnit("s"),
@@ -157,13 +158,22 @@ var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindCons
 // name and kind and, with WithProducerAsParent, its parent.
 func (o *Observer) Delivered(ctx context.Context, d safeack.Delivery) (context.Context, safeack.DeliveryObserver) {
 	rec := d.Record
-	pa := o.partition(d.Group, rec.Topic, rec.Partition)
 	if o.cfg.asParent && len(rec.Headers) > 0 {
+		// Kept in the handler's context even without tracing: logs can
+		// still name the producer's trace.
 		if producer := o.producer(rec.Headers); producer.IsValid() {
 			ctx = trace.ContextWithRemoteSpanContext(ctx, producer)
 		}
 	}
-	ctx, span := o.tracer.Start(ctx, pa.spanName, consumerSpan...)
+	tr := o.currentTracing()
+	if tr.off && !o.process.Enabled(ctx) {
+		return ctx, nil
+	}
+	pa := o.partition(d.Group, rec.Topic, rec.Partition)
+	if tr.off {
+		return ctx, &delivery{o: o, span: noSpan, start: time.Now(), pa: pa}
+	}
+	ctx, span := tr.tracer.Start(ctx, pa.spanName, consumerSpan...)
 	if !span.IsRecording() {
 		if !o.process.Enabled(ctx) {
 			// Nothing to record at the answer: a span that does not
@@ -193,6 +203,10 @@ func (o *Observer) Delivered(ctx context.Context, d safeack.Delivery) (context.C
 	}
 	return ctx, &delivery{o: o, span: span, start: time.Now(), pa: pa}
 }
+
+// noSpan is the span of a delivery without tracing: a no-op span that
+// takes no allocation.
+var noSpan = trace.SpanFromContext(context.Background())
 
 // producer returns the span context the propagator finds in a record's
 // headers.
@@ -261,7 +275,7 @@ func (o *Observer) Committed(ev safeack.CommitEvent) {
 	if ev.Transactional {
 		spanAttrs = append(spanAttrs[:len(spanAttrs):len(spanAttrs)], OutputsKey.Int(ev.Outputs))
 	}
-	_, span := o.tracer.Start(context.Background(), name, trace.WithSpanKind(trace.SpanKindClient),
+	_, span := o.currentTracing().tracer.Start(context.Background(), name, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithTimestamp(ev.Start), trace.WithAttributes(spanAttrs...))
 	end := ev.Start.Add(ev.Duration)
 	o.mu.Lock()

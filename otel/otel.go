@@ -89,6 +89,7 @@ type Option func(*config)
 
 type config struct {
 	tp       trace.TracerProvider
+	globalTP bool // tp is otel.GetTracerProvider(), read again at each delivery
 	mp       metric.MeterProvider
 	prop     propagation.TextMapPropagator
 	asParent bool
@@ -100,7 +101,7 @@ func newConfig(opts []Option) config {
 		o(&c)
 	}
 	if c.tp == nil {
-		c.tp = otel.GetTracerProvider()
+		c.tp, c.globalTP = otel.GetTracerProvider(), true
 	}
 	if c.mp == nil {
 		c.mp = otel.GetMeterProvider()
