@@ -12,6 +12,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -32,9 +33,9 @@ type Observer interface {
 	// Committed is called after each commit of the commit loop (once per
 	// commit interval, and the early commits of a caught-up partition)
 	// that sent a position not yet confirmed, once the positions were read
-	// back; and, in transactional mode, after each transaction. The final
-	// commit of an ending assignment (a revocation, Close) is not
-	// reported.
+	// back; in transactional mode, after each transaction; and after the
+	// final commit of an ending assignment (a revocation, Close), with
+	// CommitEvent.Final set.
 	Committed(c CommitEvent)
 }
 
@@ -120,6 +121,13 @@ type CommitEvent struct {
 	Duration time.Duration
 	// Partitions are the positions sent.
 	Partitions []CommittedPartition
+	// Final reports the last commit of an assignment of these partitions
+	// (they were revoked, or the subscriber closes): its Partitions list
+	// every partition whose assignment ended, with the last position the
+	// subscriber tried to commit, even if an earlier commit sent it
+	// already. Once the assignment ended, records acked later are not
+	// committed by it.
+	Final bool
 	// Err is nil when the commit took. Otherwise it is the transaction's
 	// error, or wraps ErrCommitNotConfirmed: Sarama does not report a
 	// refused commit, so the positions are read back after it, and a
@@ -136,6 +144,16 @@ type CommittedPartition struct {
 	// metadata (0 without one).
 	Offset    int64
 	TailBytes int
+
+	tail frontier.Tail // decoded from the metadata sent
+}
+
+// Covers reports whether the position covers the record at offset: the
+// record is below Offset, or completed in the tail the commit carries. A
+// covered record is not handed out again by the next owner of the
+// partition.
+func (p CommittedPartition) Covers(offset int64) bool {
+	return offset < p.Offset || p.tail.Contains(offset)
 }
 
 // ErrCommitNotConfirmed is wrapped by CommitEvent.Err when reading the
@@ -246,7 +264,7 @@ func (c *commitObservation) confirmed() {
 	}
 	for i, w := range c.workers {
 		p, sent := w.Partition(), c.sent[i]
-		ev.Partitions[i] = CommittedPartition{Partition: p, Offset: sent.offset, TailBytes: len(sent.metadata)}
+		ev.Partitions[i] = committedPartition(p, sent.offset, sent.metadata)
 		if w.Stats().ConfirmedOffset < sent.offset {
 			behind++
 			continue
@@ -269,10 +287,14 @@ func (sub *subscription) observeTxn(start time.Time, took time.Duration, marks m
 	ev := CommitEvent{Topic: sub.topic, Group: a.group, Transactional: true, Outputs: outputs,
 		Start: start, Duration: took, Err: err, Partitions: make([]CommittedPartition, 0, len(marks))}
 	for p, mk := range marks {
-		ev.Partitions = append(ev.Partitions, CommittedPartition{Partition: p, Offset: mk.offset, TailBytes: len(mk.metadata)})
+		ev.Partitions = append(ev.Partitions, committedPartition(p, mk.offset, mk.metadata))
 	}
 	slices.SortFunc(ev.Partitions, func(x, y CommittedPartition) int { return cmp.Compare(x.Partition, y.Partition) })
 	a.o.Committed(ev)
+}
+
+func committedPartition(partition int32, offset int64, metadata string) CommittedPartition {
+	return CommittedPartition{Partition: partition, Offset: offset, TailBytes: len(metadata), tail: coverageOf(offset, metadata).tail}
 }
 
 // commitBehindError is CommitEvent.Err for a commit the read-back did not

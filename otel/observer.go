@@ -33,6 +33,12 @@ const (
 	TailSizeKey = attribute.Key("safeack.tail.size")
 	// OutputsKey counts the messages produced in a transaction.
 	OutputsKey = attribute.Key("safeack.transaction.outputs")
+	// CommitOffsetKey is, on a delivery span's safeack.committed event,
+	// the position committed: the offset of the next record to consume.
+	CommitOffsetKey = attribute.Key("safeack.commit.offset")
+	// FinalKey marks, on a commit span, the final commit of an ending
+	// assignment (safeack.CommitEvent.Final).
+	FinalKey = attribute.Key("safeack.commit.final")
 	// SkipReasonKey tells the two series of safeack.records.skipped apart:
 	// tail or revoked.
 	SkipReasonKey = attribute.Key("safeack.skip.reason")
@@ -46,6 +52,10 @@ const (
 	EventSkipped            = "safeack.skipped"
 	EventAbandoned          = "safeack.abandoned"
 	EventPartitionCommitted = "safeack.partition.committed"
+	// EventCommitted and EventNotCommitted end a delivery span held by
+	// WithCommitEvents.
+	EventCommitted    = "safeack.committed"
+	EventNotCommitted = "safeack.not_committed"
 )
 
 // durationBuckets are the bucket boundaries the messaging semantic
@@ -81,6 +91,13 @@ type partAttrs struct {
 	span         []attribute.KeyValue
 	ok, nack     []metric.RecordOption // one option each, made once
 	partitionAtt attribute.KeyValue
+
+	// WithCommitEvents: the acked deliveries waiting for a commit, and
+	// the partition's assignment (counted up at each final commit) that
+	// a delivery must belong to to wait.
+	mu         sync.Mutex
+	held       []*delivery
+	assignment uint64
 }
 
 // NewObserver returns an Observer with the tracer and meter of the
@@ -201,7 +218,14 @@ func (o *Observer) Delivered(ctx context.Context, d safeack.Delivery) (context.C
 			}
 		}
 	}
-	return ctx, &delivery{o: o, span: span, start: time.Now(), pa: pa}
+	dv := &delivery{o: o, span: span, start: time.Now(), pa: pa, offset: rec.Offset}
+	if o.cfg.hold && d.Group != "" && span.IsRecording() {
+		dv.hold = true
+		pa.mu.Lock()
+		dv.assignment = pa.assignment
+		pa.mu.Unlock()
+	}
+	return ctx, dv
 }
 
 // noSpan is the span of a delivery without tracing: a no-op span that
@@ -216,10 +240,13 @@ func (o *Observer) producer(h []*sarama.RecordHeader) trace.SpanContext {
 
 // delivery is the DeliveryObserver of one delivery.
 type delivery struct {
-	o     *Observer
-	span  trace.Span
-	start time.Time
-	pa    *partAttrs
+	o          *Observer
+	span       trace.Span
+	start      time.Time
+	pa         *partAttrs
+	offset     int64
+	hold       bool   // WithCommitEvents: an ack waits for its commit
+	assignment uint64 // the partition's assignment when delivered
 }
 
 // Answered adds the outcome's event and ends the span (a deferred
@@ -252,7 +279,55 @@ func (d *delivery) Answered(out safeack.Outcome, err error) {
 	if recording {
 		d.span.SetAttributes(OutcomeKey.String(out.String()))
 	}
+	if out == safeack.OutcomeAck && d.hold {
+		pa := d.pa
+		pa.mu.Lock()
+		if d.assignment == pa.assignment {
+			pa.held = append(pa.held, d)
+			pa.mu.Unlock()
+			return
+		}
+		pa.mu.Unlock()
+		// Acked after its assignment's final commit: no commit of it
+		// covers the record.
+		d.span.AddEvent(EventNotCommitted)
+	}
 	d.span.End()
+}
+
+// settle ends the held spans of the partition that p covers, with a
+// safeack.committed event at end; with final (the assignment is over),
+// the others too, with safeack.not_committed.
+func (pa *partAttrs) settle(p safeack.CommittedPartition, ok, final bool, end time.Time) {
+	pa.mu.Lock()
+	var done []*delivery
+	kept := pa.held[:0]
+	for _, d := range pa.held {
+		if ok && p.Covers(d.offset) || final {
+			done = append(done, d)
+		} else {
+			kept = append(kept, d)
+		}
+	}
+	clear(pa.held[len(kept):])
+	pa.held = kept
+	if final {
+		pa.assignment++
+	}
+	pa.mu.Unlock()
+	if len(done) == 0 {
+		return
+	}
+	at := trace.WithTimestamp(end)
+	committed := trace.WithAttributes(CommitOffsetKey.Int64(p.Offset))
+	for _, d := range done {
+		if ok && p.Covers(d.offset) {
+			d.span.AddEvent(EventCommitted, at, committed)
+		} else {
+			d.span.AddEvent(EventNotCommitted, at)
+		}
+		d.span.End(at)
+	}
 }
 
 // Committed records a span for the commit (see the package documentation)
@@ -271,9 +346,12 @@ func (o *Observer) Committed(ev safeack.CommitEvent) {
 	if ev.Group != "" {
 		attrs = append(attrs, semconv.MessagingConsumerGroupName(ev.Group))
 	}
-	spanAttrs := attrs
+	spanAttrs := attrs[:len(attrs):len(attrs)]
 	if ev.Transactional {
-		spanAttrs = append(spanAttrs[:len(spanAttrs):len(spanAttrs)], OutputsKey.Int(ev.Outputs))
+		spanAttrs = append(spanAttrs, OutputsKey.Int(ev.Outputs))
+	}
+	if ev.Final {
+		spanAttrs = append(spanAttrs, FinalKey.Bool(true))
 	}
 	_, span := o.currentTracing().tracer.Start(context.Background(), name, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithTimestamp(ev.Start), trace.WithAttributes(spanAttrs...))
@@ -295,6 +373,11 @@ func (o *Observer) Committed(ev safeack.CommitEvent) {
 		}
 	}
 	o.mu.Unlock()
+	if o.cfg.hold {
+		for _, p := range ev.Partitions {
+			o.partition(ev.Group, ev.Topic, p.Partition).settle(p, ev.Err == nil, ev.Final, end)
+		}
+	}
 	mattrs := attrs
 	if ev.Err != nil {
 		span.RecordError(ev.Err, trace.WithTimestamp(end))

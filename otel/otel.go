@@ -93,6 +93,7 @@ type config struct {
 	mp       metric.MeterProvider
 	prop     propagation.TextMapPropagator
 	asParent bool
+	hold     bool // WithCommitEvents
 }
 
 func newConfig(opts []Option) config {
@@ -143,6 +144,24 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 // otelsarama does). A record without one gets a root span.
 func WithProducerAsParent() Option {
 	return func(c *config) { c.asParent = true }
+}
+
+// WithCommitEvents keeps the span of each delivery its handler acked open
+// until a commit covers the record, adds a safeack.committed event to it
+// then (safeack.commit.offset: the position committed) and ends it, so
+// that a record's own span tells when its work became safe from
+// redelivery. When the assignment ends first (a revocation, Close) the
+// span ends at its final commit, with safeack.not_committed if that did
+// not cover the record: the partition's next owner hands it out again.
+// The span's duration is then from hand-out to commit; the
+// messaging.process.duration histogram still ends at the ack.
+//
+// Only with a consumer group (nothing is committed without one), and only
+// spans that record: each held span stays in memory until its commit,
+// about a commit interval of acked records (more behind a record still in
+// work), which for every span of a fast subscriber is a lot: sample.
+func WithCommitEvents() Option {
+	return func(c *config) { c.hold = true }
 }
 
 // headers is a propagation.TextMapCarrier over a consumed record's

@@ -2,7 +2,9 @@ package safeackotel_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	"go.opentelemetry.io/otel"
@@ -96,4 +98,73 @@ func TestNoSDKCostsNothing(t *testing.T) {
 			t.Fatalf("span links %v, want the producer's span", links)
 		}
 	})
+}
+
+// TestCommitEventsEndSpansAtTheirCommit drives an Observer made
+// WithCommitEvents as a subscriber would: deliveries of offsets 5, 6 and 7
+// (7 acked before 6), a commit at 6, a final commit at 6 (6 was acked, but
+// the assignment ended before a commit covered it), and an ack after the
+// final commit. Each delivery span must end at the commit that covers its
+// record with a safeack.committed event naming the position, or at the
+// final commit with safeack.not_committed; none may end at its ack.
+func TestCommitEventsEndSpansAtTheirCommit(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	obs, err := safeackotel.NewObserver(safeackotel.WithTracerProvider(tp), safeackotel.WithCommitEvents())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliver := func(offset int64) safeack.DeliveryObserver {
+		d := tracedDelivery()
+		d.Record.Offset = offset
+		_, do := obs.Delivered(context.Background(), d)
+		return do
+	}
+	d5, d6, d7 := deliver(5), deliver(6), deliver(7)
+	d5.Answered(safeack.OutcomeAck, nil)
+	d7.Answered(safeack.OutcomeAck, nil)
+	if n := len(rec.Ended()); n != 0 {
+		t.Fatalf("%d spans ended at their ack, want them held until a commit", n)
+	}
+	commit := func(offset int64, final bool) {
+		obs.Committed(safeack.CommitEvent{Topic: "t", Group: "g", Start: time.Now(), Final: final,
+			Partitions: []safeack.CommittedPartition{{Partition: 1, Offset: offset}}})
+	}
+	commit(6, false)
+	d6.Answered(safeack.OutcomeAck, nil)
+	d8 := deliver(8)
+	commit(6, true)
+	d8.Answered(safeack.OutcomeAck, nil) // after its assignment's final commit: ends at once
+	// The partition assigned again: a new delivery waits for a commit of
+	// the new assignment.
+	d9 := deliver(9)
+	d9.Answered(safeack.OutcomeAck, nil)
+	commit(10, false)
+
+	want := map[int64]string{5: "safeack.committed", 6: "safeack.not_committed", 7: "safeack.not_committed",
+		8: "safeack.not_committed", 9: "safeack.committed"}
+	got := map[int64]string{}
+	for _, s := range rec.Ended() {
+		if s.Name() != "process t" {
+			continue
+		}
+		var off int64
+		for _, kv := range s.Attributes() {
+			if kv.Key == "messaging.kafka.offset" {
+				off = kv.Value.AsInt64()
+			}
+		}
+		events := s.Events()
+		last := events[len(events)-1]
+		got[off] = last.Name
+		if last.Name == safeackotel.EventCommitted {
+			if a := attrs(last.Attributes); a[safeackotel.CommitOffsetKey].AsInt64() != map[int64]int64{5: 6, 9: 10}[off] {
+				t.Errorf("offset %d: committed event says position %v", off, a[safeackotel.CommitOffsetKey])
+			}
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("last event of each delivery span %v, want %v", got, want)
+	}
 }
