@@ -42,7 +42,8 @@ func TestNoSDKCostsNothing(t *testing.T) {
 	}{
 		{"global unset", nil},
 		{"noop", []safeackotel.Option{safeackotel.WithTracerProvider(noop.NewTracerProvider())}},
-		{"deprecated noop", []safeackotel.Option{safeackotel.WithTracerProvider(trace.NewNoopTracerProvider())}}, //nolint:staticcheck // the deprecated one still exists and is used
+		//lint:ignore SA1019 the deprecated constructor still exists and applications still call it
+		{"deprecated noop", []safeackotel.Option{safeackotel.WithTracerProvider(trace.NewNoopTracerProvider())}},
 	}
 	for _, p := range providers {
 		t.Run(p.name, func(t *testing.T) {
