@@ -38,6 +38,7 @@ const txnIDHeader = "input"
 // Subscriber, its TxnPublisher and a Router.
 type txnRouterMember struct {
 	router *message.Router
+	sub    *safeack.Subscriber
 	pub    *safeack.TxnPublisher
 	done   chan error
 }
@@ -90,7 +91,7 @@ func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string, coop boo
 		outMsg.Metadata.Set(txnIDHeader, fmt.Sprintf("%d@%d", p, o))
 		return []*message.Message{outMsg}, nil
 	})
-	m := &txnRouterMember{router: router, pub: pub, done: make(chan error, 1)}
+	m := &txnRouterMember{router: router, sub: sub, pub: pub, done: make(chan error, 1)}
 	go func() { m.done <- router.Run(context.Background()) }()
 	select {
 	case <-router.Running():
@@ -292,20 +293,36 @@ func txnRouterChaos(t *testing.T, coop bool) {
 	admin, err := sarama.NewClusterAdmin(c.Brokers(), c.SaramaConfig())
 	require.NoError(t, err)
 	defer admin.Close()
-	kafkatest.WaitFor(t, 5*time.Minute, "the group's commits to reach the end of the input", func() bool {
+	// What the group held when last read, for the failure message: a
+	// drain that never ends says which partition stopped where.
+	var lastHeld string
+	drained := kafkatest.Poll(5*time.Minute, 10*time.Millisecond, func() bool {
 		// Errors (a coordinator still loading after a restart) are retried.
 		resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{in: {0, 1, 2, 3}})
 		if err != nil {
+			lastHeld = err.Error()
 			return false
 		}
+		held := make([]string, 0, len(hwm))
+		done := true
 		for p, h := range hwm {
 			b := resp.GetBlock(in, p)
-			if b == nil || b.Err != sarama.ErrNoError || b.Offset != h {
-				return false
+			switch {
+			case b == nil:
+				held = append(held, fmt.Sprintf("%d: none/%d", p, h))
+				done = false
+			case b.Err != sarama.ErrNoError || b.Offset != h:
+				held = append(held, fmt.Sprintf("%d: %d (%v)/%d", p, b.Offset, b.Err, h))
+				done = false
 			}
 		}
-		return true
+		lastHeld = strings.Join(held, ", ")
+		return done
 	})
+	if !drained {
+		t.Fatalf("timed out after 5m waiting for the group's commits to reach the end of the input: held/end %s; in-process member: partitions %+v, transactions %+v",
+			lastHeld, slots[2].inner.sub.Stats(), slots[2].inner.pub.Stats())
+	}
 	collect(slots[2].inner)
 	require.NoError(t, slots[2].inner.stop())
 	t.Logf("in-process member: %d transactions committed, %d aborted, %d retried in a new generation", committed, aborted, retried)
