@@ -326,7 +326,7 @@ func (h *groupHandler) commitUntilHeld(ctx context.Context, sess sarama.Consumer
 		missing = make(map[int32]int64)
 		for _, p := range parts {
 			w := want[p]
-			if c, ok := held[p]; err != nil || !ok || c.offset < w.offset || c.offset == w.offset && c.metadata != w.metadata {
+			if c, ok := held[p]; err != nil || !ok || !c.holds(w) {
 				missing[p] = w.offset
 			}
 		}
