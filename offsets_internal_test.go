@@ -61,7 +61,9 @@ func TestCommittedOffsetHolds(t *testing.T) {
 	require.NoError(t, err)
 	otherTail, _, err := frontier.EncodeTailEpoch(5, []frontier.Range{{From: 6, To: 9}}, frontier.DefaultMetadataBudget, 0)
 	require.NoError(t, err)
-	at := func(offset int64, meta string) committedOffset { return committedOffset{offset: offset, metadata: meta} }
+	at := func(offset int64, meta string) committedOffset {
+		return committedOffset{offset: offset, metadata: meta}
+	}
 	for _, tc := range []struct {
 		name       string
 		held, want committedOffset
