@@ -399,12 +399,33 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.Consume
 // dropped without being flushed again: the next owner would handle again
 // everything acked since the last commit the coordinator took. What the
 // coordinator does not hold when ctx ends is logged as an Error, partition
-// by partition.
+// by partition. The assignments of marks are over: an Observer is told of
+// their final positions (see subscription.observeFinal).
 func (s sessionOffsets) confirm(ctx context.Context, sess sarama.ConsumerGroupSession, marks map[int32]committedOffset) {
+	start := time.Now()
 	missing, held, err := s.commitUntilHeld(ctx, sess, marks, nil)
-	if len(missing) > 0 && !errors.Is(err, ErrInstanceFenced) {
+	fenced := errors.Is(err, ErrInstanceFenced)
+	if len(missing) > 0 && !fenced {
 		s.logUncommitted(missing, held, err)
 	}
+	if s.sub.workerCfg.Observer == nil {
+		return
+	}
+	// A partition that never marked (-1: no record fixed its start) had
+	// nothing handed out: no final position to report.
+	took := time.Since(start)
+	finalHeld := make(map[int32]committedOffset, len(marks))
+	notHeld := make(map[int32]committedOffset)
+	for p, m := range marks {
+		switch _, miss := missing[p]; {
+		case m.offset < 0:
+		case miss || fenced: // a fenced session's positions are the fencing member's
+			notHeld[p] = m
+		default:
+			finalHeld[p] = m
+		}
+	}
+	s.sub.observeFinal(start, took, false, finalHeld, notHeld, err)
 }
 
 // logUncommitted reports final positions the group coordinator does not
