@@ -36,7 +36,9 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		<-errsDone
 	}()
 
-	gh := &groupHandler{sub: sub, ctx: ctx, client: client, group: group, txn: sub.txn, epochs: epochs}
+	gh := &groupHandler{sub: sub, ctx: ctx, client: client, group: group, epochs: epochs,
+		offsets: sessionOffsets{sub: sub, client: client}}
+	gh.commits = newCommitter(gh)
 	var handler sarama.ConsumerGroupHandler = gh
 	if sub.cfg.Tracer != nil {
 		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
@@ -92,8 +94,12 @@ type groupHandler struct {
 	ctx    context.Context
 	client sarama.Client
 	group  sarama.ConsumerGroup
-	txn    *txnCommitter // nil: offsets are committed through the session
-	epochs *epochClient  // sends the leader-epoch checks (see checkLeaderEpochs)
+	epochs *epochClient // sends the leader-epoch checks (see checkLeaderEpochs)
+	// commits is where the sessions' completed positions go, chosen once
+	// (see newCommitter); offsets commits and reads back through a
+	// session, in either mode (pinned starts, truncations).
+	commits committer
+	offsets sessionOffsets
 
 	// hwmListing: a listing of high-water marks runs; hwmListedAt: when
 	// the last one started, in Unix nanoseconds (see listHighWaterMarks).
@@ -116,19 +122,13 @@ type groupHandler struct {
 	first   map[int32]*firstFetch
 	mu      sync.Mutex
 	workers workerSet // the running claims'
-	stop    chan struct{}
-	done    chan struct{}
-	soon    chan struct{} // capacity 1: a partition asks for a commit now
-	// final is the last position each claim the session ended marked, for
-	// Cleanup to confirm (see confirmFinalCommit).
-	final map[int32]committedOffset
 	// claims counts the ConsumeClaims running (see ConsumeClaim).
 	claims atomic.Int32
 }
 
 // Setup reads the committed offsets and metadata of the claimed partitions
 // (one OffsetFetch per session), pins the start of those without a commit
-// (see pinStarts) and starts the session's commit loop.
+// (see pinStarts) and starts the session's commits.
 func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	sess = guardSession(sess)
 	claimed := sess.Claims()[h.sub.topic]
@@ -146,15 +146,14 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	})
 	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
 	listing.Wait()
-	if err != nil && h.txn != nil {
-		// Handling a committed tail's records again would write their
-		// outputs twice: try the session again. Sarama runs Cleanup.
-		h.mu.Lock()
-		h.pinned = closedChan
-		h.mu.Unlock()
-		h.stop, h.done = make(chan struct{}), make(chan struct{})
-		close(h.done)
-		return fmt.Errorf("safeack: reading committed offsets for a transactional session: %w", err)
+	if err != nil {
+		if err := h.commits.withoutCommitted("committed offsets", err); err != nil {
+			// Sarama runs Cleanup.
+			h.mu.Lock()
+			h.pinned = closedChan
+			h.mu.Unlock()
+			return err
+		}
 	}
 	var pinned <-chan struct{} = closedChan
 	var truncated map[int32]bool
@@ -168,7 +167,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		// Epochs earlier members committed are checked even with
 		// DisableCompletedTail (reading is not writing).
 		truncated = h.checkLeaderEpochs(sess, committed)
-		pinned = h.pinStarts(sess, claimed, committed, starts, startErrs)
+		pinned = h.offsets.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
 	// Committed tails are read (and their records skipped) even with
 	// DisableCompletedTail, which only stops this member writing them:
@@ -186,16 +185,8 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.truncated = truncated
 	h.pinned = pinned
 	h.first = first
-	h.final = make(map[int32]committedOffset, len(claimed))
 	h.mu.Unlock()
-	h.stop, h.done = make(chan struct{}), make(chan struct{})
-	h.soon = make(chan struct{}, 1)
-	if h.txn != nil {
-		h.txn.beginSession(sess, committed, h.endAssignments)
-		go h.txnCommitLoop(h.stop, h.done)
-	} else {
-		go h.commitLoop(sess, h.stop, h.done, h.soon)
-	}
+	h.commits.begin(sess, committed)
 	h.sub.subscriber.ready.set(h.sub, phaseConsuming, nil)
 	return nil
 }
@@ -207,53 +198,6 @@ var closedChan = func() chan struct{} {
 	return c
 }()
 
-// pinStarts commits a start position for the claimed partitions on which
-// the group has no commit, before Sarama starts them: Offsets.Initial
-// resolved now (starts, listed by Setup). Sarama then fetches from exactly
-// there (the claim's InitialOffset is that offset), and the group's
-// position is at the broker before any record is handed out, so a member
-// that dies or loses the partition before handing a record out does not
-// leave the next one to resolve Offsets.Initial afresh (at OffsetNewest,
-// skipping what came in between). Partitions whose start cannot be pinned
-// here (a cooperative claim added without Setup, a commit out of range, an
-// error) start at their first record instead (fixStart).
-//
-// The marks are made here, so that Sarama's claims fetch from them; the
-// commit is sent in the background, beside the claims' first fetches, and
-// the returned channel closes once the coordinator holds it (see
-// commitPinned). ConsumeClaim hands nothing out before that.
-func (h *groupHandler) pinStarts(sess sarama.ConsumerGroupSession, claimed []int32, committed map[int32]committedOffset,
-	starts map[int32]int64, startErrs map[int32]error) <-chan struct{} {
-	pinned := make(map[int32]int64)
-	for _, p := range claimed {
-		if c, ok := committed[p]; !ok || c.offset >= 0 {
-			continue
-		}
-		start, ok := starts[p]
-		if !ok {
-			fields := watermill.LogFields{"kafka_partition": p}
-			if err := startErrs[p]; err != nil {
-				fields["err"] = err.Error()
-			}
-			h.sub.logger.Debug("Cannot resolve the start offset; the partition starts at its first record",
-				h.sub.logFields.Add(fields))
-			continue
-		}
-		sess.MarkOffset(h.sub.topic, p, start, "")
-		committed[p] = committedOffset{offset: start}
-		pinned[p] = start
-	}
-	if len(pinned) == 0 {
-		return closedChan
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		h.commitPinned(sess, pinned)
-	}()
-	return done
-}
-
 // fetchStarts returns where Sarama's claims will fetch from, for the
 // partitions whose group commit (read or pinned by Setup) says so.
 func fetchStarts(claimed []int32, committed map[int32]committedOffset) map[int32]int64 {
@@ -264,84 +208,6 @@ func fetchStarts(claimed []int32, committed map[int32]committedOffset) map[int32
 		}
 	}
 	return from
-}
-
-// commitPinned commits the pinned starts and reads them back, committing
-// again until the coordinator holds them or the session ends (see
-// commitUntilHeld): a record handed out while the group has no commit is
-// skipped by the next owner at OffsetNewest if this member dies before it
-// is committed.
-func (h *groupHandler) commitPinned(sess sarama.ConsumerGroupSession, starts map[int32]int64) {
-	want := make(map[int32]committedOffset, len(starts))
-	for p, start := range starts {
-		want[p] = committedOffset{offset: start}
-	}
-	missing, _, err := h.commitUntilHeld(sess.Context(), sess, want, func(missing map[int32]int64, err error, retryIn time.Duration) {
-		fields := watermill.LogFields{"partitions": len(missing), "retry_in": retryIn.String()}
-		if err != nil {
-			fields["err"] = err.Error()
-		}
-		h.sub.logger.Info("The start of partitions without a commit is not committed yet; nothing is handed out until it is",
-			h.sub.logFields.Add(fields))
-	})
-	if len(missing) == 0 && err == nil {
-		h.sub.logger.Debug("Committed the start of partitions without a commit",
-			h.sub.logFields.Add(watermill.LogFields{"partitions": len(starts)}))
-	}
-}
-
-// commitUntilHeld commits the session's marks and reads back what the
-// coordinator holds for the partitions of want, committing again (paced
-// by backoff.Doubling) until it holds each one's position, or a later one,
-// or until ctx ends or the session is fenced. Sarama does not report a
-// refused commit (a coordinator loading or moving the group refuses it),
-// so only a read-back tells. At an equal offset the completed tail must
-// match too: a tail that grew behind an unchanged head is a new position,
-// and the next owner skips what it lists. One read each round, given up
-// with ctx: fetchCommitted's own retries, and a coordinator that does not
-// answer, would overrun a caller's bound. waiting, when not nil, is told
-// of each round that found positions missing. It returns the positions
-// still missing (none when all are held), what the coordinator last
-// answered, and the last read's error (ErrInstanceFenced when the session
-// was fenced: its positions are not this member's to commit any more).
-func (h *groupHandler) commitUntilHeld(ctx context.Context, sess sarama.ConsumerGroupSession, want map[int32]committedOffset,
-	waiting func(missing map[int32]int64, err error, retryIn time.Duration)) (missing map[int32]int64, lastHeld map[int32]committedOffset, err error) {
-	parts := make([]int32, 0, len(want))
-	for p, w := range want {
-		if w.offset >= 0 {
-			parts = append(parts, p)
-		}
-	}
-	if len(parts) == 0 {
-		return nil, nil, nil
-	}
-	var pace backoff.Doubling
-	for !sessionFenced(sess.Context()) {
-		callWithin(ctx, sess.Commit)
-		var held map[int32]committedOffset
-		held, err = fetchCommittedWithin(ctx, h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
-		if err == nil {
-			lastHeld = held
-		}
-		missing = make(map[int32]int64)
-		for _, p := range parts {
-			w := want[p]
-			if c, ok := held[p]; err != nil || !ok || c.offset < w.offset || c.offset == w.offset && c.metadata != w.metadata {
-				missing[p] = w.offset
-			}
-		}
-		if len(missing) == 0 {
-			return nil, lastHeld, nil
-		}
-		wait := pace.Next()
-		if waiting != nil {
-			waiting(missing, err, wait)
-		}
-		if !backoff.Sleep(ctx, wait) {
-			return missing, lastHeld, err
-		}
-	}
-	return missing, lastHeld, ErrInstanceFenced
 }
 
 // committedOffset returns what Setup read for partition. A cooperative
@@ -385,7 +251,7 @@ func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partiti
 	h.mu.Unlock()
 	ctx, cancel := h.sub.halt.within(h.sub.cfg.finalCommitWait())
 	defer cancel()
-	h.confirmCommitted(ctx, sess, marks)
+	h.offsets.confirm(ctx, sess, marks)
 	h.sub.logger.Info("Ending the session so that the truncated partition starts again where its log diverged",
 		h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "start": marks[partition].offset}))
 	return true
@@ -399,7 +265,7 @@ func withTruncated(m map[int32]bool, partition int32) map[int32]bool {
 	return m
 }
 
-// Cleanup stops the commit loop and commits what the claims marked. When
+// Cleanup stops the commit loop and commits what the claims ended with. When
 // the subscription stops, this final commit may wait closeCommitWait for
 // the brokers (finalCommitWait at a rebalance); the shutdown deadline then
 // leaves closeGrace to leave the group.
@@ -414,11 +280,7 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	}
 	ctx, cancel := h.sub.halt.within(wait)
 	defer cancel()
-	close(h.stop)
-	// The commit loop ends after its current commit, which waits for the
-	// broker (Net.ReadTimeout when it does not answer): not past the
-	// final commit's bound.
-	waitOr(ctx, h.done)
+	h.commits.stopLoop(ctx)
 	h.mu.Lock()
 	pinned := h.pinned
 	h.mu.Unlock()
@@ -428,69 +290,11 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 		// committed (sess and the transactions refuse to).
 		h.fenced.Store(true)
 	}
-	if h.txn != nil {
-		h.txn.finishSession()
-	} else {
-		h.confirmFinalCommit(ctx, sess)
-	}
+	h.commits.finish(ctx, sess)
 	if closing {
 		h.sub.halt.arm(closeGrace)
 	}
 	return nil
-}
-
-// confirmFinalCommit commits the session's final marks and reads them
-// back, committing again until the coordinator holds the last mark of
-// every claim the session ended (see confirmCommitted).
-func (h *groupHandler) confirmFinalCommit(ctx context.Context, sess sarama.ConsumerGroupSession) {
-	h.mu.Lock()
-	final := h.final
-	h.final = nil
-	h.mu.Unlock()
-	h.confirmCommitted(ctx, sess, final)
-}
-
-// confirmCommitted commits and reads back until the coordinator holds each
-// partition's mark in marks (see commitUntilHeld), until ctx ends. With
-// Sarama's auto-commit off, the marks of a partition whose claim ended are
-// dropped without being flushed again: the next owner would handle again
-// everything acked since the last commit the coordinator took. What the
-// coordinator does not hold when ctx ends is logged as an Error, partition
-// by partition.
-func (h *groupHandler) confirmCommitted(ctx context.Context, sess sarama.ConsumerGroupSession, marks map[int32]committedOffset) {
-	missing, held, err := h.commitUntilHeld(ctx, sess, marks, nil)
-	if len(missing) > 0 && !errors.Is(err, ErrInstanceFenced) {
-		h.logUncommitted(missing, held, err)
-	}
-}
-
-// logUncommitted reports final positions the group coordinator does not
-// hold: partition and offset of each ("uncommitted"), and what the
-// coordinator held when last read ("held", when it answered).
-func (h *groupHandler) logUncommitted(missing map[int32]int64, held map[int32]committedOffset, err error) {
-	fields := watermill.LogFields{"uncommitted": positions(missing), "partitions": len(missing)}
-	if held != nil {
-		offs := make(map[int32]int64, len(missing))
-		for p := range missing {
-			if c, ok := held[p]; ok {
-				offs[p] = c.offset
-			}
-		}
-		fields["held"] = positions(offs)
-	}
-	if err == nil {
-		err = errors.New("the group coordinator holds an earlier position")
-	}
-	h.sub.logger.Error("Final positions not committed: the next owner handles again the records acked after the position the group holds",
-		err, h.sub.logFields.Add(fields))
-}
-
-// finalCommitWait bounds confirmCommitted: DrainTimeout, and at most half
-// of what a full drain leaves of Rebalance.Timeout, so that the member
-// still rejoins (eager), or gives the partition up (cooperative), in time.
-func (c *SubscriberConfig) finalCommitWait() time.Duration {
-	left := c.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout - c.DrainTimeout
-	return min(c.DrainTimeout, left/2)
 }
 
 // ConsumeClaim runs one partition until it is revoked.
@@ -525,11 +329,10 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		}
 	}()
 	commit, haveCommit, fromSetup, err := h.committedOffset(claim.Partition())
-	if err != nil && h.txn != nil {
-		// Without the completed tail, its records would be handled, and
-		// their outputs written, again: end the session, whose next Setup
-		// reads the commits again.
-		return fmt.Errorf("safeack: reading the committed offset of a transactional claim: %w", err)
+	if err != nil {
+		if err := h.commits.withoutCommitted("the committed offset of a claim", err); err != nil {
+			return err // ends the session, whose next Setup reads the commits again
+		}
 	}
 	if haveCommit && !fromSetup && h.checkAddedClaim(sess, claim.Partition(), commit) {
 		return nil
@@ -546,14 +349,18 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		start = h.startOf(claim)
 	}
 	// Where completed offsets go: the session's marks, or the transaction.
+	commits := h.commits.claim(sess, claim.Partition())
+	defer commits.done()
 	a := partition.Assignment{
-		Topic:         claim.Topic(),
-		Partition:     claim.Partition(),
-		Start:         start,
-		Marker:        sessionMarker{sess, h},
-		Pauser:        h.group,
-		HighWaterMark: claim.HighWaterMarkOffset,
-		RequestCommit: h.commitSoon,
+		Topic:          claim.Topic(),
+		Partition:      claim.Partition(),
+		Start:          start,
+		Marker:         commits.marker,
+		Deliveries:     commits.deliveries,
+		Pauser:         h.group,
+		HighWaterMark:  claim.HighWaterMarkOffset,
+		RequestCommit:  commits.requestCommit,
+		StartCommitted: commits.startCommitted,
 		// A backfilled claim's start is resolved here, without a commit:
 		// the worker commits it before anything is handed out, as Setup
 		// does for the session's first claims (pinStarts).
@@ -572,31 +379,15 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	}
 	delete(h.first, claim.Partition()) // for the session's first claim of the partition only
 	h.mu.Unlock()
-	var tm *txnMarker
-	if h.txn != nil {
-		tm = h.txn.newMarker(claim.Partition())
-		defer tm.release()
-		a.Marker, a.Deliveries = tm, tm
-	} else {
-		a.StartCommitted = func(offset int64) bool {
-			held, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, claim.Topic(), []int32{claim.Partition()})
-			return err == nil && held[claim.Partition()].offset == offset
-		}
-	}
 	w, err := h.sub.newWorker(sess.Context(), a)
 	if err != nil {
 		return err
 	}
-	if tm != nil {
-		tm.bind(w)
-	}
+	commits.bind(w, commit, haveCommit)
 	if truncated {
 		w.CountLogTruncation()
 	}
 	if haveCommit {
-		if tm != nil {
-			tm.startFrom(commit)
-		}
 		w.StartFromCommit(commit.offset, commit.metadata)
 	}
 	h.workers.add(w)
@@ -606,45 +397,8 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		h.workers.remove(w)
 	}()
 	w.Run(messages, h.sub.subscriber.closing)
-	if tm != nil {
-		return nil // the drain's transaction carried the final position
-	}
-	if sess.Context().Err() != nil || h.sub.stopping(h.ctx) {
-		// The session ends: Cleanup confirms its final commit, once for
-		// all its claims.
-		h.mu.Lock()
-		if h.final != nil {
-			offset, meta := w.MarkedPosition()
-			h.final[claim.Partition()] = committedOffset{offset: offset, metadata: meta}
-		}
-		h.mu.Unlock()
-		return nil
-	}
-	// Revoked while the session goes on (cooperative): Sarama drops the
-	// partition's marks once this returns, so its final commit is
-	// confirmed now.
-	offset, meta := w.MarkedPosition()
-	ctx, cancel := h.sub.halt.within(h.sub.cfg.finalCommitWait())
-	defer cancel()
-	h.confirmCommitted(ctx, sess, map[int32]committedOffset{claim.Partition(): {offset: offset, metadata: meta}})
+	commits.end(w)
 	return nil
-}
-
-// sessionMarker is the session, as a partition worker marks and commits
-// through it. Once the session is ending, a commit (the drain's) is left
-// to Cleanup, which commits the marks of every claim at once and confirms
-// them, within its bound: one commit per drain queued them behind each
-// other at the coordinator, each holding its drain (and so Close) while a
-// broker was slow to answer, or for Net.ReadTimeout when it did not.
-type sessionMarker struct {
-	sarama.ConsumerGroupSession
-	h *groupHandler
-}
-
-func (m sessionMarker) Commit() {
-	if m.Context().Err() == nil && !m.h.sub.stopping(m.h.ctx) {
-		m.ConsumerGroupSession.Commit()
-	}
 }
 
 // startOf tells where a claim starts. InitialOffset is the committed
@@ -665,4 +419,24 @@ func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) partition.Start 
 		estimate = 0
 	}
 	return partition.Start{Offset: estimate}
+}
+
+// hwmListEvery is the least time between two listings of a session's
+// high-water marks: the transactional commit loop ticks every 100 ms.
+const hwmListEvery = time.Second
+
+// listHighWaterMarks lists the high-water marks of the session's
+// partitions, for Stats (see workerSet.setHighWaterMarks), on a goroutine of its own
+// so that a broker slow to answer never holds a commit up, at most one
+// listing at a time and one per hwmListEvery. The commit loops call it.
+func (h *groupHandler) listHighWaterMarks() {
+	now := time.Now().UnixNano()
+	if now-h.hwmListedAt.Load() < int64(hwmListEvery) || !h.hwmListing.CompareAndSwap(false, true) {
+		return
+	}
+	h.hwmListedAt.Store(now)
+	go func() {
+		defer h.hwmListing.Store(false)
+		h.workers.setHighWaterMarks(h.client, h.sub.topic)
+	}()
 }

@@ -126,7 +126,13 @@ type CommitEvent struct {
 	// every partition whose assignment ended, with the last position the
 	// subscriber tried to commit, even if an earlier commit sent it
 	// already. Once the assignment ended, records acked later are not
-	// committed by it.
+	// committed by it. The positions the group coordinator holds (read
+	// back until it did) come in one event with Err nil, those it did not
+	// hold in time in another, whose Err wraps ErrCommitNotConfirmed; each
+	// partition is in one of them. In transactional mode each partition's
+	// event comes as its claim gives it up, after the drain's transaction
+	// (an event of its own), with the position the group holds from the
+	// assignment.
 	Final bool
 	// Err is nil when the commit took. Otherwise it is the transaction's
 	// error, or wraps ErrCommitNotConfirmed: Sarama does not report a
@@ -291,6 +297,66 @@ func (sub *subscription) observeTxn(start time.Time, took time.Duration, marks m
 	}
 	slices.SortFunc(ev.Partitions, func(x, y CommittedPartition) int { return cmp.Compare(x.Partition, y.Partition) })
 	a.o.Committed(ev)
+}
+
+// observeFinal reports the final commit of assignments that ended, with
+// the last position each one tried: one CommitEvent with Final set for
+// the positions the group holds (held), and one whose Err wraps
+// ErrCommitNotConfirmed (and cause, when not nil) for those it does not
+// (notHeld). An Observer's spans of acked deliveries that neither covers
+// end with it: those records are the next owner's to hand out again.
+func (sub *subscription) observeFinal(start time.Time, took time.Duration, transactional bool,
+	held, notHeld map[int32]committedOffset, cause error) {
+	a, ok := sub.workerCfg.Observer.(*observerAdapter)
+	if !ok {
+		return
+	}
+	event := func(positions map[int32]committedOffset, err error) {
+		if len(positions) == 0 {
+			return
+		}
+		ev := CommitEvent{Topic: sub.topic, Group: a.group, Transactional: transactional, Final: true,
+			Start: start, Duration: took, Err: err, Partitions: make([]CommittedPartition, 0, len(positions))}
+		for p, c := range positions {
+			ev.Partitions = append(ev.Partitions, committedPartition(p, c.offset, c.metadata))
+		}
+		slices.SortFunc(ev.Partitions, func(x, y CommittedPartition) int { return cmp.Compare(x.Partition, y.Partition) })
+		a.o.Committed(ev)
+	}
+	if !transactional && len(held) > 0 {
+		a.mu.Lock()
+		if a.confirmed == nil {
+			a.confirmed = make(map[int32]committedOffset)
+		}
+		for p, c := range held {
+			a.confirmed[p] = c
+		}
+		a.mu.Unlock()
+	}
+	event(held, nil)
+	event(notHeld, &finalNotCommittedError{partitions: len(notHeld), cause: cause})
+}
+
+// finalNotCommittedError is CommitEvent.Err of a final commit the group
+// does not hold.
+type finalNotCommittedError struct {
+	partitions int
+	cause      error // why, when known (nil: the read-back found an earlier position)
+}
+
+func (e *finalNotCommittedError) Error() string {
+	msg := ErrCommitNotConfirmed.Error() + ": the final position of " + strconv.Itoa(e.partitions) + " partition(s) is not held"
+	if e.cause != nil {
+		msg += ": " + e.cause.Error()
+	}
+	return msg
+}
+
+func (e *finalNotCommittedError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{ErrCommitNotConfirmed}
+	}
+	return []error{ErrCommitNotConfirmed, e.cause}
 }
 
 func committedPartition(partition int32, offset int64, metadata string) CommittedPartition {

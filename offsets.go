@@ -8,6 +8,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/backoff"
 )
 
@@ -15,6 +16,31 @@ import (
 type committedOffset struct {
 	offset   int64 // -1: nothing committed
 	metadata string
+}
+
+// holds reports whether c, what the coordinator holds, is want or a later
+// position. At an equal offset the completed tail must match: a tail that
+// grew behind an unchanged head is a new position, and the next owner
+// skips what it lists. Metadata without a tail (the leader epoch alone, or
+// "") differs from "" in nothing the next owner skips: a claim that marked
+// nothing past the commit it started from wants "" (its worker marked no
+// metadata), while the coordinator keeps the earlier owner's epoch-only
+// metadata, which Sarama never sends again for an unmarked partition.
+func (c committedOffset) holds(want committedOffset) bool {
+	if c.offset != want.offset {
+		return c.offset > want.offset
+	}
+	if c.metadata == want.metadata {
+		return true
+	}
+	return want.metadata == "" && !hasTail(c)
+}
+
+// hasTail reports whether c's metadata lists completed records above its
+// offset; metadata that does not decode lists none the next owner trusts.
+func hasTail(c committedOffset) bool {
+	t, err := frontier.DecodeTail(c.metadata, max(c.offset, 0))
+	return err == nil && len(t.Ranges) > 0
 }
 
 // fetchCommitted reads the group's committed offsets and metadata for the

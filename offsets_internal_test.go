@@ -6,6 +6,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 
+	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
@@ -47,4 +48,37 @@ func TestListOffsets(t *testing.T) {
 	require.Contains(t, got, int32(0))
 	require.NotContains(t, got, int32(partitions+3))
 	require.Error(t, errs[partitions+3])
+}
+
+// TestCommittedOffsetHolds: a read-back holds a wanted position when it is
+// the same or later; at an equal offset metadata that lists no completed
+// record (the leader epoch alone) holds a want without metadata, and a tail
+// that differs is a position of its own.
+func TestCommittedOffsetHolds(t *testing.T) {
+	epochOnly, _, err := frontier.EncodeTailEpoch(5, nil, frontier.DefaultMetadataBudget, 0)
+	require.NoError(t, err)
+	withTail, _, err := frontier.EncodeTailEpoch(5, []frontier.Range{{From: 6, To: 8}}, frontier.DefaultMetadataBudget, 0)
+	require.NoError(t, err)
+	otherTail, _, err := frontier.EncodeTailEpoch(5, []frontier.Range{{From: 6, To: 9}}, frontier.DefaultMetadataBudget, 0)
+	require.NoError(t, err)
+	at := func(offset int64, meta string) committedOffset {
+		return committedOffset{offset: offset, metadata: meta}
+	}
+	for _, tc := range []struct {
+		name       string
+		held, want committedOffset
+		holds      bool
+	}{
+		{"same", at(5, withTail), at(5, withTail), true},
+		{"later", at(6, ""), at(5, withTail), true},
+		{"earlier", at(4, epochOnly), at(5, ""), false},
+		{"epoch alone for no metadata", at(5, epochOnly), at(5, ""), true},
+		{"foreign metadata for no metadata", at(5, "someone else's"), at(5, ""), true},
+		{"no metadata for the epoch", at(5, ""), at(5, epochOnly), false},
+		{"tail missing", at(5, epochOnly), at(5, withTail), false},
+		{"other tail", at(5, otherTail), at(5, withTail), false},
+		{"a tail for no metadata", at(5, withTail), at(5, ""), false},
+	} {
+		require.Equal(t, tc.holds, tc.held.holds(tc.want), tc.name)
+	}
 }

@@ -74,7 +74,7 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 	// auto-commit is on (CommitInterval otherwise), so that a completed tail
 	// is encoded just before each commit rather than on a tick of its own,
 	// and so that a partition with nothing left running is committed at
-	// once (see groupHandler.commitLoop). The copy is safeack's own.
+	// once (see offsetCommitter.commitLoop). The copy is safeack's own.
 	commitEvery := cfg.commitInterval()
 	cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
 	return &Subscriber{

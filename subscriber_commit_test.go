@@ -1,6 +1,7 @@
 package safeack_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -488,4 +490,63 @@ func TestCooperativeRevokeFinalCommitRefusedIsRetried(t *testing.T) {
 	defer mu.Unlock()
 	require.Zero(t, seenByB[po{p, 0}], "the new owner handled again the record the old one acked during its drain (commits refused: %d)", refused.Load())
 	require.EqualValues(t, 2, refused.Load(), "the coordinator refused two commits")
+}
+
+// TestFinalCommitOfUnmovedStartIsHeld: a partition whose assignment starts
+// from the group's commit and ends without a new record marked nothing, so
+// its final position is the commit it started from, whose metadata the
+// earlier owner wrote with the leader epoch alone ("sa2:0"), and which
+// Sarama does not send again. The coordinator holds that position: the
+// final commit is confirmed at once, and no Error says it is not. Before,
+// the read-back compared the metadata as text ("" against "sa2:0"),
+// committed again for the whole final-commit bound, and logged "Final
+// positions not committed ... held=0:5 uncommitted=0:5" at every such
+// rebalance and Close.
+func TestFinalCommitOfUnmovedStartIsHeld(t *testing.T) {
+	t.Parallel()
+	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
+	logs := watermill.NewCaptureLogger()
+	config := func(cfg *safeack.SubscriberConfig) {
+		cfg.DrainTimeout = 5 * time.Second // the final commit's bound at Close, and at a rebalance
+		// Commits come early, once every record is complete; the commit
+		// loop's tick would mark the partition's position again.
+		cfg.CommitInterval = time.Hour
+	}
+	a := newLoggedSubscriber(t, c, group, logs, config)
+	handleAll(mustSubscribe(t, a, topic), func(m *message.Message) { m.Ack() })
+	c.ProduceN(t, topic, 1, 5, nil)
+	kafkatest.WaitFor(t, 15*time.Second, "the records committed", func() bool {
+		return c.CommittedOffsets(t, group, topic)[0].Offset == 5
+	})
+	held := c.CommittedOffsets(t, group, topic)[0]
+	epoch, ok := frontier.LeaderEpochOf(held.Metadata)
+	require.True(t, ok, "the commit carries the leader epoch alone (metadata %q)", held.Metadata)
+	tail, err := frontier.DecodeTail(held.Metadata, held.Offset)
+	require.NoError(t, err)
+	require.Empty(t, tail.Ranges, "no completed tail")
+	t.Logf("held 5 with metadata %q (leader epoch %d)", held.Metadata, epoch)
+
+	// A second member: the rebalance starts a session in which the
+	// partition's owner starts from the commit, and gets no record.
+	b := newLoggedSubscriber(t, c, group, logs, config)
+	handleAll(mustSubscribe(t, b, topic), func(m *message.Message) { m.Ack() })
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, b.WaitReady(ctx), "the second member joined: the rebalance is over")
+	var owner *safeack.Subscriber
+	kafkatest.WaitFor(t, 30*time.Second, "the partition owned after the rebalance", func() bool {
+		for _, s := range []*safeack.Subscriber{a, b} {
+			if st, ok := ownedPartitions(s, topic)[0]; ok && st.ConfirmedOffset == 5 && len(ownedPartitions(a, topic))+len(ownedPartitions(b, topic)) == 1 {
+				owner = s
+				return true
+			}
+		}
+		return false
+	})
+	start := time.Now()
+	require.NoError(t, owner.Close())
+	took := time.Since(start)
+	require.Empty(t, uncommittedLogged(logs, topic), "no final position reported as not committed")
+	require.Less(t, took, 3*time.Second, "Close confirmed the final commit at once (its bound is 5 s)")
+	require.EqualValues(t, 5, c.CommittedOffsets(t, group, topic)[0].Offset)
 }

@@ -79,6 +79,7 @@ type txnCommitter struct {
 	pending     map[int32][]pendingOutputs  // of acked deliveries, not yet covered by a committed position
 	marks       map[int32]txnMark           // latest position per partition since the last snapshot
 	covered     map[int32]coverage          // what the group's committed position covers, per partition
+	held        map[int32]committedOffset   // the position the group holds for each current assignment: its start or last transaction
 	sess        sarama.ConsumerGroupSession // the current session: its generation and member id fence the offsets
 	owners      map[int32]*txnMarker        // the marker of each partition's current assignment
 	endSession  func()                      // ends the current session's assignments
@@ -278,13 +279,15 @@ func (c *txnCommitter) closeClient() {
 // session's assignments.
 func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset, end func()) {
 	covered := make(map[int32]coverage, len(committed))
+	held := make(map[int32]committedOffset, len(committed))
 	for p, co := range committed {
 		covered[p] = coverageOf(co.offset, co.metadata)
+		held[p] = co
 	}
 	c.mu.Lock()
 	c.epoch++
 	c.resetLocked()
-	c.covered = covered
+	c.covered, c.held = covered, held
 	c.sess, c.endSession, c.sessionOpen = sess, end, true
 	c.mu.Unlock()
 }
@@ -306,6 +309,7 @@ func (c *txnCommitter) groupMetadataLocked() *sarama.ConsumerGroupMetadata {
 // resetLocked drops what the epoch buffered. Callers hold mu.
 func (c *txnCommitter) resetLocked() {
 	c.pending, c.marks, c.covered = make(map[int32][]pendingOutputs), make(map[int32]txnMark), make(map[int32]coverage)
+	c.held = make(map[int32]committedOffset)
 	c.owners = make(map[int32]*txnMarker)
 }
 
@@ -315,10 +319,39 @@ func (c *txnCommitter) resetLocked() {
 func (c *txnCommitter) finishSession() {
 	c.commit()
 	c.mu.Lock()
+	// Every claim returned, and released its assignment, before Cleanup:
+	// one still owned is reported ended here.
+	held, notHeld := c.endAssignmentsLocked(nil)
 	c.epoch++
 	c.resetLocked()
 	c.sess, c.endSession, c.sessionOpen = nil, nil, false
 	c.mu.Unlock()
+	c.sub.observeFinal(time.Now(), 0, true, held, notHeld, nil)
+}
+
+// endAssignmentsLocked returns the final positions of the current
+// assignments, which end (see finalLocked). Callers hold mu.
+func (c *txnCommitter) endAssignmentsLocked(failed map[int32]txnMark) (held, notHeld map[int32]committedOffset) {
+	held, notHeld = make(map[int32]committedOffset), make(map[int32]committedOffset)
+	for p := range c.owners {
+		c.finalLocked(p, failed, held, notHeld)
+	}
+	return held, notHeld
+}
+
+// finalLocked adds the final position of partition p's assignment, which
+// ends, to held or notHeld, for observeFinal: the position of a
+// transaction that failed (failed) or of a mark no transaction took yet
+// is not held; otherwise the group holds the assignment's last committed
+// position, or the one it started from. Callers hold mu.
+func (c *txnCommitter) finalLocked(p int32, failed map[int32]txnMark, held, notHeld map[int32]committedOffset) {
+	if mk, ok := failed[p]; ok {
+		notHeld[p] = committedOffset{offset: mk.offset, metadata: mk.metadata}
+	} else if mk, ok := c.marks[p]; ok {
+		notHeld[p] = committedOffset{offset: mk.offset, metadata: mk.metadata}
+	} else if co, ok := c.held[p]; ok && co.offset >= 0 {
+		held[p] = co
+	}
 }
 
 // newMarker returns the marker of a new assignment of partition in the
@@ -422,6 +455,7 @@ func (m *txnMarker) startFrom(co committedOffset) {
 	defer c.mu.Unlock()
 	if m.liveLocked() {
 		c.covered[m.partition] = coverageOf(co.offset, co.metadata)
+		c.held[m.partition] = co
 	}
 }
 
@@ -430,19 +464,25 @@ func (m *txnMarker) startFrom(co committedOffset) {
 // gave up, whose records are the next owner's) is dropped, and whatever it
 // would still record is too. The session may go on (a cooperative
 // revocation) and take the partition back later, with a new assignment that
-// starts from the group's commit.
+// starts from the group's commit. An Observer is told of the
+// assignment's final position (see finalLocked).
 func (m *txnMarker) release() {
 	c := m.c
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if !m.liveLocked() {
+		c.mu.Unlock()
 		return
 	}
 	p := m.partition
+	held, notHeld := make(map[int32]committedOffset, 1), make(map[int32]committedOffset, 1)
+	c.finalLocked(p, nil, held, notHeld)
 	delete(c.owners, p)
 	delete(c.marks, p)
 	delete(c.pending, p)
 	delete(c.covered, p)
+	delete(c.held, p)
+	c.mu.Unlock()
+	c.sub.observeFinal(time.Now(), 0, true, held, notHeld, nil)
 }
 
 // txnMarker is the partition.Marker of a partition in transactional mode:
@@ -643,13 +683,14 @@ func (c *txnCommitter) commit() {
 	}
 	if err != nil {
 		c.forgetRefusedTopics(err)
-		c.abort(epoch, err)
+		c.abort(epoch, marks, err)
 		return
 	}
 	c.mu.Lock()
 	for p, cov := range next {
 		if mk := marks[p]; mk.m != nil && mk.m.liveLocked() {
 			c.covered[p] = cov // an assignment ended meanwhile starts from the group's commit when it comes back
+			c.held[p] = committedOffset{offset: mk.offset, metadata: mk.metadata}
 		}
 	}
 	c.mu.Unlock()
@@ -844,16 +885,21 @@ func (c *txnCommitter) abortOpen() {
 // abort ends a failed transaction (abortOpen has run): the epoch's
 // outputs and positions are dropped and the session ended, so that its
 // partitions restart from their committed offsets, and the records whose
-// outputs were discarded are handled again. Callers hold sem.
-func (c *txnCommitter) abort(epoch uint64, cause error) {
+// outputs were discarded are handled again: the session's assignments end
+// here, with marks (the failed transaction's positions) not committed.
+// Callers hold sem.
+func (c *txnCommitter) abort(epoch uint64, marks map[int32]txnMark, cause error) {
 	c.mu.Lock()
 	var end func()
+	var held, notHeld map[int32]committedOffset
 	if c.epoch == epoch {
+		held, notHeld = c.endAssignmentsLocked(marks)
 		c.epoch++
 		c.resetLocked()
 		end = c.endSession
 	}
 	c.mu.Unlock()
+	c.sub.observeFinal(time.Now(), 0, true, held, notHeld, cause)
 	c.pub.count(func(s *TxnStats) { s.Aborted++ })
 	c.sub.logger.Error("Transaction failed and was aborted; its partitions restart from their committed offsets", cause,
 		c.sub.logFields.Add(watermill.LogFields{"transactional_id": c.id}))
@@ -862,30 +908,85 @@ func (c *txnCommitter) abort(epoch uint64, cause error) {
 	}
 }
 
-// txnCommitLoop commits the session's transaction every interval, after
-// marking each partition's completed prefix and tail.
-func (h *groupHandler) txnCommitLoop(stop, done chan struct{}) {
-	defer close(done)
-	t := time.NewTicker(h.txn.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			h.markTails()
-			h.txn.commit()
-			h.listHighWaterMarks()
-		case <-stop:
-			return
-		}
+// txnSessionCommitter is the committer of a transactional subscription:
+// each session is an epoch of the subscription's txnCommitter, whose
+// transactions carry the session's positions with the outputs of the
+// records they cover, once per commit interval and at each drain.
+type txnSessionCommitter struct {
+	h *groupHandler
+	c *txnCommitter
+
+	// Per session: set by begin, ended by stopLoop.
+	stop chan struct{}
+	done chan struct{}
+}
+
+var _ committer = (*txnSessionCommitter)(nil)
+
+// withoutCommitted ends the session: handling a committed tail's records
+// again would write their outputs twice. The next session reads the
+// commits again.
+func (t *txnSessionCommitter) withoutCommitted(what string, err error) error {
+	return fmt.Errorf("safeack: reading %s for a transactional session: %w", what, err)
+}
+
+// begin starts the session's epoch (see txnCommitter.beginSession); a
+// transaction that fails ends every assignment of the session, whose next
+// one fetches from the committed offsets.
+func (t *txnSessionCommitter) begin(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset) {
+	t.c.beginSession(sess, committed, t.h.workers.endAll)
+	t.stop, t.done = make(chan struct{}), make(chan struct{})
+	go t.commitLoop(t.stop, t.done)
+}
+
+func (t *txnSessionCommitter) stopLoop(ctx context.Context) {
+	if t.stop == nil {
+		return
+	}
+	close(t.stop)
+	waitOr(ctx, t.done)
+	t.stop = nil
+}
+
+// finish commits what the session's drained partitions completed and ends
+// the epoch (see txnCommitter.finishSession).
+func (t *txnSessionCommitter) finish(context.Context, sarama.ConsumerGroupSession) {
+	t.c.finishSession()
+}
+
+// claim gives the claim a marker of its own: a new assignment of the
+// partition, which owns its positions and outputs until the claim returns.
+// Its drain commits the final position in a transaction (Commit).
+func (t *txnSessionCommitter) claim(_ sarama.ConsumerGroupSession, p int32) claimCommits {
+	m := t.c.newMarker(p)
+	return claimCommits{
+		marker:     m,
+		deliveries: m,
+		bound: func(w *partition.Worker, commit committedOffset, have bool) {
+			m.bind(w)
+			if have {
+				m.startFrom(commit)
+			}
+		},
+		release: m.release,
 	}
 }
 
-// endAssignments ends every assignment of the session: a Sarama session
-// ends once one of its ConsumeClaims returns, and the next one fetches from
-// the committed offsets.
-func (h *groupHandler) endAssignments() {
-	for _, w := range h.workers.list() {
-		w.End()
+// commitLoop commits the session's transaction every interval, after
+// marking each partition's completed prefix and tail.
+func (t *txnSessionCommitter) commitLoop(stop, done chan struct{}) {
+	defer close(done)
+	tick := time.NewTicker(t.c.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			t.h.workers.markTails()
+			t.c.commit()
+			t.h.listHighWaterMarks()
+		case <-stop:
+			return
+		}
 	}
 }
 

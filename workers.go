@@ -84,3 +84,28 @@ func (s *workerSet) setHighWaterMarks(client sarama.Client, topic string) {
 		byPartition[p].SetHighWaterMark(off)
 	}
 }
+
+// marked returns the offset each worker last handed to its Marker, by
+// partition: the set holds one subscription's workers.
+func (s *workerSet) marked() map[int32]int64 {
+	workers := s.list()
+	out := make(map[int32]int64, len(workers))
+	for _, w := range workers {
+		out[w.Partition()] = w.Marked()
+	}
+	return out
+}
+
+// markTails marks every worker's completed prefix with its tail.
+func (s *workerSet) markTails() {
+	for _, w := range s.list() {
+		w.MarkTail()
+	}
+}
+
+// endAll ends every worker's assignment.
+func (s *workerSet) endAll() {
+	for _, w := range s.list() {
+		w.End()
+	}
+}

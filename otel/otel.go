@@ -59,6 +59,17 @@
 // such a span, named "commit_transaction <topic>", with
 // safeack.transaction.outputs.
 //
+// The final commit of an ending assignment (a revocation, Close) is such a
+// span too, with safeack.commit.final true, listing each partition whose
+// assignment ended with the last position tried: one span for the
+// positions the group coordinator holds, read back until it did, and one
+// with status Error (safeack.ErrCommitNotConfirmed) for those it did not
+// hold in time, whose records after the held position the partition's next
+// owner hands out again. In transactional mode the drain's transaction is
+// a span of its own; the final span follows it, as the claim gives the
+// partition up, with the position the group holds from the assignment (or
+// one no transaction committed, with status Error).
+//
 // # Metrics
 //
 // With a MeterProvider, NewObserver's Observer also records the
