@@ -25,10 +25,11 @@ import (
 // Observer (bare); the Observer over OpenTelemetry's global providers with
 // nothing installed (otel-noop); the Observer over the SDK sampling every
 // span, exported in batches to a discarding exporter, with its histograms
-// and RegisterShareMetrics on a ManualReader (otel-sdk). Run the variants
-// alternated in one invocation, e.g.
+// and RegisterShareMetrics on a ManualReader (otel-sdk). Each variant runs
+// shareBenchRounds times, alternated with the others. Run with a fixed
+// count, e.g.
 //
-//	go test -run '^$' -bench ShareZeroWork -benchtime 20000x -count 3 ./otel/
+//	go test -run '^$' -bench ShareZeroWork -benchtime 20000x ./otel/
 func BenchmarkShareZeroWork(b *testing.B) {
 	c := kafkatest.Start(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -36,7 +37,7 @@ func BenchmarkShareZeroWork(b *testing.B) {
 	if err := safeack.CheckShareGroups(ctx, c.Brokers()); errors.Is(err, safeack.ErrShareGroupsUnsupported) {
 		b.Skipf("%v", err)
 	}
-	for _, v := range []struct {
+	variants := []struct {
 		name  string
 		setup func(b *testing.B) (safeack.Observer, func(*safeack.ShareSubscriber))
 	}{
@@ -70,8 +71,24 @@ func BenchmarkShareZeroWork(b *testing.B) {
 				b.Cleanup(func() { _ = reg.Unregister() })
 			}
 		}},
-	} {
-		b.Run(v.name, func(b *testing.B) {
+	}
+	// Rounds alternate the variants (bare, otel-noop, otel-sdk, bare#01,
+	// ...), so that a change of the machine's load hits them alike;
+	// -count would run each variant's runs back to back.
+	for range shareBenchRounds {
+		for _, v := range variants {
+			shareZeroWork(b, c, v.name, v.setup)
+		}
+	}
+}
+
+// shareBenchRounds is how many times BenchmarkShareZeroWork runs each
+// variant.
+const shareBenchRounds = 3
+
+func shareZeroWork(b *testing.B, c *kafkatest.Cluster, name string, setup func(b *testing.B) (safeack.Observer, func(*safeack.ShareSubscriber))) {
+	{
+		b.Run(name, func(b *testing.B) {
 			const partitions = 4
 			topic := c.NewTopic(b, partitions)
 			recs := make([]kafkatest.Record, b.N)
@@ -82,7 +99,7 @@ func BenchmarkShareZeroWork(b *testing.B) {
 			for i := 0; i < len(recs); i += 5000 {
 				c.Produce(b, topic, recs[i:min(i+5000, len(recs))]...)
 			}
-			obs, register := v.setup(b)
+			obs, register := setup(b)
 			sub, err := safeack.NewShareSubscriber(safeack.ShareSubscriberConfig{
 				Brokers:       c.Brokers(),
 				ShareGroup:    c.NewGroup(b),
