@@ -24,7 +24,6 @@ type shareRecorder struct {
 	acks       map[string][]safeack.ShareAcknowledgement
 	nackErrs   map[string][]error
 	commits    int
-	ctxKeyOK   bool
 }
 
 type recKey struct{}
