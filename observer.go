@@ -18,8 +18,9 @@ import (
 
 // Observer is told of a Subscriber's deliveries and commits, for tracing:
 // package github.com/safeack/safeack/otel implements it with
-// OpenTelemetry. Set it in SubscriberConfig.Observer; nil (the default)
-// costs nothing. Its methods run on the subscriber's own goroutines, some
+// OpenTelemetry. Set it in SubscriberConfig.Observer (or
+// ShareSubscriberConfig.Observer, which says what a ShareSubscriber
+// reports); nil (the default) costs nothing. Its methods run on the subscriber's own goroutines, some
 // while a partition waits for them: keep them quick, and never block or
 // panic in them.
 type Observer interface {

@@ -120,8 +120,11 @@ type ShareSubscriberConfig struct {
 
 	// Observer, when set, is told of every message handed out and of what
 	// became of it, for tracing (package
-	// github.com/safeack/safeack/otel implements it): Delivered, with
-	// Delivery.DeliveryCount set and Delivery.Group the share group, then
+	// github.com/safeack/safeack/otel implements it): Delivered as the
+	// message is made from a polled record, just before it is handed out
+	// (with Delivery.DeliveryCount set and Delivery.Group the share
+	// group; one that the subscription's end keeps from being handed out
+	// is reported abandoned), then
 	// Answered once the record's acknowledgement is decided (OutcomeAck,
 	// OutcomeNack for a release, a rejection or a dead-lettered record,
 	// OutcomeSkipped, OutcomeAbandoned when the subscription ended first;
