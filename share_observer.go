@@ -114,7 +114,9 @@ type ShareDeliveryObserver interface {
 	DeliveryObserver
 	// Acknowledged is called once per delivery, after Answered (the
 	// outcome that decided the acknowledgement), once the broker answered
-	// the acknowledgement or the member left the group.
+	// the acknowledgement or the member left the group. The answer to a
+	// release may come after the record's next delivery: one fetch can
+	// carry the release and hand the record out again.
 	Acknowledged(a ShareAcknowledgement)
 }
 

@@ -33,7 +33,9 @@ func newShareRecorder() *shareRecorder {
 }
 
 func (r *shareRecorder) Delivered(ctx context.Context, d safeack.Delivery) (context.Context, safeack.DeliveryObserver) {
-	v := string(d.Record.Value)
+	// Keyed by delivery: the broker's answer to a release may come
+	// after the record's next delivery (both ride on one fetch).
+	v := string(d.Record.Value) + "#" + itoa(int64(d.DeliveryCount))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.deliveries = append(r.deliveries, d)
@@ -98,8 +100,8 @@ func TestShareObserverOutcomes(t *testing.T) {
 	hold := make(chan struct{})
 	var ctxSeen sync.Map
 	mwRouter(t, sub, topic, func(msg *message.Message) error {
-		ctxSeen.Store(string(msg.Payload), msg.Context().Value(recKey{}))
 		dc, _ := safeack.MessageDeliveryCountFromCtx(msg.Context())
+		ctxSeen.Store(string(msg.Payload)+"#"+itoa(int64(dc)), msg.Context().Value(recKey{}))
 		switch string(msg.Payload) {
 		case "nack-once":
 			if dc == 1 {
@@ -124,21 +126,22 @@ func TestShareObserverOutcomes(t *testing.T) {
 		kafkatest.Record{Value: []byte("defer")},
 	)
 	if !kafkatest.Poll(mwWait, 10*time.Millisecond, func() bool {
-		return len(rec.get("ack")) == 3 && len(rec.get("nack-once")) == 6 && len(rec.get("defer")) == 4
+		return len(rec.get("ack#1")) == 3 && len(rec.get("nack-once#1")) == 3 && len(rec.get("nack-once#2")) == 3 && len(rec.get("defer#1")) == 4
 	}) {
-		t.Fatalf("not every record acknowledged and answered: %v %v %v", rec.get("ack"), rec.get("nack-once"), rec.get("defer"))
+		t.Fatalf("not every record acknowledged and answered: %v %v %v %v", rec.get("ack#1"), rec.get("nack-once#1"), rec.get("nack-once#2"), rec.get("defer#1"))
 	}
-	assert.Equal(t, []string{"delivered:1", "ack", "ack:accept/answer"}, rec.get("ack"))
-	assert.Equal(t, []string{"delivered:1", "nack", "ack:release/answer", "delivered:2", "ack", "ack:accept/answer"}, rec.get("nack-once"))
-	assert.Equal(t, []string{"delivered:1", "deferred", "ack", "ack:accept/answer"}, rec.get("defer"))
+	assert.Equal(t, []string{"delivered:1", "ack", "ack:accept/answer"}, rec.get("ack#1"))
+	assert.Equal(t, []string{"delivered:1", "nack", "ack:release/answer"}, rec.get("nack-once#1"))
+	assert.Equal(t, []string{"delivered:2", "ack", "ack:accept/answer"}, rec.get("nack-once#2"))
+	assert.Equal(t, []string{"delivered:1", "deferred", "ack", "ack:accept/answer"}, rec.get("defer#1"))
 
 	// RejectPoison is outermost: it sees the error, the router nacks, the
 	// record is rejected; the observer gets the handler's error.
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("poison")})
-	kafkatest.WaitFor(t, mwWait, "the poison record acknowledged", func() bool { return len(rec.get("poison")) == 3 })
-	assert.Equal(t, []string{"delivered:1", "nack", "ack:reject/poison"}, rec.get("poison"))
+	kafkatest.WaitFor(t, mwWait, "the poison record acknowledged", func() bool { return len(rec.get("poison#1")) == 3 })
+	assert.Equal(t, []string{"delivered:1", "nack", "ack:reject/poison"}, rec.get("poison#1"))
 	rec.mu.Lock()
-	perr := rec.nackErrs["poison"]
+	perr := rec.nackErrs["poison#1"]
 	rec.mu.Unlock()
 	require.Len(t, perr, 1)
 	assert.ErrorIs(t, perr[0], safeack.ErrRejected)
@@ -147,9 +150,9 @@ func TestShareObserverOutcomes(t *testing.T) {
 	// A message still in its handler at Close: abandoned after the drain,
 	// released, and the release reported before Close returns.
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("hold")})
-	kafkatest.WaitFor(t, mwWait, "the held record delivered", func() bool { return len(rec.get("hold")) == 1 })
+	kafkatest.WaitFor(t, mwWait, "the held record delivered", func() bool { return len(rec.get("hold#1")) == 1 })
 	require.NoError(t, sub.Close())
-	got := rec.get("hold")
+	got := rec.get("hold#1")
 	require.Len(t, got, 3, "%v", got)
 	assert.Equal(t, []string{"delivered:1", "abandoned"}, got[:2])
 	assert.Contains(t, []string{"ack:release/closing", "ack:release/closing/err"}, got[2])
@@ -161,12 +164,13 @@ func TestShareObserverOutcomes(t *testing.T) {
 		assert.Equal(t, group, d.Group)
 		assert.Equal(t, topic, d.Record.Topic)
 		assert.NotNil(t, d.Message)
-		v, _ := ctxSeen.Load(string(d.Record.Value))
-		assert.Equal(t, string(d.Record.Value), v, "the Observer's context did not reach the handler")
+		key := string(d.Record.Value) + "#" + itoa(int64(d.DeliveryCount))
+		v, _ := ctxSeen.Load(key)
+		assert.Equal(t, key, v, "the Observer's context did not reach the handler")
 	}
 	for v, acks := range rec.acks {
 		for _, a := range acks {
-			if v != "hold" {
+			if v != "hold#1" {
 				assert.NoError(t, a.Err, v)
 			}
 		}

@@ -1,9 +1,11 @@
 package safeackotel_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -84,7 +86,9 @@ func eventNames(s sdktrace.ReadOnlySpan) (out []string) {
 }
 
 // processSpans returns the ended delivery spans of topic by partition and
-// offset, in the order they ended.
+// offset, in delivery count order (a released delivery's span may end
+// after the next delivery's: the broker answers the release with the
+// fetch that hands the record out again).
 func processSpans(tel *telemetry, topic string) map[po][]sdktrace.ReadOnlySpan {
 	out := map[po][]sdktrace.ReadOnlySpan{}
 	for _, s := range tel.spans.Ended() {
@@ -95,6 +99,11 @@ func processSpans(tel *telemetry, topic string) map[po][]sdktrace.ReadOnlySpan {
 		p, _ := strconv.Atoi(a["messaging.destination.partition.id"].AsString())
 		k := po{int32(p), a["messaging.kafka.offset"].AsInt64()}
 		out[k] = append(out[k], s)
+	}
+	for _, spans := range out {
+		slices.SortStableFunc(spans, func(a, b sdktrace.ReadOnlySpan) int {
+			return cmp.Compare(attrs(a.Attributes())[safeackotel.DeliveryCountKey].AsInt64(), attrs(b.Attributes())[safeackotel.DeliveryCountKey].AsInt64())
+		})
 	}
 	return out
 }
