@@ -20,9 +20,9 @@ import (
 // package github.com/safeack/safeack/otel implements it with
 // OpenTelemetry. Set it in SubscriberConfig.Observer (or
 // ShareSubscriberConfig.Observer, which says what a ShareSubscriber
-// reports); nil (the default) costs nothing. Its methods run on the subscriber's own goroutines, some
-// while a partition waits for them: keep them quick, and never block or
-// panic in them.
+// reports); nil (the default) costs nothing. Its methods run on the
+// subscriber's own goroutines, some while a partition waits for them:
+// keep them quick, and never block or panic in them.
 type Observer interface {
 	// Delivered is called as a message is handed out: once per delivery,
 	// so a record nacked and redelivered is delivered again. ctx is the
