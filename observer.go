@@ -18,10 +18,11 @@ import (
 
 // Observer is told of a Subscriber's deliveries and commits, for tracing:
 // package github.com/safeack/safeack/otel implements it with
-// OpenTelemetry. Set it in SubscriberConfig.Observer; nil (the default)
-// costs nothing. Its methods run on the subscriber's own goroutines, some
-// while a partition waits for them: keep them quick, and never block or
-// panic in them.
+// OpenTelemetry. Set it in SubscriberConfig.Observer (or
+// ShareSubscriberConfig.Observer, which says what a ShareSubscriber
+// reports); nil (the default) costs nothing. Its methods run on the
+// subscriber's own goroutines, some while a partition waits for them:
+// keep them quick, and never block or panic in them.
 type Observer interface {
 	// Delivered is called as a message is handed out: once per delivery,
 	// so a record nacked and redelivered is delivered again. ctx is the
@@ -41,12 +42,19 @@ type Observer interface {
 
 // Delivery is one delivery of a record, for Observer.Delivered.
 type Delivery struct {
-	// Group is the consumer group, empty without one.
+	// Group is the consumer group, empty without one; for a
+	// ShareSubscriber, the share group.
 	Group string
 	// Record is the Kafka record. It is shared: do not modify it.
 	Record *sarama.ConsumerMessage
 	// Message is the Watermill message handed out.
 	Message *message.Message
+	// DeliveryCount is the share group delivery count of the record
+	// (1 at its first delivery, one more after each release or
+	// acquisition lock timeout) for a ShareSubscriber's delivery, whose
+	// DeliveryObserver may also be a ShareDeliveryObserver. It is 0 for
+	// a Subscriber's deliveries: a consumer group counts no deliveries.
+	DeliveryCount int32
 }
 
 // DeliveryObserver is told what became of one delivery.

@@ -118,6 +118,25 @@ type ShareSubscriberConfig struct {
 	// topic's partitions to have leaders. Default 10 s.
 	WaitForTopicCreationTimeout time.Duration
 
+	// Observer, when set, is told of every message handed out and of what
+	// became of it, for tracing (package
+	// github.com/safeack/safeack/otel implements it): Delivered as the
+	// message is made from a polled record, just before it is handed out
+	// (with Delivery.DeliveryCount set and Delivery.Group the share
+	// group; one that the subscription's end keeps from being handed out
+	// is reported abandoned), then
+	// Answered once the record's acknowledgement is decided (OutcomeAck,
+	// OutcomeNack for a release, a rejection or a dead-lettered record,
+	// OutcomeSkipped, OutcomeAbandoned when the subscription ended first;
+	// OutcomeDeferred before, when the handler defers), and, when the
+	// DeliveryObserver is a ShareDeliveryObserver, Acknowledged with the
+	// acknowledgement sent and the broker's answer. Committed is never
+	// called: a share group commits nothing, the broker tracks each
+	// record. Records answered without being handed out (the
+	// Unmarshaler rejected them, or they arrived past MaxDeliveries) are
+	// not observed: Stats counts them. Nil (the default) costs nothing.
+	Observer Observer
+
 	// ClientOptions are added to the kgo client options of each member
 	// (for example kgo.DialTLSConfig, kgo.SASL, kgo.ClientID,
 	// kgo.FetchMaxWait). They must not name topics, groups or partitions

@@ -52,6 +52,7 @@ func (c *deliveryCtx) Value(key any) any {
 // shareDelivery is one delivery of a share group record.
 type shareDelivery struct {
 	sub    *shareSubscription
+	m      *shareMember // the member that took the record
 	rec    *kgo.Record
 	cm     *sarama.ConsumerMessage
 	msg    *message.Message
@@ -78,16 +79,21 @@ type shareDelivery struct {
 	// SkipRevoked did not run its handler.
 	reject, skipped atomic.Bool
 
+	// obs is told what became of the delivery (nil without an Observer,
+	// or when it returned none).
+	obs DeliveryObserver
+
 	deferMu  sync.Mutex
 	deferral *shareDeferral
-	answered bool // the router acked or nacked
+	answered bool  // the router acked or nacked
+	nackErr  error // for obs: the error that made the record nacked, when known
 }
 
 // newDelivery makes the delivery of r, or answers r at once when it is
 // past MaxDeliveries or cannot be unmarshalled; then it returns nil.
-func (sub *shareSubscription) newDelivery(r *kgo.Record) *shareDelivery {
+func (sub *shareSubscription) newDelivery(m *shareMember, r *kgo.Record) *shareDelivery {
 	cm := saramaMessage(r)
-	d := &shareDelivery{sub: sub, rec: r, cm: cm, done: make(chan struct{})}
+	d := &shareDelivery{sub: sub, m: m, rec: r, cm: cm, done: make(chan struct{})}
 	d.ctr = sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) {
 		c.Received++
 		if n := r.DeliveryCount(); n > 1 {
@@ -112,11 +118,18 @@ func (sub *shareSubscription) newDelivery(r *kgo.Record) *shareDelivery {
 		d.finish(kgo.AckAccept, outcomeUnmarshalHandled)
 		return nil
 	}
-	ctx, cancel := context.WithCancel(sub.msgCtx)
+	pastMax := int(r.DeliveryCount()) > sub.cfg.MaxDeliveries
+	parent := sub.msgCtx
+	if obs := sub.cfg.Observer; obs != nil && !pastMax {
+		// A record past MaxDeliveries is not handed out: no delivery
+		// to observe.
+		parent, d.obs = obs.Delivered(parent, Delivery{Group: sub.cfg.ShareGroup, Record: cm, Message: msg, DeliveryCount: r.DeliveryCount()})
+	}
+	ctx, cancel := context.WithCancel(parent)
 	d.ctx = deliveryCtx{Context: ctx, d: d}
 	msg.SetContext(&d.ctx)
 	d.msg, d.cancel = msg, cancel
-	if int(r.DeliveryCount()) > sub.cfg.MaxDeliveries {
+	if pastMax {
 		sub.logger.Info("Record received past MaxDeliveries; not handed out", d.fields())
 		if sub.cfg.DeadLetter == nil {
 			d.giveUp()
@@ -231,6 +244,7 @@ func (d *shareDelivery) finish(status kgo.AckStatus, why outcome) {
 		return
 	}
 	d.rec.Ack(status)
+	d.observeAnswer(status, why)
 	d.sub.acked.Store(true)
 	if d.cancel != nil {
 		d.cancel()
@@ -294,17 +308,22 @@ type shareDeferral struct {
 // deferShare is Defer for a message of a ShareSubscriber.
 func deferShare(d *shareDelivery, msg *message.Message) (*Completion, error) {
 	d.deferMu.Lock()
-	defer d.deferMu.Unlock()
 	if d.deferral != nil {
+		d.deferMu.Unlock()
 		return d.deferral.handle, nil
 	}
 	if d.answered || d.msg != msg || d.status.Load() != 0 {
+		d.deferMu.Unlock()
 		return nil, ErrAlreadyAnswered
 	}
 	df := &shareDeferral{d: d}
 	df.handle = &Completion{sd: df}
 	d.deferral = df
+	d.deferMu.Unlock()
 	d.sub.s.stats.update(d.ctr, func(c *ShareCounters) { c.Deferred++ })
+	if d.obs != nil {
+		d.obs.Answered(OutcomeDeferred, nil)
+	}
 	return df.handle, nil
 }
 
@@ -337,7 +356,18 @@ func (df *shareDeferral) apply(err error) {
 		df.d.finish(kgo.AckAccept, outcomeAcked)
 		return
 	}
+	df.d.setNackErr(err)
 	df.d.nacked()
+}
+
+// setNackErr keeps, for the DeliveryObserver, the error that makes the
+// delivery nacked; the first one stays.
+func (d *shareDelivery) setNackErr(err error) {
+	d.deferMu.Lock()
+	if d.nackErr == nil {
+		d.nackErr = err
+	}
+	d.deferMu.Unlock()
 }
 
 // ErrRejected is what RejectPoison wraps around the handler's error when it
@@ -358,8 +388,9 @@ func RejectPoison(h message.HandlerFunc) message.HandlerFunc {
 		d, ok := shareFromContext(msg.Context())
 		events, err := h(msg)
 		if err != nil && ok && d.msg == msg && !d.ended() {
-			d.reject.Store(true)
 			err = fmt.Errorf("%w: %w", ErrRejected, err)
+			d.setNackErr(err)
+			d.reject.Store(true)
 		}
 		return events, err
 	}

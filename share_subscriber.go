@@ -264,6 +264,9 @@ type shareMember struct {
 	// shareReadyHook); hasCoordinator says one did.
 	coordinator    atomic.Int32
 	hasCoordinator atomic.Bool
+	// acks are the acknowledgements waiting for the broker's answer, for
+	// a ShareDeliveryObserver.
+	acks shareAckWaits
 }
 
 // CheckShareGroups reports whether the cluster at brokers serves share
@@ -388,7 +391,7 @@ func (m *shareMember) run() {
 			}
 			sub.logger.Error("Share fetch failed", err, watermill.LogFields{"partition": p, "member": m.id})
 		})
-		batch := sub.take(fetches.Records())
+		batch := sub.take(m, fetches.Records())
 		sub.handOut(batch, renew.C)
 		sub.await(batch, renew.C)
 	}
@@ -397,10 +400,10 @@ func (m *shareMember) run() {
 // take turns a poll's records into deliveries. Records past MaxDeliveries,
 // and records the Unmarshaler rejects, are answered here and not handed
 // out.
-func (sub *shareSubscription) take(recs []*kgo.Record) []*shareDelivery {
+func (sub *shareSubscription) take(m *shareMember, recs []*kgo.Record) []*shareDelivery {
 	batch := make([]*shareDelivery, 0, len(recs))
 	for _, r := range recs {
-		d := sub.newDelivery(r)
+		d := sub.newDelivery(m, r)
 		if d != nil {
 			batch = append(batch, d)
 		}
@@ -526,6 +529,7 @@ func (sub *shareSubscription) leave() {
 				sub.logger.Error("Flushing share acks at close", err, nil)
 			}
 			m.client.Close() // sends what is left and leaves the group
+			m.acks.left()
 		})
 	}
 	wg.Wait()
@@ -557,9 +561,19 @@ func (sub *shareSubscription) flushLoop(done <-chan struct{}) {
 	}
 }
 
-// ackResults counts and logs what the broker refused.
-func (sub *shareSubscription) ackResults(_ *kgo.Client, results kgo.ShareAckResults) {
+// ackResults counts and logs what the broker refused, and passes the
+// answers on to the acknowledgements observed.
+func (sub *shareSubscription) ackResults(client *kgo.Client, results kgo.ShareAckResults) {
+	var m *shareMember
+	for _, mm := range sub.members {
+		if mm.client == client {
+			m = mm
+		}
+	}
 	for _, r := range results {
+		if m != nil && r.Topic == sub.topic {
+			m.acks.answered(r.Partition, r.Err)
+		}
 		if r.Err == nil {
 			continue
 		}

@@ -219,6 +219,9 @@ func (o *Observer) Delivered(ctx context.Context, d safeack.Delivery) (context.C
 		}
 	}
 	dv := &delivery{o: o, span: span, start: time.Now(), pa: pa, offset: rec.Offset}
+	if d.DeliveryCount > 0 {
+		return ctx, shareDelivered(dv, d) // a share group: nothing is committed (share.go)
+	}
 	if o.cfg.hold && d.Group != "" && span.IsRecording() {
 		dv.hold = true
 		pa.mu.Lock()
