@@ -105,6 +105,25 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 			h.sub.logger.Info("The partition leader knows no end for the committed leader epoch; trusting the committed position as it is", fields)
 			continue
 		case a.endOffset >= c.offset:
+			// The committed offset is in the log; the completed tail
+			// may still reach past the divergence: its entries there name
+			// records the log no longer holds, and the records now at
+			// those offsets were never handled.
+			meta, dropped := cutTail(c.offset, c.metadata, a.endOffset, h.sub.cfg.TailMetadataBudget)
+			if dropped == 0 {
+				continue
+			}
+			sess.ResetOffset(h.sub.topic, p, c.offset, meta) // same offset: rewrites the metadata
+			committed[p] = committedOffset{offset: c.offset, metadata: meta}
+			if truncated == nil {
+				truncated = make(map[int32]bool)
+			}
+			truncated[p] = true
+			h.sub.logger.Error("The partition's log was truncated inside the group's completed tail (unclean leader election?); "+
+				"handling the records from where it diverged again",
+				errLogTruncated, fields.Add(watermill.LogFields{
+					"kafka_topic": h.sub.topic, "epoch_end_offset": a.endOffset, "dropped_tail_offsets": dropped,
+				}))
 			continue
 		}
 		start := a.endOffset
@@ -126,6 +145,41 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 			}))
 	}
 	return truncated
+}
+
+// cutTail returns the metadata of a position at offset whose completed
+// tail (meta, relative to offset) is cut at at: the entries at or above it
+// are dropped, the leader epoch is kept. dropped counts the offsets the
+// entries dropped covered (0: meta is returned as it was). Metadata that
+// does not decode is returned as it was: the worker ignores it anyway.
+func cutTail(offset int64, meta string, at int64, budget int) (string, int64) {
+	tail, err := frontier.DecodeTail(meta, offset)
+	if err != nil || len(tail.Ranges) == 0 || tail.Ranges[len(tail.Ranges)-1].To <= at {
+		return meta, 0
+	}
+	var kept []frontier.Range
+	var dropped int64
+	for _, r := range tail.Ranges {
+		if r.To <= at {
+			kept = append(kept, r)
+			continue
+		}
+		if r.From < at {
+			kept = append(kept, frontier.Range{From: r.From, To: at})
+			dropped += r.To - at
+		} else {
+			dropped += r.To - r.From
+		}
+	}
+	epoch, ok := frontier.LeaderEpochOf(meta)
+	if !ok {
+		epoch = frontier.NoLeaderEpoch
+	}
+	out, _, err := frontier.EncodeTailEpoch(offset, kept, budget, epoch)
+	if err != nil {
+		out = "" // the ranges kept are valid by construction; if not, the offset alone
+	}
+	return out, dropped
 }
 
 // errLogTruncated is the error logged with a detected truncation.
