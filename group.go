@@ -559,7 +559,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// does for the session's first claims (pinStarts).
 		PinStart: backfill && start.Resolved,
 	}
-	if !h.sub.cfg.DisableCompletedTail {
+	var watch *epochWatch // the marks' epochs are checked while consuming (see epochWatch)
+	if !h.sub.cfg.DisableCompletedTail && h.txn == nil {
+		watch = newEpochWatch(h, a.Marker, claim.Topic(), claim.Partition())
+		a.Marker, a.LeaderEpoch = watch, watch.epoch
+	} else if !h.sub.cfg.DisableCompletedTail {
 		epochs := newEpochSampler(h.client, claim.Topic(), claim.Partition())
 		defer epochs.wait()
 		a.LeaderEpoch = epochs.get
@@ -599,6 +603,10 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		}
 		w.StartFromCommit(commit.offset, commit.metadata)
 	}
+	if watch != nil {
+		watch.start(sess.Context(), w)
+		defer watch.close()
+	}
 	h.workers.add(w)
 	h.sub.subscriber.registry.attach(w)
 	defer func() {
@@ -614,7 +622,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// all its claims.
 		h.mu.Lock()
 		if h.final != nil {
-			offset, meta := w.MarkedPosition()
+			offset, meta := markedPosition(w, watch)
 			h.final[claim.Partition()] = committedOffset{offset: offset, metadata: meta}
 		}
 		h.mu.Unlock()
@@ -623,7 +631,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	// Revoked while the session goes on (cooperative): Sarama drops the
 	// partition's marks once this returns, so its final commit is
 	// confirmed now.
-	offset, meta := w.MarkedPosition()
+	offset, meta := markedPosition(w, watch)
 	ctx, cancel := h.sub.halt.within(h.sub.cfg.finalCommitWait())
 	defer cancel()
 	h.confirmCommitted(ctx, sess, map[int32]committedOffset{claim.Partition(): {offset: offset, metadata: meta}})
