@@ -467,16 +467,20 @@ type epochWatch struct {
 	wg   sync.WaitGroup
 }
 
-// newEpochWatch reads the partition's epoch at once: the claim exists, so
-// its leader is known and the read does not wait. The epoch the claim
+// newEpochWatch reads the partition's epoch at once. The epoch the claim
 // starts with is validated: the session's start was checked against the
 // log (checkLeaderEpochs), and the claim fetches from the leader the
-// metadata names.
-func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int32) *epochWatch {
+// metadata names. When the metadata names no leader (the partition is
+// offline: an election is under way), the epoch of the commit the claim
+// starts from (committed, its metadata) is, so that the new leader's epoch
+// is checked once it is known.
+func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int32, committed string) *epochWatch {
 	x := &epochWatch{h: h, marker: marker, topic: topic, partition: p, budget: h.sub.cfg.TailMetadataBudget,
 		diverged: -1, offset: -1, stop: make(chan struct{})}
 	x.validated.Store(frontier.NoLeaderEpoch)
 	if _, e, err := h.client.LeaderAndEpoch(topic, p); err == nil && e >= 0 {
+		x.validated.Store(e)
+	} else if e, ok := frontier.LeaderEpochOf(committed); ok {
 		x.validated.Store(e)
 	}
 	return x

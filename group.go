@@ -561,7 +561,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	}
 	var watch *epochWatch // the marks' epochs are checked while consuming (see epochWatch)
 	if !h.sub.cfg.DisableCompletedTail && h.txn == nil {
-		watch = newEpochWatch(h, a.Marker, claim.Topic(), claim.Partition())
+		watch = newEpochWatch(h, a.Marker, claim.Topic(), claim.Partition(), commit.metadata)
 		a.Marker, a.LeaderEpoch = watch, watch.epoch
 	} else if !h.sub.cfg.DisableCompletedTail {
 		epochs := newEpochSampler(h.client, claim.Topic(), claim.Partition())
