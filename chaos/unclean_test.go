@@ -210,7 +210,7 @@ func uncleanMember(t *testing.T, c *kafkatest.Cluster, group, topic string, skip
 		Ordering:              safeack.Unordered,
 		DrainTimeout:          time.Second,
 		CommitInterval:        200 * time.Millisecond,
-	}, watermill.NopLogger{})
+	}, errorLines{t: t, mu: &sync.Mutex{}, done: new(bool)}.cleanup())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,6 +250,34 @@ func waitGroupCommit(t *testing.T, c *kafkatest.Cluster, group, topic, what stri
 	}
 	return held
 }
+
+// errorLines logs the Error lines of a member in the test's log (until the
+// test ends): the truncations it found, and how.
+type errorLines struct {
+	watermill.NopLogger
+	t    *testing.T
+	mu   *sync.Mutex
+	done *bool
+}
+
+func (l errorLines) cleanup() errorLines {
+	l.t.Cleanup(func() {
+		l.mu.Lock()
+		*l.done = true
+		l.mu.Unlock()
+	})
+	return l
+}
+
+func (l errorLines) Error(msg string, err error, fields watermill.LogFields) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !*l.done {
+		l.t.Logf("member error: %s: %v %v", msg, err, fields)
+	}
+}
+
+func (l errorLines) With(watermill.LogFields) watermill.LoggerAdapter { return l }
 
 func truncations(sub *safeack.Subscriber) uint64 {
 	var n uint64
