@@ -119,8 +119,8 @@ type Worker struct {
 	// received is the offset after the last record taken (see Received);
 	// written by run, read by any goroutine.
 	received atomic.Int64
-	next         *Record // popped from ready with a token, being sent
-	stuck        *Record // a record the unmarshaler rejected; the partition waits on it
+	next     *Record // popped from ready with a token, being sent
+	stuck    *Record // a record the unmarshaler rejected; the partition waits on it
 	// handedOutOnce: run has handed out a record in this assignment
 	// (see handedOver).
 	handedOutOnce bool
