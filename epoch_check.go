@@ -458,7 +458,6 @@ type epochWatch struct {
 	validated atomic.Int32
 
 	mu       sync.Mutex
-	w        *partition.Worker
 	diverged int64 // where the log diverged; -1: it did not
 	offset   int64 // the last position marked, as the worker marked it
 	meta     string
@@ -491,9 +490,6 @@ func (x *epochWatch) epoch() int32 { return x.validated.Load() }
 
 // start watches the epoch of w's partition until close.
 func (x *epochWatch) start(ctx context.Context, w *partition.Worker) {
-	x.mu.Lock()
-	x.w = w
-	x.mu.Unlock()
 	x.wg.Go(func() { x.run(ctx, w) })
 }
 
@@ -516,9 +512,18 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 			return
 		case <-t.C:
 		}
+		if time.Now().Before(retryAt) {
+			continue
+		}
 		_, e, err := x.h.client.LeaderAndEpoch(x.topic, x.partition)
+		if err != nil {
+			// No leader in the metadata: the read refreshed it (and
+			// waited for it), which is not to be done every tick.
+			retryAt = time.Now().Add(epochRecheckAfter)
+			continue
+		}
 		v := x.validated.Load()
-		if err != nil || e <= v || time.Now().Before(retryAt) {
+		if e <= v {
 			continue
 		}
 		if v < 0 {
