@@ -13,23 +13,32 @@ package safeack
 // where that epoch ends in its log (OffsetForLeaderEpoch); an end below the
 // committed offset means the log diverged there: the start moves back to
 // that end and the completed tail is dropped, so every record the log now
-// holds from there on is handled.
+// holds from there on is handled. An end above the committed offset but
+// inside the completed tail cuts the tail there (cutTail): its entries at
+// or past the end name records the log no longer holds.
 //
-// The epoch committed is the one the client's metadata names when the
-// offset is marked (read beside the commit path, see epochSampler), not that
-// of the last record's batch: Sarama drops batch epochs. Every record below
-// the offset was fetched before, from a leader whose epoch the metadata
-// named then, and metadata epochs only grow, so the epoch committed is at
-// least that leader's, unless it was read before the fetch (the sampler's
-// read can be up to epochSampleGap old): then it may be lower, which can
-// only make the check see a divergence that is not there, and the records
-// since that epoch's end are handled again. From the record's own epoch up
-// to its fetch leader's, any epoch answers alike (Kafka's log matching: such
-// an epoch ends, in a log that holds the record, past it). What the check
-// cannot see is a truncation while the partition was assigned, between the
-// fetch of a record and the commit after it: the epoch committed may then
-// be the new leader's already. Sarama's consumer does not see that one
-// either (it sends no LastFetchedEpoch and reads no diverging epoch).
+// While a partition is consumed, the epoch its marks carry is the one its
+// epochWatch validated: a newer epoch in the client's metadata is checked
+// the same way first, against what the claim took from the log, and a
+// truncation found holds the marks at the divergence point and ends the
+// session (see epochWatch). In transactional mode the epoch is the one
+// the client's metadata names when the offset is marked (epochSampler).
+//
+// Either way the epoch committed is a metadata epoch, not that of the last
+// record's batch: Sarama drops batch epochs. Every record below the offset
+// was fetched before, from a leader whose epoch the metadata named then,
+// and metadata epochs only grow, so the epoch committed is at least that
+// leader's, unless it was read before the fetch: then it may be lower,
+// which can only make the check see a divergence that is not there, and
+// the records since that epoch's end are handled again. From the record's
+// own epoch up to its fetch leader's, any epoch answers alike (Kafka's log
+// matching: such an epoch ends, in a log that holds the record, past it).
+// What no check here can see is a record of the old leader that reaches
+// the claim after the new epoch was validated (fetched before the
+// election, still in Sarama's buffers), and, in transactional mode, any
+// truncation while the partition is assigned. Sarama's consumer does not
+// see these either (it sends no LastFetchedEpoch and reads no diverging
+// epoch).
 
 import (
 	"context"
