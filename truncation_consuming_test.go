@@ -178,6 +178,7 @@ func TestLeaderChangeWhileConsuming(t *testing.T) {
 		oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
 		require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
 
+		bumpedAt := time.Now()
 		bumpLeaderEpoch(t, c, topic)
 		produceSequential(t, c, topic, 0, more)
 
@@ -189,15 +190,20 @@ func TestLeaderChangeWhileConsuming(t *testing.T) {
 		for off := int64(0); off < n+more; off++ {
 			require.Equal(t, 1, handled.count(off), "offset %d handled other than once", off)
 		}
-		last := int64(-1)
+		// No commit moves back, and none after the election comes from
+		// another generation: the session was not ended.
+		last, generation := int64(-1), int32(-1)
 		checked := commits.CheckUntil(t, time.Now(), func(oc kafkatest.ObservedCommit) error {
 			co, ok := oc.Offset(topic, 0)
 			if !ok {
 				return nil
 			}
-			defer func() { last = max(last, co.Offset) }()
+			defer func() { last, generation = max(last, co.Offset), oc.Generation }()
 			if co.Offset < last {
 				return fmt.Errorf("committed %d after %d: the position moved back", co.Offset, last)
+			}
+			if oc.At.After(bumpedAt) && generation >= 0 && oc.Generation != generation {
+				return fmt.Errorf("committed in generation %d after %d: the session ended", oc.Generation, generation)
 			}
 			return nil
 		})
