@@ -62,8 +62,12 @@ type claimCommits struct {
 	// bound is told of the claim's worker before it runs, with the
 	// group's commit it starts from (have false: none).
 	bound func(w *partition.Worker, commit committedOffset, have bool)
-	// ended runs once the worker returned: the claim's assignment is over.
-	ended func(w *partition.Worker)
+	// ended runs once the worker returned: the claim's assignment is over,
+	// with the last position its marks reached.
+	ended func(offset int64, metadata string)
+	// watchEpochs: the marks' leader epochs are checked while consuming
+	// (see epochWatch); a transaction's epochs are sampled instead.
+	watchEpochs bool
 	// release runs as the claim returns, after ended.
 	release func()
 }
@@ -74,9 +78,9 @@ func (c claimCommits) bind(w *partition.Worker, commit committedOffset, have boo
 	}
 }
 
-func (c claimCommits) end(w *partition.Worker) {
+func (c claimCommits) end(w *partition.Worker, watch *epochWatch) {
 	if c.ended != nil {
-		c.ended(w)
+		c.ended(markedPosition(w, watch))
 	}
 }
 

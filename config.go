@@ -165,7 +165,9 @@ type SubscriberConfig struct {
 	// the next start checks against the log (OffsetForLeaderEpoch, as
 	// Kafka's own consumer does) to find a log truncated under the commit
 	// by an unclean leader election: the start then moves back to where
-	// the log diverged and the tail is not trusted. Disabled, commits carry
+	// the log diverged and the tail is cut there; a member consuming the
+	// partition checks each new leader epoch the same way before its
+	// commits carry it. Disabled, commits carry
 	// plain offsets and empty metadata; the tails (and leader epochs) that
 	// earlier members of the group committed are still read, their records
 	// skipped and their epochs checked (reading one is not writing one): a

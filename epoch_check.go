@@ -13,23 +13,32 @@ package safeack
 // where that epoch ends in its log (OffsetForLeaderEpoch); an end below the
 // committed offset means the log diverged there: the start moves back to
 // that end and the completed tail is dropped, so every record the log now
-// holds from there on is handled.
+// holds from there on is handled. An end above the committed offset but
+// inside the completed tail cuts the tail there (cutTail): its entries at
+// or past the end name records the log no longer holds.
 //
-// The epoch committed is the one the client's metadata names when the
-// offset is marked (read beside the commit path, see epochSampler), not that
-// of the last record's batch: Sarama drops batch epochs. Every record below
-// the offset was fetched before, from a leader whose epoch the metadata
-// named then, and metadata epochs only grow, so the epoch committed is at
-// least that leader's, unless it was read before the fetch (the sampler's
-// read can be up to epochSampleGap old): then it may be lower, which can
-// only make the check see a divergence that is not there, and the records
-// since that epoch's end are handled again. From the record's own epoch up
-// to its fetch leader's, any epoch answers alike (Kafka's log matching: such
-// an epoch ends, in a log that holds the record, past it). What the check
-// cannot see is a truncation while the partition was assigned, between the
-// fetch of a record and the commit after it: the epoch committed may then
-// be the new leader's already. Sarama's consumer does not see that one
-// either (it sends no LastFetchedEpoch and reads no diverging epoch).
+// While a partition is consumed, the epoch its marks carry is the one its
+// epochWatch validated: a newer epoch in the client's metadata is checked
+// the same way first, against what the claim took from the log, and a
+// truncation found holds the marks at the divergence point and ends the
+// session (see epochWatch). In transactional mode the epoch is the one
+// the client's metadata names when the offset is marked (epochSampler).
+//
+// Either way the epoch committed is a metadata epoch, not that of the last
+// record's batch: Sarama drops batch epochs. Every record below the offset
+// was fetched before, from a leader whose epoch the metadata named then,
+// and metadata epochs only grow, so the epoch committed is at least that
+// leader's, unless it was read before the fetch: then it may be lower,
+// which can only make the check see a divergence that is not there, and
+// the records since that epoch's end are handled again. From the record's
+// own epoch up to its fetch leader's, any epoch answers alike (Kafka's log
+// matching: such an epoch ends, in a log that holds the record, past it).
+// What no check here can see is a record of the old leader that reaches
+// the claim after the new epoch was validated (fetched before the
+// election, still in Sarama's buffers), and, in transactional mode, any
+// truncation while the partition is assigned. Sarama's consumer does not
+// see these either (it sends no LastFetchedEpoch and reads no diverging
+// epoch).
 
 import (
 	"context"
@@ -51,6 +60,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // epochCheckTimeout bounds the leader-epoch check of one session's start:
@@ -105,6 +115,25 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 			h.sub.logger.Info("The partition leader knows no end for the committed leader epoch; trusting the committed position as it is", fields)
 			continue
 		case a.endOffset >= c.offset:
+			// The committed offset is in the log; the completed tail
+			// may still reach past the divergence: its entries there name
+			// records the log no longer holds, and the records now at
+			// those offsets were never handled.
+			meta, dropped := cutTail(c.offset, c.metadata, a.endOffset, h.sub.cfg.TailMetadataBudget)
+			if dropped == 0 {
+				continue
+			}
+			sess.ResetOffset(h.sub.topic, p, c.offset, meta) // same offset: rewrites the metadata
+			committed[p] = committedOffset{offset: c.offset, metadata: meta}
+			if truncated == nil {
+				truncated = make(map[int32]bool)
+			}
+			truncated[p] = true
+			h.sub.logger.Error("The partition's log was truncated inside the group's completed tail (unclean leader election?); "+
+				"handling the records from where it diverged again",
+				errLogTruncated, fields.Add(watermill.LogFields{
+					"kafka_topic": h.sub.topic, "epoch_end_offset": a.endOffset, "dropped_tail_offsets": dropped,
+				}))
 			continue
 		}
 		start := a.endOffset
@@ -126,6 +155,41 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 			}))
 	}
 	return truncated
+}
+
+// cutTail returns the metadata of a position at offset whose completed
+// tail (meta, relative to offset) is cut at at: the entries at or above it
+// are dropped, the leader epoch is kept. dropped counts the offsets the
+// entries dropped covered (0: meta is returned as it was). Metadata that
+// does not decode is returned as it was: the worker ignores it anyway.
+func cutTail(offset int64, meta string, at int64, budget int) (string, int64) {
+	tail, err := frontier.DecodeTail(meta, offset)
+	if err != nil || len(tail.Ranges) == 0 || tail.Ranges[len(tail.Ranges)-1].To <= at {
+		return meta, 0
+	}
+	var kept []frontier.Range
+	var dropped int64
+	for _, r := range tail.Ranges {
+		if r.To <= at {
+			kept = append(kept, r)
+			continue
+		}
+		if r.From < at {
+			kept = append(kept, frontier.Range{From: r.From, To: at})
+			dropped += r.To - at
+		} else {
+			dropped += r.To - r.From
+		}
+	}
+	epoch, ok := frontier.LeaderEpochOf(meta)
+	if !ok {
+		epoch = frontier.NoLeaderEpoch
+	}
+	out, _, err := frontier.EncodeTailEpoch(offset, kept, budget, epoch)
+	if err != nil {
+		out = "" // the ranges kept are valid by construction; if not, the offset alone
+	}
+	return out, dropped
 }
 
 // errLogTruncated is the error logged with a detected truncation.
@@ -356,3 +420,250 @@ func (s *epochSampler) get() int32 {
 
 // wait waits for a read in progress.
 func (s *epochSampler) wait() { s.wg.Wait() }
+
+// epochWatchEvery is how often a claim's watch reads the partition's
+// leader epoch from the client's metadata (cached: no request). Sarama
+// fetches from a new leader at the earliest partitionConsumersBatchTimeout
+// (100 ms) after its metadata names it, so records the new leader serves
+// arrive after the watch saw its epoch, and are not taken for records of
+// the old one (see epochWatch).
+const epochWatchEvery = 25 * time.Millisecond
+
+// epochRecheckAfter is the wait before a leader-epoch check that could not
+// run is tried again.
+const epochRecheckAfter = time.Second
+
+// epochWatch guards a claim's marks against a truncation while the
+// partition is consumed: an unclean leader election while this member
+// fetches from the old leader. The worker marks every position with the
+// epoch the watch has validated (epoch), not the metadata's latest: when
+// the metadata names a newer epoch, the watch first asks the new leader
+// where the validated epoch ends in its log (OffsetForLeaderEpoch). At or
+// past everything this claim took from the log and marked, the log holds
+// what it read: the new epoch is validated and the marks carry it. Below
+// it, the log was truncated there: records this member took (and may have
+// completed and marked) at or past that point are gone, and the records a
+// new leader wrote at those offsets were never fetched (Sarama's fetch is
+// past them). The marks are then held at the divergence point (the
+// completed tail cut there) and the assignment ends, which ends the
+// session (see checkAddedClaim): the next session starts there. Without
+// the watch, the marks carried the new epoch, which the next start's
+// check (checkLeaderEpochs) finds consistent: the records at the reused
+// offsets were skipped.
+//
+// Until the new epoch is validated the marks carry the old one, which is
+// never unsafe: a next start's check then finds where the old epoch ends,
+// perhaps below the committed offset, and handles the records from there
+// again. What the watch cannot see are records of the old leader that
+// arrive after it validated the new epoch (fetched before the election,
+// still in Sarama's buffers): Sarama drops the batches' leader epochs.
+type epochWatch struct {
+	h         *groupHandler
+	marker    partition.Marker // the session's
+	topic     string
+	partition int32
+	budget    int
+
+	validated atomic.Int32
+
+	mu       sync.Mutex
+	diverged int64 // where the log diverged; -1: it did not
+	offset   int64 // the last position marked, as the worker marked it
+	meta     string
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// newEpochWatch reads the partition's epoch at once. The epoch the claim
+// starts with is validated: the session's start was checked against the
+// log (checkLeaderEpochs), and the claim fetches from the leader the
+// metadata names. When the metadata names no leader (the partition is
+// offline: an election is under way), the epoch of the commit the claim
+// starts from (committed, its metadata) is, so that the new leader's epoch
+// is checked once it is known.
+func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int32, committed string) *epochWatch {
+	x := &epochWatch{h: h, marker: marker, topic: topic, partition: p, budget: h.sub.cfg.TailMetadataBudget,
+		diverged: -1, offset: -1, stop: make(chan struct{})}
+	x.validated.Store(frontier.NoLeaderEpoch)
+	if _, e, err := h.client.LeaderAndEpoch(topic, p); err == nil && e >= 0 {
+		x.validated.Store(e)
+	} else if e, ok := frontier.LeaderEpochOf(committed); ok {
+		x.validated.Store(e)
+	}
+	return x
+}
+
+// epoch is the worker's Assignment.LeaderEpoch: the last epoch validated.
+func (x *epochWatch) epoch() int32 { return x.validated.Load() }
+
+// start watches the epoch of w's partition until close.
+func (x *epochWatch) start(ctx context.Context, w *partition.Worker) {
+	x.wg.Go(func() { x.run(ctx, w) })
+}
+
+// close stops the watch and waits for it.
+func (x *epochWatch) close() {
+	close(x.stop)
+	x.wg.Wait()
+}
+
+func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
+	t := time.NewTicker(epochWatchEvery)
+	defer t.Stop()
+	var retryAt time.Time
+	hold := int64(-1) // what the claim held when the new epoch was seen; -1: no check pending
+	for {
+		select {
+		case <-x.stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if time.Now().Before(retryAt) {
+			continue
+		}
+		_, e, err := x.h.client.LeaderAndEpoch(x.topic, x.partition)
+		if err != nil {
+			// No leader in the metadata: the read refreshed it (and
+			// waited for it), which is not to be done every tick.
+			retryAt = time.Now().Add(epochRecheckAfter)
+			continue
+		}
+		v := x.validated.Load()
+		if e <= v {
+			continue
+		}
+		if v < 0 {
+			x.validated.Store(e) // nothing was marked with an epoch to check
+			continue
+		}
+		if hold < 0 {
+			// Read after the epoch: every record the old leader served
+			// before the metadata named the new one is counted. Kept for
+			// a check tried again: what the claim took since then came
+			// from the new leader.
+			hold = max(x.held(w), 0)
+		}
+		cctx, cancel := context.WithTimeout(ctx, epochCheckTimeout)
+		a := x.h.epochs.offsetForLeaderEpoch(cctx, x.topic, map[int32]int32{x.partition: v})[x.partition]
+		cancel()
+		fields := x.h.sub.logFields.Add(watermill.LogFields{
+			"kafka_topic": x.topic, "kafka_partition": x.partition, "leader_epoch": v, "new_leader_epoch": e,
+		})
+		switch {
+		case a.err != nil || a.endOffset < 0:
+			if a.err != nil {
+				fields["err"] = a.err.Error()
+			}
+			x.h.sub.logger.Info("Cannot check the partition's log against its last leader epoch; marks carry that epoch until it is checked", fields)
+			retryAt = time.Now().Add(epochRecheckAfter)
+		case a.endOffset >= hold:
+			x.validated.Store(e)
+			hold = -1
+		default:
+			x.truncate(w, a.endOffset, fields.Add(watermill.LogFields{"epoch_end_offset": a.endOffset, "received_or_marked": hold}))
+			return
+		}
+	}
+}
+
+// held is the offset after everything the claim took from the log or
+// marked: its records, its marked position and the completed tail with it.
+func (x *epochWatch) held(w *partition.Worker) int64 {
+	hold := w.Received()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	hold = max(hold, x.offset)
+	if tail, err := frontier.DecodeTail(x.meta, max(x.offset, 0)); err == nil && len(tail.Ranges) > 0 {
+		hold = max(hold, tail.Ranges[len(tail.Ranges)-1].To)
+	}
+	return hold
+}
+
+// truncate holds the marks at the divergence point at, and ends the
+// assignment: its drain commits that position (see epochWatch).
+func (x *epochWatch) truncate(w *partition.Worker, at int64, fields watermill.LogFields) {
+	x.mu.Lock()
+	x.diverged = at
+	if x.offset >= 0 {
+		off, meta := x.clampLocked(x.offset, x.meta)
+		x.marker.MarkOffset(x.topic, x.partition, off, meta)
+		x.marker.ResetOffset(x.topic, x.partition, off, meta) // back below Sarama's offset
+	}
+	x.mu.Unlock()
+	w.CountLogTruncation()
+	x.h.sub.logger.Error("The partition's log was truncated while it was consumed (unclean leader election?); "+
+		"ending the session so that the records from where it diverged are handled again", errLogTruncated, fields)
+	w.End()
+}
+
+// clampLocked is a position held at the divergence point: the offset at
+// most there, its tail cut there. Callers hold mu.
+func (x *epochWatch) clampLocked(offset int64, meta string) (int64, string) {
+	if offset < 0 || x.diverged < 0 {
+		return offset, meta
+	}
+	if offset <= x.diverged {
+		meta, _ = cutTail(offset, meta, x.diverged, x.budget)
+		return offset, meta
+	}
+	epoch, ok := frontier.LeaderEpochOf(meta)
+	if !ok {
+		epoch = frontier.NoLeaderEpoch
+	}
+	meta, _, err := frontier.EncodeTailEpoch(x.diverged, nil, x.budget, epoch)
+	if err != nil {
+		meta = ""
+	}
+	return x.diverged, meta
+}
+
+// MarkOffset passes the worker's mark on, held at the divergence point
+// once there is one.
+func (x *epochWatch) MarkOffset(topic string, p int32, offset int64, meta string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.offset, x.meta = offset, meta
+	if x.diverged < 0 {
+		x.marker.MarkOffset(topic, p, offset, meta)
+		return
+	}
+	offset, meta = x.clampLocked(offset, meta)
+	x.marker.MarkOffset(topic, p, offset, meta)
+	x.marker.ResetOffset(topic, p, offset, meta)
+}
+
+// ResetOffset is MarkOffset for the worker's resets.
+func (x *epochWatch) ResetOffset(topic string, p int32, offset int64, meta string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.offset, x.meta = offset, meta
+	if x.diverged >= 0 {
+		offset, meta = x.clampLocked(offset, meta)
+		x.marker.MarkOffset(topic, p, offset, meta)
+	}
+	x.marker.ResetOffset(topic, p, offset, meta)
+}
+
+// Commit commits through the session.
+func (x *epochWatch) Commit() { x.marker.Commit() }
+
+// position is the worker's last marked position, held at the divergence
+// point once there is one: what the claim's final commit must hold.
+func (x *epochWatch) position(w *partition.Worker) (int64, string) {
+	offset, meta := w.MarkedPosition()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.clampLocked(offset, meta)
+}
+
+// markedPosition is w's last marked position as the session holds it
+// (see epochWatch.position); x may be nil.
+func markedPosition(w *partition.Worker, x *epochWatch) (int64, string) {
+	if x == nil {
+		return w.MarkedPosition()
+	}
+	return x.position(w)
+}

@@ -366,7 +366,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// does for the session's first claims (pinStarts).
 		PinStart: backfill && start.Resolved,
 	}
-	if !h.sub.cfg.DisableCompletedTail {
+	var watch *epochWatch // the marks' epochs are checked while consuming (see epochWatch)
+	if !h.sub.cfg.DisableCompletedTail && commits.watchEpochs {
+		watch = newEpochWatch(h, a.Marker, claim.Topic(), claim.Partition(), commit.metadata)
+		a.Marker, a.LeaderEpoch = watch, watch.epoch
+	} else if !h.sub.cfg.DisableCompletedTail {
 		epochs := newEpochSampler(h.client, claim.Topic(), claim.Partition())
 		defer epochs.wait()
 		a.LeaderEpoch = epochs.get
@@ -390,6 +394,10 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	if haveCommit {
 		w.StartFromCommit(commit.offset, commit.metadata)
 	}
+	if watch != nil {
+		watch.start(sess.Context(), w)
+		defer watch.close()
+	}
 	h.workers.add(w)
 	h.sub.subscriber.registry.attach(w)
 	defer func() {
@@ -397,7 +405,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		h.workers.remove(w)
 	}()
 	w.Run(messages, h.sub.subscriber.closing)
-	commits.end(w)
+	commits.end(w, watch)
 	return nil
 }
 

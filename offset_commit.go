@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/internal/backoff"
-	"github.com/safeack/safeack/internal/partition"
 )
 
 // offsetCommitter is the committer of a subscription that commits offsets
@@ -82,14 +81,14 @@ func (o *offsetCommitter) claim(sess sarama.ConsumerGroupSession, p int32) claim
 			held, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{p})
 			return err == nil && held[p].offset == offset
 		},
-		ended: func(w *partition.Worker) { o.ended(sess, p, w) },
+		ended:       func(offset int64, meta string) { o.ended(sess, p, offset, meta) },
+		watchEpochs: true,
 	}
 }
 
 // ended takes the final position of a claim whose worker returned.
-func (o *offsetCommitter) ended(sess sarama.ConsumerGroupSession, p int32, w *partition.Worker) {
+func (o *offsetCommitter) ended(sess sarama.ConsumerGroupSession, p int32, offset int64, meta string) {
 	h := o.h
-	offset, meta := w.MarkedPosition()
 	if sess.Context().Err() != nil || h.sub.stopping(h.ctx) {
 		// The session ends: finish confirms its final commit, once for
 		// all its claims.

@@ -108,11 +108,14 @@ type PartitionCounters struct {
 	// IgnoredMetadata counts commit metadata found and not trusted
 	// (another client's, corrupt, or relative to another offset).
 	IgnoredMetadata uint64
-	// LogTruncations counts starts at which the partition's log was found
-	// truncated under the group's commit (an unclean leader election: the
-	// committed leader epoch ends below the committed offset). The start
-	// moved back to where the log diverged and the completed tail was
-	// dropped: those records are handled again.
+	// LogTruncations counts the truncations of the partition's log found
+	// under the group's commit or its completed tail at a start, or while
+	// the partition was consumed (an unclean leader election: the leader
+	// epoch the group or this member last validated ends below what it
+	// committed or took from the log). The position moved back to where
+	// the log diverged (a start there, or a commit there that ended the
+	// session), with the completed tail cut there: the records the log now
+	// holds from there on are handled.
 	LogTruncations uint64
 	// Deferred counts completions deferred with Defer.
 	Deferred uint64

@@ -23,11 +23,14 @@ import (
 // it: the group's commit is then hold (or n) with the completed tail
 // behind it and the leader epoch the records were read at. It returns what
 // the coordinator holds.
-func leaveTail(t *testing.T, c *kafkatest.Cluster, group, topic string, n int, hold int64) kafkatest.CommittedOffset {
+func leaveTail(t *testing.T, c *kafkatest.Cluster, group, topic string, n int, hold int64, configure ...func(*safeack.SubscriberConfig)) kafkatest.CommittedOffset {
 	t.Helper()
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.Ordering = safeack.Unordered
 		cfg.DrainTimeout = 200 * time.Millisecond
+		for _, f := range configure {
+			f(cfg)
+		}
 	})
 	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
 		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off != hold {
@@ -48,11 +51,20 @@ func leaveTail(t *testing.T, c *kafkatest.Cluster, group, topic string, n int, h
 // subscriber's totals for partition 0.
 func handledBy(t *testing.T, c *kafkatest.Cluster, group, topic string, done func(map[int64]int) bool, initial ...int64) (map[int64]int, safeack.PartitionTotals) {
 	t.Helper()
-	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
-		cfg.Ordering = safeack.Unordered
+	return handledWith(t, c, group, topic, done, func(cfg *safeack.SubscriberConfig) {
 		for _, at := range initial {
 			cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = at
 		}
+	})
+}
+
+// handledWith is handledBy with the subscriber's config changed by configure.
+func handledWith(t *testing.T, c *kafkatest.Cluster, group, topic string, done func(map[int64]int) bool,
+	configure func(*safeack.SubscriberConfig)) (map[int64]int, safeack.PartitionTotals) {
+	t.Helper()
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		configure(cfg)
 	})
 	seen := countAndAck(mustSubscribe(t, sub, topic))
 	ok := kafkatest.Poll(10*time.Second, 20*time.Millisecond, func() bool { return done(seen.snapshot()) })
@@ -115,9 +127,15 @@ func answerEpochEnd(c *kafkatest.Cluster, topic string, end int64, code int16) *
 // offsets below it were never handled, and those the tail listed were
 // skipped as "already completed".
 //
+// When the log diverges inside the completed tail (the committed offset
+// is below the divergence, the tail reaches past it), the tail is cut
+// there: its entries below the divergence are still skipped, the records
+// from the divergence on are handled. Before the cut, the whole tail was
+// trusted and the records at its reused offsets were skipped.
+//
 // kfake cannot truncate a log, so the new leader is played by answering
-// OffsetForLeaderEpoch as it would (the asked-for epoch ends at offset 3);
-// the records kfake still holds at 3 and above stand for the ones written
+// OffsetForLeaderEpoch as it would (the asked-for epoch ends at diverged);
+// the records kfake still holds from there on stand for the ones written
 // after the election. The leader epoch is bumped first, as an election does.
 func TestTruncatedLogUnderCommit(t *testing.T) {
 	t.Parallel()
@@ -126,13 +144,17 @@ func TestTruncatedLogUnderCommit(t *testing.T) {
 		hold int64 // the record left unanswered: the commit's offset, the tail above it
 		// past, when not 0, is a commit beyond the new leader's log end
 		// (the old leader had more records), written as safeack writes it.
-		past int64
-		sasl bool // the brokers require SASL/PLAIN: the check logs in as Sarama does
+		past        int64
+		sasl        bool  // the brokers require SASL/PLAIN: the check logs in as Sarama does
+		diverged    int64 // where the committed epoch ends in the new log; 0: 3
+		cooperative bool
 	}{
 		{name: "completed tail", hold: 5},
 		{name: "offset alone", hold: -1},
 		{name: "commit past the log end", past: 15},
 		{name: "completed tail over SASL", hold: 5, sasl: true},
+		{name: "tail crossing the divergence/eager", hold: 2, diverged: 6},
+		{name: "tail crossing the divergence/cooperative", hold: 2, diverged: 6, cooperative: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -143,15 +165,25 @@ func TestTruncatedLogUnderCommit(t *testing.T) {
 			c := kafkatest.Start(t, opts...)
 			c.RequireEmbedded(t)
 			topic, group := c.NewTopic(t, 1), c.NewGroup(t)
-			const n, diverged = 10, 3
+			const n = 10
+			diverged := tc.diverged
+			if diverged == 0 {
+				diverged = 3
+			}
 			produceSequential(t, c, topic, 0, n)
+			rebalance := func(cfg *safeack.SubscriberConfig) {
+				if tc.cooperative {
+					cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+						sarama.NewBalanceStrategyCooperativeSticky()}
+				}
+			}
 
 			if tc.past != 0 {
 				meta, _, err := frontier.EncodeTailEpoch(tc.past, nil, frontier.DefaultMetadataBudget, 0)
 				require.NoError(t, err)
 				commitRaw(t, c, group, topic, tc.past, meta)
 			} else {
-				held := leaveTail(t, c, group, topic, n, tc.hold)
+				held := leaveTail(t, c, group, topic, n, tc.hold, rebalance)
 				_, ok := frontier.LeaderEpochOf(held.Metadata)
 				require.True(t, ok, "the commit carries no leader epoch: %q", held.Metadata)
 				tail, err := frontier.DecodeTail(held.Metadata, held.Offset)
@@ -168,22 +200,39 @@ func TestTruncatedLogUnderCommit(t *testing.T) {
 			bumpLeaderEpoch(t, c, topic)
 			asked := answerEpochEnd(c, topic, diverged, 0)
 
+			// The held record, when the log still holds it, and every
+			// record from the divergence on are handled; the tail's
+			// entries below the divergence are skipped.
+			heldKept := tc.past == 0 && tc.hold >= 0 && tc.hold < diverged
+			var skipped int64
+			if heldKept {
+				skipped = diverged - tc.hold - 1
+			}
 			// At OffsetNewest (Sarama's default) a commit out of range
 			// falls back to the log end: nothing would be handled.
-			got, totals := handledBy(t, c, group, topic, func(seen map[int64]int) bool {
-				for off := int64(diverged); off < n; off++ {
+			got, totals := handledWith(t, c, group, topic, func(seen map[int64]int) bool {
+				if heldKept && seen[tc.hold] == 0 {
+					return false
+				}
+				for off := diverged; off < n; off++ {
 					if seen[off] == 0 {
 						return false
 					}
 				}
 				return true
-			}, sarama.OffsetNewest)
+			}, func(cfg *safeack.SubscriberConfig) {
+				cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
+				rebalance(cfg)
+			})
 			require.Positive(t, asked.Load(), "the leader was not asked where the committed epoch ends")
 			for off := int64(0); off < diverged; off++ {
+				if heldKept && off == tc.hold {
+					continue
+				}
 				require.Zero(t, got[off], "offset %d, below the divergence, was handled again", off)
 			}
 			require.EqualValues(t, 1, totals.LogTruncations, "the truncation is counted")
-			require.Zero(t, totals.SkippedTail, "nothing is skipped from a dropped tail")
+			require.EqualValues(t, skipped, totals.SkippedTail, "the tail's entries below the divergence are skipped, and only those")
 		})
 	}
 }

@@ -93,8 +93,15 @@
 //     the three nodes one after the other (1 round; 2),
 //     TestClusterConsumersAndBroker SIGKILLs a node and one or two consumer
 //     processes at once (2; 4). A killed node is started again once the
-//     cluster has fenced it. They are not parallel: each has the cluster
-//     to itself.
+//     cluster has fenced it. TestClusterUncleanElection and
+//     TestClusterUncleanElectionWhileConsuming (unclean_test.go, one
+//     member, their own checks) truncate a log for real: a topic on nodes
+//     1 and 2 only with unclean.leader.election.enable, the follower
+//     stopped, records written to the leader alone, the leader SIGKILLed
+//     and the stale follower elected uncleanly, new records at the reused
+//     offsets; a new member (after a committed tail), or the member
+//     consuming all along, must handle every new record. They are not
+//     parallel: each has the cluster to itself.
 //   - TestTxnRouterChaos (txn_test.go): the exactly-once router
 //     (safeack.TxnPublisher) instead of the checks above: two router
 //     processes SIGKILLed and restarted with their transactional ids, an

@@ -369,6 +369,7 @@ func (w *Worker) takeFirstRecords(recs []*sarama.ConsumerMessage) {
 		w.fetched.push(m)
 	}
 	w.claimFrom = recs[len(recs)-1].Offset + 1
+	w.received.Store(max(w.received.Load(), w.claimFrom))
 	w.cfg.Logger.Trace("Took the partition's first records from a fetch of its own", w.logFields.Add(watermill.LogFields{
 		"records": len(recs), "first_offset": recs[0].Offset, "next_offset": w.claimFrom,
 	}))
@@ -379,5 +380,15 @@ func (w *Worker) takeFirstRecords(recs []*sarama.ConsumerMessage) {
 // door on first records that have not arrived yet.
 func (w *Worker) fromClaim(m *sarama.ConsumerMessage) bool {
 	w.firstRecords = nil
-	return m.Offset >= w.claimFrom
+	if m.Offset < w.claimFrom {
+		return false
+	}
+	w.received.Store(max(w.received.Load(), m.Offset+1))
+	return true
 }
+
+// Received returns the offset after the last record taken from the claim
+// (or from the first records fetched beside it), -1 before the first: what
+// the partition's fetching has passed, as far as this worker knows. Safe
+// to call from any goroutine.
+func (w *Worker) Received() int64 { return w.received.Load() }

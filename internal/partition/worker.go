@@ -116,8 +116,11 @@ type Worker struct {
 	// taken (the claim repeats the first records).
 	firstRecords <-chan []*sarama.ConsumerMessage
 	claimFrom    int64
-	next         *Record // popped from ready with a token, being sent
-	stuck        *Record // a record the unmarshaler rejected; the partition waits on it
+	// received is the offset after the last record taken (see Received);
+	// written by run, read by any goroutine.
+	received atomic.Int64
+	next     *Record // popped from ready with a token, being sent
+	stuck    *Record // a record the unmarshaler rejected; the partition waits on it
 	// handedOutOnce: run has handed out a record in this assignment
 	// (see handedOver).
 	handedOutOnce bool
@@ -207,6 +210,7 @@ func New(parent context.Context, cfg *Config, pool *Pool, a Assignment) (*Worker
 		firstRecords:  a.FirstRecords,
 		pinStart:      a.PinStart,
 	}
+	w.received.Store(-1)
 	return w, nil
 }
 

@@ -1,0 +1,215 @@
+package safeack_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// handlingLog records when each offset of partition 0 was handled.
+type handlingLog struct {
+	mu    sync.Mutex
+	times map[int64][]time.Time
+}
+
+func (l *handlingLog) handle(m *message.Message) {
+	off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context())
+	l.mu.Lock()
+	l.times[off] = append(l.times[off], time.Now())
+	l.mu.Unlock()
+	m.Ack()
+}
+
+// firstAfter returns when off was first handled after since, or the zero
+// time.
+func (l *handlingLog) firstAfter(off int64, since time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, at := range l.times[off] {
+		if at.After(since) {
+			return at
+		}
+	}
+	return time.Time{}
+}
+
+func (l *handlingLog) count(off int64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.times[off])
+}
+
+// consumingSubscriber subscribes one member of group to topic, handling
+// (and acking) every record into a handlingLog.
+func consumingSubscriber(t *testing.T, c *kafkatest.Cluster, group, topic string, cooperative bool) (*safeack.Subscriber, *handlingLog) {
+	t.Helper()
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		if cooperative {
+			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+				sarama.NewBalanceStrategyCooperativeSticky()}
+		}
+	})
+	log := &handlingLog{times: map[int64][]time.Time{}}
+	handleAll(mustSubscribe(t, sub, topic), log.handle)
+	return sub, log
+}
+
+// waitCommitted waits until the group holds offset for partition 0, and
+// returns what it holds.
+func waitCommitted(t *testing.T, c *kafkatest.Cluster, group, topic string, offset int64, what string) kafkatest.CommittedOffset {
+	t.Helper()
+	var held kafkatest.CommittedOffset
+	kafkatest.WaitFor(t, 30*time.Second, what, func() bool {
+		held = c.CommittedOffsets(t, group, topic)[0]
+		return held.Offset == offset
+	})
+	return held
+}
+
+// TestTruncatedLogWhileConsuming: an unclean leader election truncates the
+// log of a partition a member is consuming, below records it has handled
+// and committed; the new leader writes new records at the reused offsets.
+// The member's marks carry the leader epoch it validated; when its metadata
+// names the new epoch, it asks the new leader where the validated epoch
+// ends, finds the log truncated below what it took from it, commits the
+// divergence point and ends the session: the next session handles every
+// record from the divergence on. Every commit is checked: one that carries
+// the new epoch never covers a reused offset whose record was not handled
+// after the truncation. Before the check, the member went on consuming
+// from its fetch position past the reused offsets, and committed it with
+// the new epoch: the next start found that epoch consistent, and the
+// records at the reused offsets were never handled.
+//
+// kfake cannot truncate a log: the new leader is played by bumping the
+// epoch and answering OffsetForLeaderEpoch as it would (the old epoch ends
+// at diverged); the records kfake holds from diverged on stand for the new
+// leader's.
+func TestTruncatedLogWhileConsuming(t *testing.T) {
+	t.Parallel()
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperative bool) {
+		c := kafkatest.Start(t)
+		c.RequireEmbedded(t)
+		topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+		const n, diverged, more = 10, 6, 5
+		produceSequential(t, c, topic, 0, n)
+		commits := c.ObserveCommits(t)
+		sub, handled := consumingSubscriber(t, c, group, topic, cooperative)
+		before := waitCommitted(t, c, group, topic, n, "every record committed before the election")
+		oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
+		require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
+
+		// The election: the old epoch ends at diverged in the new log.
+		asked := answerEpochEnd(c, topic, diverged, 0)
+		truncatedAt := time.Now()
+		bumpLeaderEpoch(t, c, topic)
+		produceSequential(t, c, topic, 0, more) // n..n+more-1, in the new epoch
+
+		kafkatest.WaitFor(t, 30*time.Second, "every record from the divergence on handled after the truncation", func() bool {
+			for off := int64(diverged); off < n+more; off++ {
+				if handled.firstAfter(off, truncatedAt).IsZero() {
+					return false
+				}
+			}
+			return true
+		})
+		waitCommitted(t, c, group, topic, n+more, "every record committed after the election")
+		require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
+
+		// No commit carrying a newer epoch covers a reused offset whose
+		// record was not handled after the truncation, before the commit.
+		checked := commits.CheckUntil(t, time.Now(), func(oc kafkatest.ObservedCommit) error {
+			co, ok := oc.Offset(topic, 0)
+			if !ok || !oc.At.After(truncatedAt) {
+				return nil
+			}
+			epoch, ok := frontier.LeaderEpochOf(co.Metadata)
+			if !ok || epoch <= oldEpoch {
+				return nil // the next start checks the old epoch
+			}
+			tail, _ := frontier.DecodeTail(co.Metadata, co.Offset)
+			for off := int64(diverged); off < n; off++ {
+				if off >= co.Offset && !tail.Contains(off) {
+					continue
+				}
+				if at := handled.firstAfter(off, truncatedAt); at.IsZero() || !at.Before(oc.At) {
+					return fmt.Errorf("committed %d (epoch %d) covers reused offset %d, not handled since the truncation", co.Offset, epoch, off)
+				}
+			}
+			return nil
+		})
+		require.Positive(t, checked)
+		for off := int64(0); off < n+more; off++ {
+			require.Positive(t, handled.count(off), "offset %d was never handled", off)
+		}
+		var truncations uint64
+		for _, tt := range sub.Totals() {
+			truncations += tt.LogTruncations
+		}
+		require.Positive(t, truncations, "the truncation is counted")
+	})
+}
+
+// TestLeaderChangeWhileConsuming: a clean leader election while a member
+// consumes (a new epoch over the same log, new records in it) is no
+// truncation: the old epoch ends where the new one starts, past nothing the
+// member took. Nothing is handled twice, no commit moves back, and the
+// marks come to carry the new epoch.
+func TestLeaderChangeWhileConsuming(t *testing.T) {
+	t.Parallel()
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperative bool) {
+		c := kafkatest.Start(t)
+		c.RequireEmbedded(t)
+		topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+		const n, more = 10, 10
+		produceSequential(t, c, topic, 0, n)
+		commits := c.ObserveCommits(t)
+		sub, handled := consumingSubscriber(t, c, group, topic, cooperative)
+		before := waitCommitted(t, c, group, topic, n, "every record committed before the election")
+		oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
+		require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
+
+		bumpedAt := time.Now()
+		bumpLeaderEpoch(t, c, topic)
+		produceSequential(t, c, topic, 0, more)
+
+		kafkatest.WaitFor(t, 30*time.Second, "a commit of every record carrying the new epoch", func() bool {
+			held := c.CommittedOffsets(t, group, topic)[0]
+			e, ok := frontier.LeaderEpochOf(held.Metadata)
+			return held.Offset == n+more && ok && e > oldEpoch
+		})
+		for off := int64(0); off < n+more; off++ {
+			require.Equal(t, 1, handled.count(off), "offset %d handled other than once", off)
+		}
+		// No commit moves back, and none after the election comes from
+		// another generation: the session was not ended.
+		last, generation := int64(-1), int32(-1)
+		checked := commits.CheckUntil(t, time.Now(), func(oc kafkatest.ObservedCommit) error {
+			co, ok := oc.Offset(topic, 0)
+			if !ok {
+				return nil
+			}
+			defer func() { last, generation = max(last, co.Offset), oc.Generation }()
+			if co.Offset < last {
+				return fmt.Errorf("committed %d after %d: the position moved back", co.Offset, last)
+			}
+			if oc.At.After(bumpedAt) && generation >= 0 && oc.Generation != generation {
+				return fmt.Errorf("committed in generation %d after %d: the session ended", oc.Generation, generation)
+			}
+			return nil
+		})
+		require.Positive(t, checked)
+		for _, tt := range sub.Totals() {
+			require.Zero(t, tt.LogTruncations, "a clean leader change was taken for a truncation")
+		}
+	})
+}
