@@ -19,18 +19,22 @@ const (
 )
 
 // await turns the Acks and Nacks of the messages handed out on this
-// goroutine into completions or redeliveries: first r's, then those of the
-// records it hands out itself after an ack.
-func (w *Worker) await(r *Record) {
+// goroutine into completions or redeliveries: first r's delivery wm (with
+// its context's cancel), then those of the records it hands out itself
+// after an ack. wm and cancel are read by the goroutine that handed the
+// delivery out, before the send, never from r here: once the message is
+// sent, a deferral resolved with an error and the router's Ack can
+// redeliver r (a new r.wm and r.cancel, written by another goroutine)
+// before this goroutine first runs.
+func (w *Worker) await(r *Record, wm *message.Message, cancel context.CancelFunc) {
 	defer w.awaiting.Done()
 	for r != nil {
-		wm, cancel := r.wm, r.cancel
 		a := w.waitAnswer(wm, cancel)
 		if a == answerAbandoned {
 			w.observe(r.obsState, OutcomeAbandoned, nil)
 			return
 		}
-		r = w.handleAnswer(r, wm, cancel, a == answerAck)
+		r, wm, cancel = w.handleAnswer(r, wm, cancel, a == answerAck)
 	}
 }
 
@@ -54,8 +58,9 @@ func (w *Worker) waitAnswer(wm *message.Message, cancel context.CancelFunc) answ
 }
 
 // handleAnswer handles the Ack or Nack of one delivery. After a plain ack
-// it returns the next record it handed out in its place, if any.
-func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.CancelFunc, acked bool) *Record {
+// it returns the next record it handed out in its place, if any, with that
+// delivery's message and cancel.
+func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.CancelFunc, acked bool) (*Record, *message.Message, context.CancelFunc) {
 	cancel()
 	w.tokensHeld.Add(-1)
 	switch {
@@ -83,17 +88,18 @@ func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.Can
 		w.observe(r.obsState, OutcomeAck, nil)
 		return w.completeAndContinue(r)
 	}
-	return nil
+	return nil, nil, nil
 }
 
 // completeAndContinue completes an acked record and, when the token it
 // held is not wanted by a waiting partition, hands the next ready record out
 // with it. This keeps handlers fed without waking the run loop for every
-// record. It returns the record handed out, or nil.
-func (w *Worker) completeAndContinue(r *Record) *Record {
+// record. It returns the record handed out with its delivery's message and
+// cancel (read before the send: see await), or nil.
+func (w *Worker) completeAndContinue(r *Record) (*Record, *message.Message, context.CancelFunc) {
 	if !w.pool.pass() {
 		w.complete(r, true)
-		return nil
+		return nil, nil, nil
 	}
 	w.handOutGate.RLock()
 	defer w.handOutGate.RUnlock()
@@ -115,15 +121,16 @@ func (w *Worker) completeAndContinue(r *Record) *Record {
 	}
 	if next == nil {
 		w.pool.release()
-		return nil
+		return nil, nil, nil
 	}
 	w.startDelivery(next)
+	wm, cancel := next.wm, next.cancel
 	select {
-	case w.pool.output <- next.wm:
-		return next
+	case w.pool.output <- wm:
+		return next, wm, cancel
 	case <-w.ctx.Done():
 		w.takeBack(next)
-		return nil
+		return nil, nil, nil
 	}
 }
 

@@ -465,7 +465,10 @@ func TestWorkerHandsNothingOutOnceStopped(t *testing.T) {
 	pool.release()
 
 	handedOut := make(chan *Record, 1)
-	go func() { handedOut <- w.completeAndContinue(first) }()
+	go func() {
+		next, _, _ := w.completeAndContinue(first)
+		handedOut <- next
+	}()
 	select {
 	case r := <-handedOut:
 		require.Nil(t, r, "the ack's hand-out after stop closed")

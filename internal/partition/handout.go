@@ -136,12 +136,15 @@ func (w *Worker) startDelivery(r *Record) {
 func (w *Worker) handedOver() {
 	r := w.next
 	w.next = nil
+	// This delivery's message and cancel, as run sent it: r's fields may
+	// already hold a redelivery's when the goroutine starts (see await).
+	wm, cancel := r.wm, r.cancel
 	w.awaiting.Add(1) // only run adds, and run is the one that waits
 	if !w.handedOutOnce {
 		w.handedOutOnce = true
 		runtime.Gosched()
 	}
-	go w.await(r)
+	go w.await(r, wm, cancel)
 }
 
 // takeBack takes back a record popped by takeReady that was never handed
