@@ -82,6 +82,14 @@
 // docs/operations.md). Their attributes are messaging.system,
 // messaging.destination.name, messaging.destination.partition.id and
 // messaging.consumer.group.name.
+//
+// # Share groups
+//
+// A ShareSubscriber's deliveries (safeack.ShareSubscriberConfig.Observer)
+// get the same spans, plus safeack.share.delivery_count; they end once the
+// broker answered the acknowledgement (see share.go). There are no commit
+// spans for share groups, and RegisterShareMetrics exports a
+// ShareSubscriber's figures.
 package safeackotel
 
 import (
