@@ -2,7 +2,9 @@ package kafkatest
 
 import (
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 )
@@ -43,6 +45,22 @@ func (c *Cluster) CommittedOffsets(tb testing.TB, group, topic string) map[int32
 	tb.Helper()
 	ps := c.partitions(tb, topic)
 	_, admin := c.clients(tb)
+	// A coordinator that is still loading the group's offsets, or moving
+	// (a broker just started or restarted), is asked again for a while.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := committedOnce(admin, group, topic, ps)
+		if err == nil {
+			return out
+		}
+		if !coordinatorBusy(err) || time.Now().After(deadline) {
+			tb.Fatalf("kafkatest: committed offsets of group %s on %s: %v", group, topic, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func committedOnce(admin sarama.ClusterAdmin, group, topic string, ps []int32) (map[int32]CommittedOffset, error) {
 	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: ps})
 	if errors.Is(err, sarama.ErrGroupIDNotFound) {
 		// kfake answers GROUP_ID_NOT_FOUND for a group it has never seen,
@@ -50,20 +68,28 @@ func (c *Cluster) CommittedOffsets(tb testing.TB, group, topic string) map[int32
 		resp, err = nil, nil
 	}
 	if err != nil {
-		tb.Fatalf("kafkatest: committed offsets of group %s on %s: %v", group, topic, err)
+		return nil, err
 	}
 	out := make(map[int32]CommittedOffset, len(ps))
 	for _, p := range ps {
 		co := CommittedOffset{Offset: -1}
 		if b := blockOf(resp, topic, p); b != nil {
 			if b.Err != sarama.ErrNoError {
-				tb.Fatalf("kafkatest: committed offset of group %s on %s/%d: %v", group, topic, p, b.Err)
+				return nil, fmt.Errorf("partition %d: %w", p, b.Err)
 			}
 			co = CommittedOffset{Offset: b.Offset, Metadata: b.Metadata}
 		}
 		out[p] = co
 	}
-	return out
+	return out, nil
+}
+
+// coordinatorBusy reports an error a group coordinator answers while it
+// loads or moves a group: asking again later gets the offsets.
+func coordinatorBusy(err error) bool {
+	return errors.Is(err, sarama.ErrOffsetsLoadInProgress) ||
+		errors.Is(err, sarama.ErrNotCoordinatorForConsumer) ||
+		errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable)
 }
 
 // HighWaterMarks returns, per partition of topic, the offset the next
