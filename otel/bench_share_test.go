@@ -113,36 +113,7 @@ func shareZeroWork(b *testing.B, c *kafkatest.Cluster, name string, setup func(b
 			if register != nil {
 				register(sub)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			b.ReportAllocs()
-			b.ResetTimer()
-			cpu0 := cpuTime()
-			start := time.Now()
-			msgs, err := sub.Subscribe(ctx, topic)
-			if err != nil {
-				b.Fatal(err)
-			}
-			done := make(chan struct{})
-			go func() {
-				n := 0
-				for m := range msgs {
-					m.Ack()
-					if n++; n == b.N {
-						close(done)
-					}
-				}
-			}()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Minute):
-				b.Fatal("records not all delivered")
-			}
-			elapsed := time.Since(start)
-			cpu := cpuTime() - cpu0
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "rec/s")
-			b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(b.N), "cpu-µs/rec")
+			ackAll(b, sub, topic)
 		})
 	}
 }
