@@ -396,27 +396,7 @@ func TestMetricsMatchStats(t *testing.T) {
 				}
 				got[k] = v
 			}
-			switch d := m.Data.(type) {
-			case metricdata.Gauge[int64]:
-				for _, dp := range d.DataPoints {
-					add(dp.Attributes, float64(dp.Value))
-				}
-			case metricdata.Gauge[float64]:
-				for _, dp := range d.DataPoints {
-					add(dp.Attributes, dp.Value)
-				}
-			case metricdata.Sum[int64]:
-				if !d.IsMonotonic {
-					t.Errorf("%s is not monotonic", m.Name)
-				}
-				for _, dp := range d.DataPoints {
-					add(dp.Attributes, float64(dp.Value))
-				}
-			case metricdata.Sum[float64]:
-				for _, dp := range d.DataPoints {
-					add(dp.Attributes, dp.Value)
-				}
-			}
+			eachPoint(t, m, add)
 		}
 	}
 
@@ -635,6 +615,36 @@ func TestRefusedCommitSpan(t *testing.T) {
 		}
 		if s.StartTime().After(took[0].StartTime()) {
 			t.Errorf("a refused commit span after the one that took")
+		}
+	}
+}
+
+// eachPoint calls add with the attributes and value of each data point of
+// a gauge or a sum (int64 or float64) in m; a sum must be monotonic.
+func eachPoint(t *testing.T, m metricdata.Metrics, add func(attribute.Set, float64)) {
+	t.Helper()
+	switch d := m.Data.(type) {
+	case metricdata.Gauge[int64]:
+		for _, dp := range d.DataPoints {
+			add(dp.Attributes, float64(dp.Value))
+		}
+	case metricdata.Gauge[float64]:
+		for _, dp := range d.DataPoints {
+			add(dp.Attributes, dp.Value)
+		}
+	case metricdata.Sum[int64]:
+		if !d.IsMonotonic {
+			t.Errorf("%s is not monotonic", m.Name)
+		}
+		for _, dp := range d.DataPoints {
+			add(dp.Attributes, float64(dp.Value))
+		}
+	case metricdata.Sum[float64]:
+		if !d.IsMonotonic {
+			t.Errorf("%s is not monotonic", m.Name)
+		}
+		for _, dp := range d.DataPoints {
+			add(dp.Attributes, dp.Value)
 		}
 	}
 }

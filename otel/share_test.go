@@ -255,27 +255,10 @@ func TestShareTracesAndMetrics(t *testing.T) {
 				}
 				got[k] = v
 			}
-			switch d := m.Data.(type) {
-			case metricdata.Gauge[int64]:
+			eachPoint(t, m, add)
+			if d, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "messaging.process.duration" {
 				for _, dp := range d.DataPoints {
-					add(dp.Attributes, float64(dp.Value))
-				}
-			case metricdata.Gauge[float64]:
-				for _, dp := range d.DataPoints {
-					add(dp.Attributes, dp.Value)
-				}
-			case metricdata.Sum[int64]:
-				if !d.IsMonotonic {
-					t.Errorf("%s is not monotonic", m.Name)
-				}
-				for _, dp := range d.DataPoints {
-					add(dp.Attributes, float64(dp.Value))
-				}
-			case metricdata.Histogram[float64]:
-				if m.Name == "messaging.process.duration" {
-					for _, dp := range d.DataPoints {
-						processN += dp.Count
-					}
+					processN += dp.Count
 				}
 			}
 		}
