@@ -39,25 +39,18 @@ func RegisterMetrics(sub *safeack.Subscriber, opts ...Option) (metric.Registrati
 	}
 	insts := []metric.Observable{owned}
 	type gauge struct {
-		f  *figures.Gauge
-		i  metric.Int64ObservableGauge
-		fl metric.Float64ObservableGauge
+		f    *figures.Gauge
+		inst gaugeInstrument
 	}
 	gauges := make([]gauge, len(figures.Gauges))
 	for i := range figures.Gauges {
 		f := &figures.Gauges[i]
-		gauges[i].f = f
-		o := []metric.Float64ObservableGaugeOption{metric.WithUnit(f.Unit), metric.WithDescription(f.Help)}
-		if f.Float {
-			gauges[i].fl, err = meter.Float64ObservableGauge(f.OTel, o...)
-			insts = append(insts, gauges[i].fl)
-		} else {
-			gauges[i].i, err = meter.Int64ObservableGauge(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(f.Help))
-			insts = append(insts, gauges[i].i)
-		}
+		inst, o, err := newGaugeInstrument(meter, f.OTel, f.Unit, f.Help, f.Float)
 		if err != nil {
 			return nil, err
 		}
+		gauges[i] = gauge{f: f, inst: inst}
+		insts = append(insts, o)
 	}
 	type counter struct {
 		f  *figures.Counter
@@ -100,13 +93,8 @@ func RegisterMetrics(sub *safeack.Subscriber, opts ...Option) (metric.Registrati
 			s := &stats[i]
 			at := metric.WithAttributeSet(attribute.NewSet(baseAttrs(group, s.Topic, s.Partition)...))
 			for _, g := range gauges {
-				v, ok := g.f.Value(s)
-				switch {
-				case !ok:
-				case g.f.Float:
-					obs.ObserveFloat64(g.fl, v, at)
-				default:
-					obs.ObserveInt64(g.i, int64(v), at)
+				if v, ok := g.f.Value(s); ok {
+					g.inst.observe(obs, v, at)
 				}
 			}
 		}
@@ -133,4 +121,28 @@ func RegisterMetrics(sub *safeack.Subscriber, opts ...Option) (metric.Registrati
 		}
 		return nil
 	}, insts...)
+}
+
+// gaugeInstrument is the OpenTelemetry gauge of one figure: a float or an
+// int gauge, as the figure says.
+type gaugeInstrument struct {
+	i  metric.Int64ObservableGauge
+	fl metric.Float64ObservableGauge
+}
+
+func newGaugeInstrument(meter metric.Meter, name, unit, help string, float bool) (gaugeInstrument, metric.Observable, error) {
+	if float {
+		fl, err := meter.Float64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(help))
+		return gaugeInstrument{fl: fl}, fl, err
+	}
+	i, err := meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(help))
+	return gaugeInstrument{i: i}, i, err
+}
+
+func (g gaugeInstrument) observe(obs metric.Observer, v float64, at metric.ObserveOption) {
+	if g.fl != nil {
+		obs.ObserveFloat64(g.fl, v, at)
+		return
+	}
+	obs.ObserveInt64(g.i, int64(v), at)
 }

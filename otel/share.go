@@ -126,25 +126,19 @@ func RegisterShareMetrics(sub *safeack.ShareSubscriber, opts ...Option) (metric.
 
 	var insts []metric.Observable
 	type gauge struct {
-		f  *figures.ShareGauge
-		i  metric.Int64ObservableGauge
-		fl metric.Float64ObservableGauge
+		f    *figures.ShareGauge
+		inst gaugeInstrument
 	}
 	gauges := make([]gauge, len(figures.ShareGauges))
 	var err error
 	for i := range figures.ShareGauges {
 		f := &figures.ShareGauges[i]
-		gauges[i].f = f
-		if f.Float {
-			gauges[i].fl, err = meter.Float64ObservableGauge(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(f.Help))
-			insts = append(insts, gauges[i].fl)
-		} else {
-			gauges[i].i, err = meter.Int64ObservableGauge(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(f.Help))
-			insts = append(insts, gauges[i].i)
-		}
+		inst, o, err := newGaugeInstrument(meter, f.OTel, f.Unit, f.Help, f.Float)
 		if err != nil {
 			return nil, err
 		}
+		gauges[i] = gauge{f: f, inst: inst}
+		insts = append(insts, o)
 	}
 	type counter struct {
 		f *figures.ShareCounter
@@ -177,13 +171,8 @@ func RegisterShareMetrics(sub *safeack.ShareSubscriber, opts ...Option) (metric.
 			base := baseAttrs(group, s.Topic, s.Partition)
 			at := metric.WithAttributeSet(attribute.NewSet(base...))
 			for _, g := range gauges {
-				v, ok := g.f.Value(s)
-				switch {
-				case !ok:
-				case g.f.Float:
-					obs.ObserveFloat64(g.fl, v, at)
-				default:
-					obs.ObserveInt64(g.i, int64(v), at)
+				if v, ok := g.f.Value(s); ok {
+					g.inst.observe(obs, v, at)
 				}
 			}
 			for _, c := range counters {
