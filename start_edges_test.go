@@ -38,8 +38,7 @@ func TestTxnCommitAboveHighWaterMark(t *testing.T) {
 	stop1 := runRouter(t, r, sub1, pub1, transform(&att, time.Millisecond))
 	rd.waitAll(t, r.inputIDs(), 20*time.Second)
 	r.waitCommittedAll(t, 20*time.Second)
-	st := pub1.Stats()
-	require.EqualValues(t, 10, st.Outputs, "transactions: %+v", st)
+	waitOutputsCounted(t, 10, pub1)
 	stop1()
 
 	r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, 30, nil)...)
