@@ -191,34 +191,21 @@ func (o *Observer) Delivered(ctx context.Context, d safeack.Delivery) (context.C
 		return ctx, &delivery{o: o, span: noSpan, start: time.Now(), pa: pa}
 	}
 	ctx, span := tr.tracer.Start(ctx, pa.spanName, consumerSpan...)
-	if !span.IsRecording() {
-		if !o.process.Enabled(ctx) {
-			// Nothing to record at the answer: a span that does not
-			// record needs no End, and the histogram takes nothing (no
-			// SDK installed, or a view drops it).
-			return ctx, nil
-		}
-	} else {
-		attrs := make([]attribute.KeyValue, 0, len(pa.span)+5)
-		attrs = append(attrs, pa.span...)
-		attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)), semconv.MessagingMessageBodySize(len(rec.Value)))
-		if rec.Value == nil {
-			attrs = append(attrs, semconv.MessagingKafkaMessageTombstone(true))
-		}
-		if len(rec.Key) > 0 && utf8.Valid(rec.Key) {
-			attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
-		}
-		if d.Message != nil && d.Message.UUID != "" {
-			attrs = append(attrs, semconv.MessagingMessageID(d.Message.UUID))
-		}
-		span.SetAttributes(attrs...)
+	if !span.IsRecording() && !o.process.Enabled(ctx) {
+		// Nothing to record at the answer: a span that does not record
+		// needs no End, and the histogram takes nothing (no SDK
+		// installed, or a view drops it).
+		return ctx, nil
+	}
+	dv := &delivery{o: o, span: span, start: time.Now(), pa: pa, offset: rec.Offset}
+	if span.IsRecording() {
+		dv.attrs = recordAttrs(pa, rec, d)
 		if !o.cfg.asParent && len(rec.Headers) > 0 {
 			if producer := o.producer(rec.Headers); producer.IsValid() {
 				span.AddLink(trace.Link{SpanContext: producer})
 			}
 		}
 	}
-	dv := &delivery{o: o, span: span, start: time.Now(), pa: pa, offset: rec.Offset}
 	if d.DeliveryCount > 0 {
 		return ctx, shareDelivered(dv, d) // a share group: nothing is committed (share.go)
 	}
@@ -229,6 +216,28 @@ func (o *Observer) Delivered(ctx context.Context, d safeack.Delivery) (context.C
 		pa.mu.Unlock()
 	}
 	return ctx, dv
+}
+
+// recordAttrs are the attributes of a recording delivery span, with room
+// for those its answer adds (see delivery.attrs).
+func recordAttrs(pa *partAttrs, rec *sarama.ConsumerMessage, d safeack.Delivery) []attribute.KeyValue {
+	room := len(pa.span) + 5 + 1 // the record's, the outcome
+	if d.DeliveryCount > 0 {
+		room += 3 // delivery count, acknowledgement and its reason (share.go)
+	}
+	attrs := make([]attribute.KeyValue, 0, room)
+	attrs = append(attrs, pa.span...)
+	attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)), semconv.MessagingMessageBodySize(len(rec.Value)))
+	if rec.Value == nil {
+		attrs = append(attrs, semconv.MessagingKafkaMessageTombstone(true))
+	}
+	if len(rec.Key) > 0 && utf8.Valid(rec.Key) {
+		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
+	}
+	if d.Message != nil && d.Message.UUID != "" {
+		attrs = append(attrs, semconv.MessagingMessageID(d.Message.UUID))
+	}
+	return attrs
 }
 
 // noSpan is the span of a delivery without tracing: a no-op span that
@@ -250,18 +259,38 @@ type delivery struct {
 	offset     int64
 	hold       bool   // WithCommitEvents: an ack waits for its commit
 	assignment uint64 // the partition's assignment when delivered
+	// attrs are a recording span's attributes, given to it in one call
+	// once it is answered (nil: given, or the span does not record). Each
+	// SetAttributes grows the span's own slice: two calls cost an
+	// allocation and a copy of every attribute more.
+	attrs []attribute.KeyValue
 }
 
-// Answered adds the outcome's event and ends the span (a deferred
-// completion: once resolved).
-func (d *delivery) Answered(out safeack.Outcome, err error) {
-	// The span, its events and its end take the SDK's own timestamps:
-	// passing one costs an allocation per option.
-	recording := d.span.IsRecording()
+// addAttrs adds kv to the attributes the span is to get.
+func (d *delivery) addAttrs(kv ...attribute.KeyValue) {
+	if d.attrs != nil {
+		d.attrs = append(d.attrs, kv...)
+	}
+}
+
+// setAttrs gives the span its attributes with kv.
+func (d *delivery) setAttrs(kv ...attribute.KeyValue) {
+	if d.attrs != nil {
+		d.span.SetAttributes(append(d.attrs, kv...)...)
+		d.attrs = nil
+	}
+}
+
+// answer adds the outcome's event and, for an ack or a nack, records the
+// processing duration. It reports false for a deferral: the delivery is
+// answered once it is resolved.
+func (d *delivery) answer(out safeack.Outcome, err error) bool {
+	// The span and its events take the SDK's own timestamps: passing one
+	// costs an allocation per option.
 	switch out {
 	case safeack.OutcomeDeferred:
 		d.span.AddEvent(EventDeferred)
-		return
+		return false
 	case safeack.OutcomeAck:
 		d.span.AddEvent(EventAck)
 		d.o.process.Record(context.Background(), time.Since(d.start).Seconds(), d.pa.ok...)
@@ -279,9 +308,16 @@ func (d *delivery) Answered(out safeack.Outcome, err error) {
 	case safeack.OutcomeAbandoned:
 		d.span.AddEvent(EventAbandoned)
 	}
-	if recording {
-		d.span.SetAttributes(OutcomeKey.String(out.String()))
+	return true
+}
+
+// Answered adds the outcome's event and ends the span (a deferred
+// completion: once resolved).
+func (d *delivery) Answered(out safeack.Outcome, err error) {
+	if !d.answer(out, err) {
+		return
 	}
+	d.setAttrs(OutcomeKey.String(out.String()))
 	if out == safeack.OutcomeAck && d.hold {
 		pa := d.pa
 		pa.mu.Lock()

@@ -2,7 +2,6 @@ package safeackotel
 
 import (
 	"context"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -41,9 +40,7 @@ const (
 // delivery (d.DeliveryCount > 0): its span ends when the broker answered
 // the acknowledgement, not at the answer.
 func shareDelivered(dv *delivery, d safeack.Delivery) safeack.DeliveryObserver {
-	if dv.span.IsRecording() {
-		dv.span.SetAttributes(DeliveryCountKey.Int(int(d.DeliveryCount)))
-	}
+	dv.addAttrs(DeliveryCountKey.Int(int(d.DeliveryCount)))
 	return &shareDelivery{dv}
 }
 
@@ -56,30 +53,8 @@ var _ safeack.ShareDeliveryObserver = (*shareDelivery)(nil)
 // Answered adds the outcome's event and records the processing duration,
 // as for a Subscriber's delivery; the span stays open for Acknowledged.
 func (s *shareDelivery) Answered(out safeack.Outcome, err error) {
-	d := s.delivery
-	switch out {
-	case safeack.OutcomeDeferred:
-		d.span.AddEvent(EventDeferred)
-		return
-	case safeack.OutcomeAck:
-		d.span.AddEvent(EventAck)
-		d.o.process.Record(context.Background(), time.Since(d.start).Seconds(), d.pa.ok...)
-	case safeack.OutcomeNack:
-		d.span.AddEvent(EventNack)
-		desc := "nacked"
-		if err != nil {
-			d.span.RecordError(err)
-			desc = err.Error()
-		}
-		d.span.SetStatus(codes.Error, desc)
-		d.o.process.Record(context.Background(), time.Since(d.start).Seconds(), d.pa.nack...)
-	case safeack.OutcomeSkipped:
-		d.span.AddEvent(EventSkipped)
-	case safeack.OutcomeAbandoned:
-		d.span.AddEvent(EventAbandoned)
-	}
-	if d.span.IsRecording() {
-		d.span.SetAttributes(OutcomeKey.String(out.String()))
+	if s.answer(out, err) {
+		s.addAttrs(OutcomeKey.String(out.String()))
 	}
 }
 
@@ -89,7 +64,7 @@ func (s *shareDelivery) Acknowledged(a safeack.ShareAcknowledgement) {
 	span := s.span
 	if span.IsRecording() {
 		kv := []attribute.KeyValue{ShareAckKey.String(a.Ack.String()), ShareReasonKey.String(a.Reason.String())}
-		span.SetAttributes(kv...)
+		s.setAttrs(kv...)
 		span.AddEvent(EventShareAcknowledged, trace.WithAttributes(kv...))
 	}
 	if a.Err != nil {
