@@ -90,8 +90,8 @@ type Collector struct {
 	sub *safeack.Subscriber
 
 	owned    *prometheus.Desc
-	gauges   []*prometheus.Desc // one per figures.Gauges entry
-	counters []*prometheus.Desc // one per figures.Counters entry; entries of one name share it
+	gauges   gaugeDescs[safeack.PartitionStats]
+	counters counterDescs[safeack.PartitionTotals]
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -102,42 +102,20 @@ func NewCollector(sub *safeack.Subscriber, opts ...Option) *Collector {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	desc := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc(prometheus.BuildFQName(o.namespace, "", name), help, labels, o.constLabels)
+	desc := o.desc
+	return &Collector{
+		sub:      sub,
+		owned:    desc(figures.Owned.Prom, figures.Owned.Help),
+		gauges:   newGaugeDescs(desc, figures.Gauges),
+		counters: newCounterDescs(desc, figures.Counters),
 	}
-	c := &Collector{sub: sub, owned: desc(figures.Owned.Prom, figures.Owned.Help)}
-	for _, g := range figures.Gauges {
-		c.gauges = append(c.gauges, desc(g.Prom, g.Help, "topic", "partition"))
-	}
-	byName := map[string]*prometheus.Desc{}
-	for _, f := range figures.Counters {
-		d := byName[f.Prom]
-		if d == nil {
-			labels := []string{"topic", "partition"}
-			if f.Reason != "" {
-				labels = append(labels, "reason")
-			}
-			d = desc(f.Prom, f.Help, labels...)
-			byName[f.Prom] = d
-		}
-		c.counters = append(c.counters, d)
-	}
-	return c
 }
 
 // Describe sends the descriptors of every metric the Collector exports.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.owned
-	for _, d := range c.gauges {
-		ch <- d
-	}
-	seen := map[*prometheus.Desc]bool{}
-	for _, d := range c.counters {
-		if !seen[d] {
-			seen[d] = true
-			ch <- d
-		}
-	}
+	c.gauges.describe(ch)
+	c.counters.describe(ch)
 }
 
 // Collect reads the Subscriber's statistics and sends them as metrics.
@@ -146,23 +124,105 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.owned, prometheus.GaugeValue, float64(len(stats)))
 	for i := range stats {
 		s := &stats[i]
-		lv := []string{s.Topic, strconv.FormatInt(int64(s.Partition), 10)}
-		for j, g := range figures.Gauges {
-			if v, ok := g.Value(s); ok {
-				ch <- prometheus.MustNewConstMetric(c.gauges[j], prometheus.GaugeValue, v, lv...)
-			}
-		}
+		c.gauges.collect(ch, s, s.Topic, s.Partition)
 	}
 	totals := c.sub.Totals()
 	for i := range totals {
 		t := &totals[i]
-		lv := []string{t.Topic, strconv.FormatInt(int64(t.Partition), 10)}
-		for j, f := range figures.Counters {
-			labels := lv
-			if f.Reason != "" {
-				labels = append(lv[:2:2], f.Reason)
-			}
-			ch <- prometheus.MustNewConstMetric(c.counters[j], prometheus.CounterValue, f.Value(t), labels...)
+		c.counters.collect(ch, t, t.Topic, t.Partition)
+	}
+}
+
+// desc describes a metric of the options' namespace and constant labels.
+func (o options) desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(o.namespace, "", name), help, labels, o.constLabels)
+}
+
+// gaugeDescs are the Prometheus gauges of a list of figures, one each,
+// labelled topic and partition.
+type gaugeDescs[S any] struct {
+	figs  []figures.Gauge[S]
+	descs []*prometheus.Desc
+}
+
+func newGaugeDescs[S any](desc func(name, help string, labels ...string) *prometheus.Desc, figs []figures.Gauge[S]) gaugeDescs[S] {
+	g := gaugeDescs[S]{figs: figs}
+	for _, f := range figs {
+		g.descs = append(g.descs, desc(f.Prom, f.Help, "topic", "partition"))
+	}
+	return g
+}
+
+func (g gaugeDescs[S]) describe(ch chan<- *prometheus.Desc) {
+	for _, d := range g.descs {
+		ch <- d
+	}
+}
+
+// collect sends the figures s has, of topic's partition p.
+func (g gaugeDescs[S]) collect(ch chan<- prometheus.Metric, s *S, topic string, p int32) {
+	part := strconv.FormatInt(int64(p), 10)
+	for i, f := range g.figs {
+		if v, ok := f.Value(s); ok {
+			ch <- prometheus.MustNewConstMetric(g.descs[i], prometheus.GaugeValue, v, topic, part)
 		}
+	}
+}
+
+// counterDescs are the Prometheus counters of a list of figures, labelled
+// topic and partition: entries of one name are one metric, told apart by
+// the label reason or ack (see figures.Counter).
+type counterDescs[S any] struct {
+	figs   []figures.Counter[S]
+	descs  []*prometheus.Desc
+	shared []bool // the entry's name is shared: it carries its reason or ack label
+}
+
+func newCounterDescs[S any](desc func(name, help string, labels ...string) *prometheus.Desc, figs []figures.Counter[S]) counterDescs[S] {
+	c := counterDescs[S]{figs: figs}
+	count := map[string]int{}
+	for _, f := range figs {
+		count[f.Prom]++
+	}
+	byName := map[string]*prometheus.Desc{}
+	for _, f := range figs {
+		shared := count[f.Prom] > 1
+		d := byName[f.Prom]
+		if d == nil {
+			labels := []string{"topic", "partition"}
+			switch {
+			case shared && f.Reason != "":
+				labels = append(labels, "reason")
+			case shared && f.Ack != "":
+				labels = append(labels, "ack")
+			}
+			d = desc(f.Prom, f.Help, labels...)
+			byName[f.Prom] = d
+		}
+		c.descs = append(c.descs, d)
+		c.shared = append(c.shared, shared)
+	}
+	return c
+}
+
+func (c counterDescs[S]) describe(ch chan<- *prometheus.Desc) {
+	seen := map[*prometheus.Desc]bool{}
+	for _, d := range c.descs {
+		if !seen[d] {
+			seen[d] = true
+			ch <- d
+		}
+	}
+}
+
+// collect sends every figure of s, of topic's partition p.
+func (c counterDescs[S]) collect(ch chan<- prometheus.Metric, s *S, topic string, p int32) {
+	lv := []string{topic, strconv.FormatInt(int64(p), 10)}
+	for i, f := range c.figs {
+		labels := lv
+		if c.shared[i] {
+			labels = append(lv[:2:2], f.Reason+f.Ack) // one of them is set
+		}
+		ch <- prometheus.MustNewConstMetric(c.descs[i], prometheus.CounterValue, f.Value(s), labels...)
 	}
 }

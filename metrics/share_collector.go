@@ -1,8 +1,6 @@
 package metrics
 
 import (
-	"strconv"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/safeack/safeack"
@@ -33,8 +31,8 @@ import (
 // RegisterShareMetrics exports, from the same list.
 type ShareCollector struct {
 	sub      *safeack.ShareSubscriber
-	gauges   []*prometheus.Desc // figures.ShareGauges, in order
-	counters []*prometheus.Desc // figures.ShareCounters, in order
+	gauges   gaugeDescs[safeack.ShareStats]
+	counters counterDescs[safeack.ShareStats]
 }
 
 var _ prometheus.Collector = (*ShareCollector)(nil)
@@ -45,28 +43,17 @@ func NewShareCollector(sub *safeack.ShareSubscriber, opts ...Option) *ShareColle
 	for _, opt := range opts {
 		opt(&o)
 	}
-	tp := []string{"topic", "partition"}
-	desc := func(name, help string) *prometheus.Desc {
-		return prometheus.NewDesc(prometheus.BuildFQName(o.namespace, "", name), help, tp, o.constLabels)
+	return &ShareCollector{
+		sub:      sub,
+		gauges:   newGaugeDescs(o.desc, figures.ShareGauges),
+		counters: newCounterDescs(o.desc, figures.ShareCounters),
 	}
-	c := &ShareCollector{sub: sub}
-	for _, g := range figures.ShareGauges {
-		c.gauges = append(c.gauges, desc(g.Prom, g.Help))
-	}
-	for _, f := range figures.ShareCounters {
-		c.counters = append(c.counters, desc(f.Prom, f.Help))
-	}
-	return c
 }
 
 // Describe sends the descriptors of every metric the ShareCollector exports.
 func (c *ShareCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.gauges {
-		ch <- d
-	}
-	for _, d := range c.counters {
-		ch <- d
-	}
+	c.gauges.describe(ch)
+	c.counters.describe(ch)
 }
 
 // Collect reads the ShareSubscriber's statistics and sends them as metrics.
@@ -74,14 +61,7 @@ func (c *ShareCollector) Collect(ch chan<- prometheus.Metric) {
 	stats := c.sub.Stats()
 	for i := range stats {
 		s := &stats[i]
-		lv := []string{s.Topic, strconv.FormatInt(int64(s.Partition), 10)}
-		for j, g := range figures.ShareGauges {
-			if v, ok := g.Value(s); ok {
-				ch <- prometheus.MustNewConstMetric(c.gauges[j], prometheus.GaugeValue, v, lv...)
-			}
-		}
-		for j, f := range figures.ShareCounters {
-			ch <- prometheus.MustNewConstMetric(c.counters[j], prometheus.CounterValue, f.Value(s), lv...)
-		}
+		c.gauges.collect(ch, s, s.Topic, s.Partition)
+		c.counters.collect(ch, s, s.Topic, s.Partition)
 	}
 }

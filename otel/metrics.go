@@ -38,45 +38,13 @@ func RegisterMetrics(sub *safeack.Subscriber, opts ...Option) (metric.Registrati
 		return nil, err
 	}
 	insts := []metric.Observable{owned}
-	type gauge struct {
-		f    *figures.Gauge
-		inst gaugeInstrument
+	gauges, err := newGaugeSet(meter, figures.Gauges, &insts)
+	if err != nil {
+		return nil, err
 	}
-	gauges := make([]gauge, len(figures.Gauges))
-	for i := range figures.Gauges {
-		f := &figures.Gauges[i]
-		inst, o, err := newGaugeInstrument(meter, f.OTel, f.Unit, f.Help, f.Float)
-		if err != nil {
-			return nil, err
-		}
-		gauges[i] = gauge{f: f, inst: inst}
-		insts = append(insts, o)
-	}
-	type counter struct {
-		f  *figures.Counter
-		i  metric.Int64ObservableCounter
-		fl metric.Float64ObservableCounter
-	}
-	counters := make([]counter, len(figures.Counters))
-	made := map[string]counter{} // entries of one name (reasons) share an instrument
-	for i := range figures.Counters {
-		f := &figures.Counters[i]
-		c, ok := made[f.OTel]
-		if !ok {
-			if f.Float {
-				c.fl, err = meter.Float64ObservableCounter(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(f.Help))
-				insts = append(insts, c.fl)
-			} else {
-				c.i, err = meter.Int64ObservableCounter(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(f.Help))
-				insts = append(insts, c.i)
-			}
-			if err != nil {
-				return nil, err
-			}
-			made[f.OTel] = c
-		}
-		c.f = f
-		counters[i] = c
+	counters, err := newCounterSet(meter, figures.Counters, &insts)
+	if err != nil {
+		return nil, err
 	}
 
 	var ownedAttrs []attribute.KeyValue
@@ -91,36 +59,59 @@ func RegisterMetrics(sub *safeack.Subscriber, opts ...Option) (metric.Registrati
 		obs.ObserveInt64(owned, int64(len(stats)), ownedOpt)
 		for i := range stats {
 			s := &stats[i]
-			at := metric.WithAttributeSet(attribute.NewSet(baseAttrs(group, s.Topic, s.Partition)...))
-			for _, g := range gauges {
-				if v, ok := g.f.Value(s); ok {
-					g.inst.observe(obs, v, at)
-				}
-			}
+			gauges.observe(obs, s, baseAttrs(group, s.Topic, s.Partition))
 		}
 		totals := sub.Totals()
 		for i := range totals {
 			t := &totals[i]
-			base := baseAttrs(group, t.Topic, t.Partition)
-			at := metric.WithAttributeSet(attribute.NewSet(base...))
-			for _, c := range counters {
-				o := at
-				switch {
-				case c.f.Reason != "":
-					o = metric.WithAttributeSet(attribute.NewSet(append(base[:len(base):len(base)], SkipReasonKey.String(c.f.Reason))...))
-				case c.f.OTel == consumedMessages:
-					// The conventions require the operation on this one.
-					o = metric.WithAttributeSet(attribute.NewSet(append(base[:len(base):len(base)], semconv.MessagingOperationName("process"))...))
-				}
-				if c.f.Float {
-					obs.ObserveFloat64(c.fl, c.f.Value(t), o)
-				} else {
-					obs.ObserveInt64(c.i, int64(c.f.Value(t)), o)
-				}
-			}
+			counters.observe(obs, t, baseAttrs(group, t.Topic, t.Partition))
 		}
 		return nil
 	}, insts...)
+}
+
+// gaugeSet is the OpenTelemetry gauges of a list of figures, one each.
+type gaugeSet[S any] struct {
+	figs  []figures.Gauge[S]
+	insts []gaugeInstrument
+}
+
+// newGaugeSet makes the gauges of figs, adding them to insts.
+func newGaugeSet[S any](meter metric.Meter, figs []figures.Gauge[S], insts *[]metric.Observable) (gaugeSet[S], error) {
+	g := gaugeSet[S]{figs: figs}
+	for _, f := range figs {
+		var gi gaugeInstrument
+		var o metric.Observable
+		var err error
+		if f.Float {
+			gi.fl, err = meter.Float64ObservableGauge(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(f.Help))
+			o = gi.fl
+		} else {
+			gi.i, err = meter.Int64ObservableGauge(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(f.Help))
+			o = gi.i
+		}
+		if err != nil {
+			return g, err
+		}
+		g.insts = append(g.insts, gi)
+		*insts = append(*insts, o)
+	}
+	return g, nil
+}
+
+// observe observes the figures s has, with attributes base.
+func (g gaugeSet[S]) observe(obs metric.Observer, s *S, base []attribute.KeyValue) {
+	at := metric.WithAttributeSet(attribute.NewSet(base...))
+	for i, f := range g.figs {
+		v, ok := f.Value(s)
+		switch {
+		case !ok:
+		case f.Float:
+			obs.ObserveFloat64(g.insts[i].fl, v, at)
+		default:
+			obs.ObserveInt64(g.insts[i].i, int64(v), at)
+		}
+	}
 }
 
 // gaugeInstrument is the OpenTelemetry gauge of one figure: a float or an
@@ -130,19 +121,71 @@ type gaugeInstrument struct {
 	fl metric.Float64ObservableGauge
 }
 
-func newGaugeInstrument(meter metric.Meter, name, unit, help string, float bool) (gaugeInstrument, metric.Observable, error) {
-	if float {
-		fl, err := meter.Float64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(help))
-		return gaugeInstrument{fl: fl}, fl, err
-	}
-	i, err := meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(help))
-	return gaugeInstrument{i: i}, i, err
+// counterSet is the OpenTelemetry counters of a list of figures: entries
+// of one name (differing in reason or acknowledgement) share one.
+type counterSet[S any] struct {
+	figs  []figures.Counter[S]
+	insts []counterInstrument
 }
 
-func (g gaugeInstrument) observe(obs metric.Observer, v float64, at metric.ObserveOption) {
-	if g.fl != nil {
-		obs.ObserveFloat64(g.fl, v, at)
-		return
+// counterInstrument is the OpenTelemetry counter of one figure: a float or
+// an int counter, as the figure says.
+type counterInstrument struct {
+	i  metric.Int64ObservableCounter
+	fl metric.Float64ObservableCounter
+}
+
+// newCounterSet makes the counters of figs, adding them to insts.
+func newCounterSet[S any](meter metric.Meter, figs []figures.Counter[S], insts *[]metric.Observable) (counterSet[S], error) {
+	c := counterSet[S]{figs: figs}
+	made := map[string]counterInstrument{}
+	for _, f := range figs {
+		ci, ok := made[f.OTel]
+		if !ok {
+			help := f.Help
+			if f.OTelHelp != "" {
+				help = f.OTelHelp
+			}
+			var err error
+			if f.Float {
+				ci.fl, err = meter.Float64ObservableCounter(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(help))
+				*insts = append(*insts, ci.fl)
+			} else {
+				ci.i, err = meter.Int64ObservableCounter(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(help))
+				*insts = append(*insts, ci.i)
+			}
+			if err != nil {
+				return c, err
+			}
+			made[f.OTel] = ci
+		}
+		c.insts = append(c.insts, ci)
 	}
-	obs.ObserveInt64(g.i, int64(v), at)
+	return c, nil
+}
+
+// observe observes every figure of s, with attributes base and the
+// entry's own.
+func (c counterSet[S]) observe(obs metric.Observer, s *S, base []attribute.KeyValue) {
+	var at metric.ObserveOption = metric.WithAttributeSet(attribute.NewSet(base...))
+	with := func(kv attribute.KeyValue) metric.ObserveOption {
+		return metric.WithAttributeSet(attribute.NewSet(append(base[:len(base):len(base)], kv)...))
+	}
+	for i, f := range c.figs {
+		o := at
+		switch {
+		case f.Ack != "":
+			o = with(ShareAckKey.String(f.Ack))
+		case f.Reason != "":
+			o = with(SkipReasonKey.String(f.Reason))
+		case f.OTel == consumedMessages:
+			// The conventions require the operation on this one.
+			o = with(semconv.MessagingOperationName("process"))
+		}
+		if f.Float {
+			obs.ObserveFloat64(c.insts[i].fl, f.Value(s), o)
+		} else {
+			obs.ObserveInt64(c.insts[i].i, int64(f.Value(s)), o)
+		}
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/safeack/safeack"
@@ -100,43 +99,13 @@ func RegisterShareMetrics(sub *safeack.ShareSubscriber, opts ...Option) (metric.
 	group := sub.ShareGroup()
 
 	var insts []metric.Observable
-	type gauge struct {
-		f    *figures.ShareGauge
-		inst gaugeInstrument
+	gauges, err := newGaugeSet(meter, figures.ShareGauges, &insts)
+	if err != nil {
+		return nil, err
 	}
-	gauges := make([]gauge, len(figures.ShareGauges))
-	var err error
-	for i := range figures.ShareGauges {
-		f := &figures.ShareGauges[i]
-		inst, o, err := newGaugeInstrument(meter, f.OTel, f.Unit, f.Help, f.Float)
-		if err != nil {
-			return nil, err
-		}
-		gauges[i] = gauge{f: f, inst: inst}
-		insts = append(insts, o)
-	}
-	type counter struct {
-		f *figures.ShareCounter
-		i metric.Int64ObservableCounter
-	}
-	counters := make([]counter, len(figures.ShareCounters))
-	made := map[string]metric.Int64ObservableCounter{} // entries of one name (ack, reason) share an instrument
-	for i := range figures.ShareCounters {
-		f := &figures.ShareCounters[i]
-		inst, ok := made[f.OTel]
-		if !ok {
-			help := f.Help
-			if f.Ack != "" {
-				help = "Records acknowledged, by acknowledgement (safeack.share.ack): accept, release (delivered again) or reject (archived)."
-			}
-			inst, err = meter.Int64ObservableCounter(f.OTel, metric.WithUnit(f.Unit), metric.WithDescription(help))
-			if err != nil {
-				return nil, err
-			}
-			insts = append(insts, inst)
-			made[f.OTel] = inst
-		}
-		counters[i] = counter{f: f, i: inst}
+	counters, err := newCounterSet(meter, figures.ShareCounters, &insts)
+	if err != nil {
+		return nil, err
 	}
 
 	return meter.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
@@ -144,25 +113,8 @@ func RegisterShareMetrics(sub *safeack.ShareSubscriber, opts ...Option) (metric.
 		for i := range stats {
 			s := &stats[i]
 			base := baseAttrs(group, s.Topic, s.Partition)
-			at := metric.WithAttributeSet(attribute.NewSet(base...))
-			for _, g := range gauges {
-				if v, ok := g.f.Value(s); ok {
-					g.inst.observe(obs, v, at)
-				}
-			}
-			for _, c := range counters {
-				o := at
-				switch {
-				case c.f.Ack != "":
-					o = metric.WithAttributeSet(attribute.NewSet(append(base[:len(base):len(base)], ShareAckKey.String(c.f.Ack))...))
-				case c.f.Reason != "":
-					o = metric.WithAttributeSet(attribute.NewSet(append(base[:len(base):len(base)], SkipReasonKey.String(c.f.Reason))...))
-				case c.f.OTel == consumedMessages:
-					// The conventions require the operation on this one.
-					o = metric.WithAttributeSet(attribute.NewSet(append(base[:len(base):len(base)], semconv.MessagingOperationName("process"))...))
-				}
-				obs.ObserveInt64(c.i, int64(c.f.Value(s)), o)
-			}
+			gauges.observe(obs, s, base)
+			counters.observe(obs, s, base)
 		}
 		return nil
 	}, insts...)

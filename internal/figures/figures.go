@@ -9,8 +9,9 @@ import (
 	"github.com/safeack/safeack"
 )
 
-// Gauge is a figure of one owned partition, read from its PartitionStats.
-type Gauge struct {
+// Gauge is a figure of one partition, read from its statistics S
+// (safeack.PartitionStats of an owned partition, safeack.ShareStats).
+type Gauge[S any] struct {
 	// Prom is the Prometheus name, without namespace; OTel the
 	// OpenTelemetry instrument name and Unit its UCUM unit.
 	Prom, OTel, Unit string
@@ -20,25 +21,36 @@ type Gauge struct {
 	Float bool
 	// Value returns the figure, and false when the partition has none (the
 	// series is then left out).
-	Value func(s *safeack.PartitionStats) (float64, bool)
+	Value func(s *S) (float64, bool)
 }
 
 // Counter is a monotonic figure of one topic-partition, read from its
-// PartitionTotals (which never go down across reassignments).
-type Counter struct {
-	// Prom, OTel, Unit and Help are as for Gauge. Several Counters share a
-	// name when they differ in Reason.
+// statistics S (safeack.PartitionTotals, which never go down across
+// reassignments; safeack.ShareStats, counted since the ShareSubscriber
+// was made).
+//
+// Entries may share a name when they differ in Reason or Ack: in
+// OpenTelemetry they are one instrument whose series carry the attribute
+// safeack.skip.reason or safeack.share.ack; in Prometheus entries sharing
+// a name are one metric with the label reason or ack, and entries with a
+// name of their own carry neither.
+type Counter[S any] struct {
+	// Prom, OTel, Unit and Help are as for Gauge.
 	Prom, OTel, Unit, Help string
-	// Reason, when not empty, is the value of the series' reason label
-	// (attribute safeack.skip.reason in OpenTelemetry).
-	Reason string
-	Float  bool
-	Value  func(t *safeack.PartitionTotals) float64
+	// OTelHelp, when not empty, describes the OpenTelemetry instrument in
+	// Help's place: entries of one instrument with names of their own in
+	// Prometheus.
+	OTelHelp string
+	// Reason and Ack, when not empty, tell the series of a shared name
+	// apart (see Counter).
+	Reason, Ack string
+	Float       bool
+	Value       func(s *S) float64
 }
 
 // Owned is the figure without partition labels: how many partitions the
 // Subscriber owns (after Merged).
-var Owned = Gauge{
+var Owned = Gauge[safeack.PartitionStats]{
 	Prom: "owned_partitions", OTel: "safeack.partitions.owned", Unit: "{partition}",
 	Help: "Partitions the subscriber owns.",
 }
@@ -53,7 +65,7 @@ func bool01(b bool) float64 {
 }
 
 // Gauges are the per-partition gauges, in exposition order.
-var Gauges = []Gauge{
+var Gauges = []Gauge[safeack.PartitionStats]{
 	{Prom: "safe_offset", OTel: "safeack.offset.safe", Unit: "{offset}",
 		Help:  "Completed prefix: the offset a consumer may resume from without losing an unfinished record; what is marked for commit.",
 		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.SafeOffset)) }},
@@ -112,7 +124,7 @@ var Gauges = []Gauge{
 }
 
 // Counters are the per-partition counters, in exposition order.
-var Counters = []Counter{
+var Counters = []Counter[safeack.PartitionTotals]{
 	{Prom: "assignments_total", OTel: "safeack.assignments", Unit: "{assignment}",
 		Help:  "Assignments of the partition to this subscriber.",
 		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.Assignments) }},

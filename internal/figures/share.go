@@ -4,36 +4,10 @@ import (
 	"github.com/safeack/safeack"
 )
 
-// ShareGauge is a figure of one partition a ShareSubscriber received
-// records of, read from its ShareStats.
-type ShareGauge struct {
-	// Prom, OTel, Unit and Help are as for Gauge.
-	Prom, OTel, Unit, Help string
-	Float                  bool
-	// Value returns the figure, and false when the partition has none.
-	Value func(s *safeack.ShareStats) (float64, bool)
-}
-
-// ShareCounter is a monotonic figure of a ShareSubscriber's partition,
-// read from its ShareStats (counted since the ShareSubscriber was made).
-type ShareCounter struct {
-	// Prom, OTel, Unit and Help are as for Counter. Several entries share
-	// an OpenTelemetry name when they differ in Ack or Reason (Prometheus
-	// keeps a name each).
-	Prom, OTel, Unit, Help string
-	// Ack, when not empty, is the value of the attribute safeack.share.ack
-	// (accept, release, reject) of the OpenTelemetry series.
-	Ack string
-	// Reason, when not empty, is the value of the attribute
-	// safeack.skip.reason of the OpenTelemetry series.
-	Reason string
-	Value  func(s *safeack.ShareStats) float64
-}
-
 // ShareGauges are a ShareSubscriber's per-partition gauges, in exposition
 // order. Where a figure means what it means for a Subscriber, its names
 // are the Subscriber's.
-var ShareGauges = []ShareGauge{
+var ShareGauges = []Gauge[safeack.ShareStats]{
 	{Prom: "in_flight_messages", OTel: "safeack.messages.in_flight", Unit: "{message}",
 		Help:  "Messages handed out and not yet answered (a deferred completion counts until resolved).",
 		Value: func(s *safeack.ShareStats) (float64, bool) { return always(float64(s.InFlight)) }},
@@ -48,9 +22,13 @@ var ShareGauges = []ShareGauge{
 		Value: func(s *safeack.ShareStats) (float64, bool) { return always(float64(s.MaxDeliveryCount)) }},
 }
 
+// acknowledgementsHelp describes the OpenTelemetry counter of
+// acknowledgements, whose series differ in safeack.share.ack.
+const acknowledgementsHelp = "Records acknowledged, by acknowledgement (safeack.share.ack): accept, release (delivered again) or reject (archived)."
+
 // ShareCounters are a ShareSubscriber's per-partition counters, in
 // exposition order.
-var ShareCounters = []ShareCounter{
+var ShareCounters = []Counter[safeack.ShareStats]{
 	{Prom: "offered_records_total", OTel: "messaging.client.consumed.messages", Unit: "{message}",
 		Help:  "Records received from the share group, redeliveries included.",
 		Value: func(s *safeack.ShareStats) float64 { return float64(s.Received) }},
@@ -61,14 +39,17 @@ var ShareCounters = []ShareCounter{
 		Help:  "Completions deferred with safeack.Defer.",
 		Value: func(s *safeack.ShareStats) float64 { return float64(s.Deferred) }},
 	{Prom: "share_accepted_records_total", OTel: "safeack.share.acknowledgements", Unit: "{message}", Ack: "accept",
-		Help:  "Records acknowledged ACCEPT (acked, dead-lettered, or taken by OnUnmarshalError).",
-		Value: func(s *safeack.ShareStats) float64 { return float64(s.Accepted) }},
+		OTelHelp: acknowledgementsHelp,
+		Help:     "Records acknowledged ACCEPT (acked, dead-lettered, or taken by OnUnmarshalError).",
+		Value:    func(s *safeack.ShareStats) float64 { return float64(s.Accepted) }},
 	{Prom: "share_released_records_total", OTel: "safeack.share.acknowledgements", Unit: "{message}", Ack: "release",
-		Help:  "Records acknowledged RELEASE (nacked, or unanswered at Close): delivered again.",
-		Value: func(s *safeack.ShareStats) float64 { return float64(s.Released) }},
+		OTelHelp: acknowledgementsHelp,
+		Help:     "Records acknowledged RELEASE (nacked, or unanswered at Close): delivered again.",
+		Value:    func(s *safeack.ShareStats) float64 { return float64(s.Released) }},
 	{Prom: "share_rejected_records_total", OTel: "safeack.share.acknowledgements", Unit: "{message}", Ack: "reject",
-		Help:  "Records acknowledged REJECT (RejectPoison, past MaxDeliveries, or unmarshal failures): archived, never delivered again.",
-		Value: func(s *safeack.ShareStats) float64 { return float64(s.Rejected) }},
+		OTelHelp: acknowledgementsHelp,
+		Help:     "Records acknowledged REJECT (RejectPoison, past MaxDeliveries, or unmarshal failures): archived, never delivered again.",
+		Value:    func(s *safeack.ShareStats) float64 { return float64(s.Rejected) }},
 	{Prom: "share_dead_lettered_records_total", OTel: "safeack.share.records.dead_lettered", Unit: "{message}",
 		Help:  "Records past MaxDeliveries handed to DeadLetter and accepted.",
 		Value: func(s *safeack.ShareStats) float64 { return float64(s.DeadLettered) }},
