@@ -65,9 +65,6 @@ type claimCommits struct {
 	// ended runs once the worker returned: the claim's assignment is over,
 	// with the last position its marks reached.
 	ended func(offset int64, metadata string)
-	// watchEpochs: the marks' leader epochs are checked while consuming
-	// (see epochWatch); a transaction's epochs are sampled instead.
-	watchEpochs bool
 	// release runs as the claim returns, after ended.
 	release func()
 }

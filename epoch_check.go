@@ -21,8 +21,10 @@ package safeack
 // epochWatch validated: a newer epoch in the client's metadata is checked
 // the same way first, against what the claim took from the log, and a
 // truncation found holds the marks at the divergence point and ends the
-// session (see epochWatch). In transactional mode the epoch is the one
-// the client's metadata names when the offset is marked (epochSampler).
+// session (see epochWatch). This holds in both modes: in transactional
+// mode the positions a transaction commits are those marks, and the one
+// held at the divergence point is committed though it covers less than
+// the last transaction's (see txnMarker.diverge).
 //
 // Either way the epoch committed is a metadata epoch, not that of the last
 // record's batch: Sarama drops batch epochs. Every record below the offset
@@ -35,8 +37,7 @@ package safeack
 // matching: such an epoch ends, in a log that holds the record, past it).
 // What no check here can see is a record of the old leader that reaches
 // the claim after the new epoch was validated (fetched before the
-// election, still in Sarama's buffers), and, in transactional mode, any
-// truncation while the partition is assigned. Sarama's consumer does not
+// election, still in Sarama's buffers). Sarama's consumer does not
 // see these either (it sends no LastFetchedEpoch and reads no diverging
 // epoch).
 
@@ -167,20 +168,7 @@ func cutTail(offset int64, meta string, at int64, budget int) (string, int64) {
 	if err != nil || len(tail.Ranges) == 0 || tail.Ranges[len(tail.Ranges)-1].To <= at {
 		return meta, 0
 	}
-	var kept []frontier.Range
-	var dropped int64
-	for _, r := range tail.Ranges {
-		if r.To <= at {
-			kept = append(kept, r)
-			continue
-		}
-		if r.From < at {
-			kept = append(kept, frontier.Range{From: r.From, To: at})
-			dropped += r.To - at
-		} else {
-			dropped += r.To - r.From
-		}
-	}
+	kept, dropped := cutRanges(tail.Ranges, at)
 	epoch, ok := frontier.LeaderEpochOf(meta)
 	if !ok {
 		epoch = frontier.NoLeaderEpoch
@@ -190,6 +178,24 @@ func cutTail(offset int64, meta string, at int64, budget int) (string, int64) {
 		out = "" // the ranges kept are valid by construction; if not, the offset alone
 	}
 	return out, dropped
+}
+
+// cutRanges returns the completed ranges (sorted) cut at at: those below
+// it, a range across it shortened to end there. dropped counts the
+// offsets cut off.
+func cutRanges(ranges []frontier.Range, at int64) (kept []frontier.Range, dropped int64) {
+	for _, r := range ranges {
+		switch {
+		case r.To <= at:
+			kept = append(kept, r)
+		case r.From < at:
+			kept = append(kept, frontier.Range{From: r.From, To: at})
+			dropped += r.To - at
+		default:
+			dropped += r.To - r.From
+		}
+	}
+	return kept, dropped
 }
 
 // errLogTruncated is the error logged with a detected truncation.
@@ -370,57 +376,6 @@ func kgoOptions(conf *sarama.Config) ([]kgo.Opt, error) {
 	return opts, nil
 }
 
-// epochSampler reads a partition's leader epoch from the client's metadata
-// for the worker's marks without ever blocking them: Sarama refreshes the
-// metadata, which can take seconds, when the leader is unknown. The value
-// returned is the last read, which started no later than the call, so at
-// most the epoch the metadata names at the call: older can only make a
-// check find a divergence that is not there (records handled again),
-// never miss one that is. A new read starts at most every epochSampleGap.
-type epochSampler struct {
-	client    sarama.Client
-	topic     string
-	partition int32
-
-	epoch   atomic.Int32
-	reading atomic.Bool
-	readAt  atomic.Int64 // Unix nanoseconds of the last read's start
-	wg      sync.WaitGroup
-}
-
-const epochSampleGap = 100 * time.Millisecond
-
-// newEpochSampler reads the epoch once at once: the claim exists, so its
-// leader is known and the read does not wait.
-func newEpochSampler(client sarama.Client, topic string, partition int32) *epochSampler {
-	s := &epochSampler{client: client, topic: topic, partition: partition}
-	s.epoch.Store(frontier.NoLeaderEpoch)
-	s.read()
-	return s
-}
-
-func (s *epochSampler) read() {
-	s.readAt.Store(time.Now().UnixNano())
-	if _, e, err := s.client.LeaderAndEpoch(s.topic, s.partition); err == nil && e >= 0 {
-		s.epoch.Store(e)
-	}
-}
-
-// get returns the last epoch read and starts a new read in the background
-// when the last one is older than epochSampleGap.
-func (s *epochSampler) get() int32 {
-	if time.Now().UnixNano()-s.readAt.Load() >= int64(epochSampleGap) && s.reading.CompareAndSwap(false, true) {
-		s.wg.Go(func() {
-			defer s.reading.Store(false)
-			s.read()
-		})
-	}
-	return s.epoch.Load()
-}
-
-// wait waits for a read in progress.
-func (s *epochSampler) wait() { s.wg.Wait() }
-
 // epochWatchEvery is how often a claim's watch reads the partition's
 // leader epoch from the client's metadata (cached: no request). Sarama
 // fetches from a new leader at the earliest partitionConsumersBatchTimeout
@@ -451,6 +406,12 @@ const epochRecheckAfter = time.Second
 // check (checkLeaderEpochs) finds consistent: the records at the reused
 // offsets were skipped.
 //
+// The watch wraps the claim's Marker in either mode: the session's (see
+// offsetCommitter) or the claim's transactional one (txnMarker), whose
+// transactions then commit only marks the watch passed on. A Marker that
+// keeps its own account of what the group's commit covers is told of the
+// divergence first (see divergenceTaker).
+//
 // Until the new epoch is validated the marks carry the old one, which is
 // never unsafe: a next start's check then finds where the old epoch ends,
 // perhaps below the committed offset, and handles the records from there
@@ -459,7 +420,7 @@ const epochRecheckAfter = time.Second
 // still in Sarama's buffers): Sarama drops the batches' leader epochs.
 type epochWatch struct {
 	h         *groupHandler
-	marker    partition.Marker // the session's
+	marker    partition.Marker // the claim's (see commits.claim)
 	topic     string
 	partition int32
 	budget    int
@@ -582,11 +543,22 @@ func (x *epochWatch) held(w *partition.Worker) int64 {
 	return hold
 }
 
+// divergenceTaker is a Marker that keeps its own account of what the
+// group's commit covers and commits nothing that covers less
+// (txnMarker): diverge tells it that the log diverged at at, so that the
+// position held there is committed.
+type divergenceTaker interface {
+	diverge(at int64)
+}
+
 // truncate holds the marks at the divergence point at, and ends the
 // assignment: its drain commits that position (see epochWatch).
 func (x *epochWatch) truncate(w *partition.Worker, at int64, fields watermill.LogFields) {
 	x.mu.Lock()
 	x.diverged = at
+	if d, ok := x.marker.(divergenceTaker); ok {
+		d.diverge(at)
+	}
 	if x.offset >= 0 {
 		off, meta := x.clampLocked(x.offset, x.meta)
 		x.marker.MarkOffset(x.topic, x.partition, off, meta)
@@ -647,8 +619,18 @@ func (x *epochWatch) ResetOffset(topic string, p int32, offset int64, meta strin
 	x.marker.ResetOffset(topic, p, offset, meta)
 }
 
-// Commit commits through the session.
+// Commit commits through the claim's Marker.
 func (x *epochWatch) Commit() { x.marker.Commit() }
+
+var _ partition.Restarter = (*epochWatch)(nil)
+
+// Restart passes a restart on to the claim's Marker when it takes one
+// (see partition.Restarter).
+func (x *epochWatch) Restart(p int32, start int64, tail frontier.Tail) {
+	if r, ok := x.marker.(partition.Restarter); ok {
+		r.Restart(p, start, tail)
+	}
+}
 
 // position is the worker's last marked position, held at the divergence
 // point once there is one: what the claim's final commit must hold.

@@ -367,13 +367,9 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		PinStart: backfill && start.Resolved,
 	}
 	var watch *epochWatch // the marks' epochs are checked while consuming (see epochWatch)
-	if !h.sub.cfg.DisableCompletedTail && commits.watchEpochs {
+	if !h.sub.cfg.DisableCompletedTail {
 		watch = newEpochWatch(h, a.Marker, claim.Topic(), claim.Partition(), commit.metadata)
 		a.Marker, a.LeaderEpoch = watch, watch.epoch
-	} else if !h.sub.cfg.DisableCompletedTail {
-		epochs := newEpochSampler(h.client, claim.Topic(), claim.Partition())
-		defer epochs.wait()
-		a.LeaderEpoch = epochs.get
 	}
 	h.mu.Lock()
 	truncated := h.truncated[claim.Partition()]

@@ -81,8 +81,7 @@ func (o *offsetCommitter) claim(sess sarama.ConsumerGroupSession, p int32) claim
 			held, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{p})
 			return err == nil && held[p].offset == offset
 		},
-		ended:       func(offset int64, meta string) { o.ended(sess, p, offset, meta) },
-		watchEpochs: true,
+		ended: func(offset int64, meta string) { o.ended(sess, p, offset, meta) },
 	}
 }
 

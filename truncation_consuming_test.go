@@ -90,6 +90,10 @@ func waitCommitted(t *testing.T, c *kafkatest.Cluster, group, topic string, offs
 // the new epoch: the next start found that epoch consistent, and the
 // records at the reused offsets were never handled.
 //
+// With the next start's check refused (a missing ACL, a timeout: the
+// commit is trusted as it is), only the committed divergence point brings
+// those records back.
+//
 // kfake cannot truncate a log: the new leader is played by bumping the
 // epoch and answering OffsetForLeaderEpoch as it would (the old epoch ends
 // at diverged); the records kfake holds from diverged on stand for the new
@@ -97,66 +101,72 @@ func waitCommitted(t *testing.T, c *kafkatest.Cluster, group, topic string, offs
 func TestTruncatedLogWhileConsuming(t *testing.T) {
 	t.Parallel()
 	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperative bool) {
-		c := kafkatest.Start(t)
-		c.RequireEmbedded(t)
-		topic, group := c.NewTopic(t, 1), c.NewGroup(t)
-		const n, diverged, more = 10, 6, 5
-		produceSequential(t, c, topic, 0, n)
-		commits := c.ObserveCommits(t)
-		sub, handled := consumingSubscriber(t, c, group, topic, cooperative)
-		before := waitCommitted(t, c, group, topic, n, "every record committed before the election")
-		oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
-		require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
-
-		// The election: the old epoch ends at diverged in the new log.
-		asked := answerEpochEnd(c, topic, diverged, 0)
-		truncatedAt := time.Now()
-		bumpLeaderEpoch(t, c, topic)
-		produceSequential(t, c, topic, 0, more) // n..n+more-1, in the new epoch
-
-		kafkatest.WaitFor(t, 30*time.Second, "every record from the divergence on handled after the truncation", func() bool {
-			for off := int64(diverged); off < n+more; off++ {
-				if handled.firstAfter(off, truncatedAt).IsZero() {
-					return false
-				}
-			}
-			return true
+		eachStartCheck(t, func(t *testing.T, startCheckRefused bool) {
+			truncatedWhileConsuming(t, cooperative, startCheckRefused)
 		})
-		waitCommitted(t, c, group, topic, n+more, "every record committed after the election")
-		require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
-
-		// No commit carrying a newer epoch covers a reused offset whose
-		// record was not handled after the truncation, before the commit.
-		checked := commits.CheckUntil(t, time.Now(), func(oc kafkatest.ObservedCommit) error {
-			co, ok := oc.Offset(topic, 0)
-			if !ok || !oc.At.After(truncatedAt) {
-				return nil
-			}
-			epoch, ok := frontier.LeaderEpochOf(co.Metadata)
-			if !ok || epoch <= oldEpoch {
-				return nil // the next start checks the old epoch
-			}
-			tail, _ := frontier.DecodeTail(co.Metadata, co.Offset)
-			for off := int64(diverged); off < n; off++ {
-				if off >= co.Offset && !tail.Contains(off) {
-					continue
-				}
-				if at := handled.firstAfter(off, truncatedAt); at.IsZero() || !at.Before(oc.At) {
-					return fmt.Errorf("committed %d (epoch %d) covers reused offset %d, not handled since the truncation", co.Offset, epoch, off)
-				}
-			}
-			return nil
-		})
-		require.Positive(t, checked)
-		for off := int64(0); off < n+more; off++ {
-			require.Positive(t, handled.count(off), "offset %d was never handled", off)
-		}
-		var truncations uint64
-		for _, tt := range sub.Totals() {
-			truncations += tt.LogTruncations
-		}
-		require.Positive(t, truncations, "the truncation is counted")
 	})
+}
+
+func truncatedWhileConsuming(t *testing.T, cooperative, startCheckRefused bool) {
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	const n, diverged, more = 10, 6, 5
+	produceSequential(t, c, topic, 0, n)
+	commits := c.ObserveCommits(t)
+	sub, handled := consumingSubscriber(t, c, group, topic, cooperative)
+	before := waitCommitted(t, c, group, topic, n, "every record committed before the election")
+	oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
+	require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
+
+	// The election: the old epoch ends at diverged in the new log.
+	asked := answerElection(c, topic, diverged, startCheckRefused)
+	truncatedAt := time.Now()
+	bumpLeaderEpoch(t, c, topic)
+	produceSequential(t, c, topic, 0, more) // n..n+more-1, in the new epoch
+
+	kafkatest.WaitFor(t, 30*time.Second, "every record from the divergence on handled after the truncation", func() bool {
+		for off := int64(diverged); off < n+more; off++ {
+			if handled.firstAfter(off, truncatedAt).IsZero() {
+				return false
+			}
+		}
+		return true
+	})
+	waitCommitted(t, c, group, topic, n+more, "every record committed after the election")
+	require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
+
+	// No commit carrying a newer epoch covers a reused offset whose
+	// record was not handled after the truncation, before the commit.
+	checked := commits.CheckUntil(t, time.Now(), func(oc kafkatest.ObservedCommit) error {
+		co, ok := oc.Offset(topic, 0)
+		if !ok || !oc.At.After(truncatedAt) {
+			return nil
+		}
+		epoch, ok := frontier.LeaderEpochOf(co.Metadata)
+		if !ok || epoch <= oldEpoch {
+			return nil // the next start checks the old epoch
+		}
+		tail, _ := frontier.DecodeTail(co.Metadata, co.Offset)
+		for off := int64(diverged); off < n; off++ {
+			if off >= co.Offset && !tail.Contains(off) {
+				continue
+			}
+			if at := handled.firstAfter(off, truncatedAt); at.IsZero() || !at.Before(oc.At) {
+				return fmt.Errorf("committed %d (epoch %d) covers reused offset %d, not handled since the truncation", co.Offset, epoch, off)
+			}
+		}
+		return nil
+	})
+	require.Positive(t, checked)
+	for off := int64(0); off < n+more; off++ {
+		require.Positive(t, handled.count(off), "offset %d was never handled", off)
+	}
+	var truncations uint64
+	for _, tt := range sub.Totals() {
+		truncations += tt.LogTruncations
+	}
+	require.Positive(t, truncations, "the truncation is counted")
 }
 
 // TestLeaderChangeWhileConsuming: a clean leader election while a member

@@ -93,7 +93,54 @@ func bumpLeaderEpoch(t *testing.T, c *kafkatest.Cluster, topic string) {
 // code is not 0), as a leader would whose log ended the asked-for epoch
 // there. It counts the requests.
 func answerEpochEnd(c *kafkatest.Cluster, topic string, end int64, code int16) *atomic.Int32 {
-	return c.Answer(kmsg.OffsetForLeaderEpoch, func(req kmsg.Request, _ int32) (kmsg.Response, bool) {
+	return answerEpochEnds(c, topic, func(int32) (int64, int16) { return end, code })
+}
+
+// answerEpochEndOnce is answerEpochEnd answering the first request with
+// end and refusing the later ones (TopicAuthorizationFailed): a check that
+// cannot run trusts the group's commit as it is.
+func answerEpochEndOnce(c *kafkatest.Cluster, topic string, end int64) *atomic.Int32 {
+	return answerEpochEnds(c, topic, func(answered int32) (int64, int16) {
+		if answered == 0 {
+			return end, 0
+		}
+		return -1, kerr.TopicAuthorizationFailed.Code
+	})
+}
+
+// answerElection plays the new leader of an unclean election for the
+// partitions of topic: the old epoch ends at diverged in its log (see
+// answerEpochEnd). With startCheckRefused only the first request (the
+// consuming member's) is answered, and the checks of the next starts are
+// refused (see answerEpochEndOnce).
+func answerElection(c *kafkatest.Cluster, topic string, diverged int64, startCheckRefused bool) *atomic.Int32 {
+	if startCheckRefused {
+		return answerEpochEndOnce(c, topic, diverged)
+	}
+	return answerEpochEnd(c, topic, diverged, 0)
+}
+
+// eachStartCheck runs f as parallel subtests: with the next start's
+// leader-epoch check answered, and refused.
+func eachStartCheck(t *testing.T, f func(t *testing.T, startCheckRefused bool)) {
+	t.Helper()
+	for _, refused := range []bool{false, true} {
+		name := "start check answered"
+		if refused {
+			name = "start check refused"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f(t, refused)
+		})
+	}
+}
+
+// answerEpochEnds is answerEpochEnd with the answer to each request
+// chosen by answer, told how many were answered before it.
+func answerEpochEnds(c *kafkatest.Cluster, topic string, answer func(answered int32) (end int64, code int16)) *atomic.Int32 {
+	return c.Answer(kmsg.OffsetForLeaderEpoch, func(req kmsg.Request, answered int32) (kmsg.Response, bool) {
+		end, code := answer(answered)
 		oreq := req.(*kmsg.OffsetForLeaderEpochRequest)
 		resp := oreq.ResponseKind().(*kmsg.OffsetForLeaderEpochResponse)
 		mine := false

@@ -138,6 +138,17 @@ func (c coverage) within(next coverage) bool {
 	return true
 }
 
+// cutAt is what c still covers once the log diverged at at (see
+// txnMarker.diverge): nothing at or past it.
+func (c coverage) cutAt(at int64) coverage {
+	if c.offset >= at {
+		return coverage{offset: at, tail: frontier.Tail{Base: at, Bound: at}}
+	}
+	t := c.tail
+	kept, _ := cutRanges(t.Ranges, at)
+	return coverage{offset: c.offset, tail: frontier.Tail{Base: t.Base, Bound: min(t.Bound, at), Ranges: kept}}
+}
+
 // coversRange reports whether the tail covers [from, to) whole (ranges are
 // maximal, so one of them must).
 func (c coverage) coversRange(from, to int64) bool {
@@ -360,7 +371,7 @@ func (c *txnCommitter) finalLocked(p int32, failed map[int32]txnMark, held, notH
 func (c *txnCommitter) newMarker(partition int32) *txnMarker {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	m := &txnMarker{c: c, epoch: c.epoch, partition: partition}
+	m := &txnMarker{c: c, epoch: c.epoch, partition: partition, divergedAt: -1}
 	if c.owners != nil {
 		c.owners[partition] = m
 	}
@@ -494,6 +505,10 @@ type txnMarker struct {
 	epoch     uint64
 	partition int32
 	w         *partition.Worker
+	// divergedAt is where the partition's log diverged while the
+	// assignment consumed it (see diverge); -1: it did not. Guarded by
+	// c.mu.
+	divergedAt int64
 }
 
 // liveLocked reports whether the marker's assignment is current: its
@@ -506,6 +521,7 @@ var (
 	_ partition.Marker        = (*txnMarker)(nil)
 	_ partition.Restarter     = (*txnMarker)(nil)
 	_ partition.DeliveryHooks = (*txnMarker)(nil)
+	_ divergenceTaker         = (*txnMarker)(nil)
 )
 
 func (m *txnMarker) bind(w *partition.Worker) { m.w = w }
@@ -525,6 +541,53 @@ func (m *txnMarker) ResetOffset(_ string, partition int32, offset int64, metadat
 // Commit commits a transaction now: a drained partition's last position
 // must be committed before the partition is handed on.
 func (m *txnMarker) Commit() { m.c.commit() }
+
+// diverge takes a truncation of the partition's log found while the
+// assignment consumes it (see epochWatch), before the watch marks the
+// position held at the divergence point: what the group's commit covers
+// at or past at names records the log no longer holds, and the new
+// leader's records there have no output yet. Kept, that coverage would
+// refuse the held position (it covers less: see takeCoveredLocked), and
+// the group would keep a position past records never handled. A
+// transaction in flight that commits a position past at is cut the same
+// way once it is done (see commit). The mark no transaction took yet,
+// recorded before the divergence was known, is dropped (the watch marks
+// it again, held), and so are the outputs of records at or past at: no
+// position of the assignment covers them any more, and the records they
+// came from are gone.
+func (m *txnMarker) diverge(at int64) {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !m.liveLocked() {
+		return
+	}
+	p := m.partition
+	m.divergedAt = at
+	if cov, ok := c.covered[p]; ok {
+		c.covered[p] = cov.cutAt(at)
+	}
+	if mk, ok := c.marks[p]; ok && mk.m == m {
+		delete(c.marks, p)
+	}
+	kept := c.pending[p][:0]
+	for _, po := range c.pending[p] {
+		if po.offset < at {
+			kept = append(kept, po)
+		}
+	}
+	clear(c.pending[p][len(kept):])
+	c.pending[p] = kept
+}
+
+// coverageLocked is what a position of the assignment's covers, cut
+// where the log diverged (see diverge). Callers hold c.mu.
+func (m *txnMarker) coverageLocked(cov coverage) coverage {
+	if m.divergedAt < 0 {
+		return cov
+	}
+	return cov.cutAt(m.divergedAt)
+}
 
 // Restart replaces what the session took the group's commit to cover for
 // partition: Sarama found that commit out of range and fetches from start
@@ -689,7 +752,7 @@ func (c *txnCommitter) commit() {
 	c.mu.Lock()
 	for p, cov := range next {
 		if mk := marks[p]; mk.m != nil && mk.m.liveLocked() {
-			c.covered[p] = cov // an assignment ended meanwhile starts from the group's commit when it comes back
+			c.covered[p] = mk.m.coverageLocked(cov) // an assignment ended meanwhile starts from the group's commit when it comes back
 			c.held[p] = committedOffset{offset: mk.offset, metadata: mk.metadata}
 		}
 	}

@@ -50,6 +50,60 @@ func TestCoverageWithin(t *testing.T) {
 	require.False(t, cut.covers(14))
 }
 
+// A log found diverged at 8 while a transactional assignment consumes it
+// (see txnMarker.diverge): what the group's commit covers is cut there, so
+// the position held there is taken though it covers less than the last
+// commit; the mark recorded before is dropped, and so are the outputs of
+// the records from 8 on. A transaction in flight that commits a position
+// past 8 leaves the coverage cut. A coverage below the divergence keeps
+// its offset and loses its tail from there on.
+func TestTxnMarkerDiverge(t *testing.T) {
+	c := &txnCommitter{}
+	c.resetLocked()
+	m := c.newMarker(0)
+	other := c.newMarker(1)
+	c.covered[0] = coverageOf(10, mustTail(t, 10, frontier.Range{From: 12, To: 15}))
+	c.covered[1] = coverageOf(10, "")
+	c.marks[0] = txnMark{offset: 16, m: m}
+	c.marks[1] = txnMark{offset: 16, m: other}
+	for _, off := range []int64{4, 9, 12} {
+		c.pending[0] = append(c.pending[0], pendingOutputs{offset: off, msgs: []*sarama.ProducerMessage{{}}})
+	}
+
+	m.diverge(8)
+	require.Equal(t, coverage{offset: 8, tail: frontier.Tail{Base: 8, Bound: 8}}, c.covered[0])
+	require.NotContains(t, c.marks, int32(0), "the mark from before the divergence was kept")
+	require.Equal(t, []int64{4}, pendingOffsets(c.pending[0]))
+	require.EqualValues(t, 10, c.covered[1].offset, "another partition's coverage changed")
+	require.Contains(t, c.marks, int32(1))
+
+	// The held position is taken, with the outputs below it.
+	m.MarkOffset("", 0, 8, "")
+	c.mu.Lock()
+	outputs, marks, next := c.takeCoveredLocked()
+	require.Len(t, outputs, 1, "the outputs of partition 0's record 4 (partition 1 has none)")
+	require.EqualValues(t, 8, marks[0].offset)
+	// A transaction in flight past the divergence leaves the coverage cut.
+	require.Equal(t, int64(8), m.coverageLocked(coverageOf(16, "")).offset)
+	require.Equal(t, next[1], other.coverageLocked(next[1]), "the coverage of an assignment without a divergence was cut")
+	c.mu.Unlock()
+
+	below := coverageOf(10, mustTail(t, 10, frontier.Range{From: 12, To: 15}, frontier.Range{From: 20, To: 21})).cutAt(14)
+	require.EqualValues(t, 10, below.offset)
+	require.Equal(t, []frontier.Range{{From: 12, To: 14}}, below.tail.Ranges)
+	require.True(t, below.covers(13))
+	require.False(t, below.covers(14))
+	require.False(t, below.covers(20))
+}
+
+func pendingOffsets(pending []pendingOutputs) []int64 {
+	offs := make([]int64, len(pending))
+	for i, po := range pending {
+		offs[i] = po.offset
+	}
+	return offs
+}
+
 // A transaction's outputs to a topic whose max.message.bytes is below what
 // Sarama batches go in rounds whose bytes fit it, in their order; the
 // other outputs go in the first round, and without such a topic there is

@@ -1,0 +1,186 @@
+package safeack_test
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// hdrElected marks an output whose input was handled after the test's
+// leader election: an input of the new leader.
+const hdrElected = "elected"
+
+// electionRouter runs the rig's transactional router on one member
+// (cooperative-sticky when cooperative): each input's output carries its
+// attempt, and hdrElected once elected is set.
+func electionRouter(t *testing.T, r *txnRig, cooperativeBalance bool, elected *atomic.Bool, att *attempts) *safeack.Subscriber {
+	t.Helper()
+	sub, pub := r.subscriber(t, "txn-election", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		if cooperativeBalance {
+			cooperative(cfg)
+		}
+	})
+	runRouter(t, r, sub, pub, func(msg *message.Message) ([]*message.Message, error) {
+		out := outputOf(msg, att.next(msg))
+		if elected.Load() {
+			out.Metadata.Set(hdrElected, "1")
+		}
+		return []*message.Message{out}, nil
+	})
+	return sub
+}
+
+// outputsOf returns how many outputs of id rd read, and how many of them
+// carry hdrElected.
+func (rd *outputReader) outputsOf(id string) (all, elected int) {
+	rd.mu.Lock()
+	defer rd.mu.Unlock()
+	for _, m := range rd.byID[id] {
+		all++
+		if headerOf(m, hdrElected) != "" {
+			elected++
+		}
+	}
+	return all, elected
+}
+
+func totalsOf(sub *safeack.Subscriber) (truncations, assignments uint64) {
+	for _, tt := range sub.Totals() {
+		truncations += tt.LogTruncations
+		assignments += tt.Assignments
+	}
+	return truncations, assignments
+}
+
+// TestTxnTruncatedLogWhileConsuming is TestTruncatedLogWhileConsuming in
+// transactional mode: an unclean leader election truncates the log of a
+// partition a transactional router is consuming, below inputs whose
+// outputs and positions it has committed; the new leader writes new
+// records at the reused offsets. The outputs of the old leader's records
+// are committed and stay (that cannot be undone). What must hold is that
+// every record the new leader holds from the divergence on gets exactly
+// one output, and the group's commit reaches the end. The transactions'
+// positions carry the leader epoch the claim validated; when the metadata
+// names the new epoch, the claim asks the new leader where the validated
+// one ends, finds the log truncated below what it took, commits the
+// divergence point and ends the assignment: the next one handles every
+// record from there. Before, transactions committed the epoch the metadata
+// named (sampled): the member went on consuming past the reused offsets,
+// its positions carried the new epoch, which the next start found
+// consistent, and the new leader's records at the reused offsets never got
+// an output.
+//
+// With the next start's check refused (a missing ACL, a timeout: the
+// commit is trusted as it is), only the committed divergence point brings
+// those records back: a transaction must commit it though it covers less
+// than the last one.
+//
+// The new leader is played as in TestTruncatedLogWhileConsuming.
+func TestTxnTruncatedLogWhileConsuming(t *testing.T) {
+	t.Parallel()
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperativeBalance bool) {
+		eachStartCheck(t, func(t *testing.T, startCheckRefused bool) {
+			txnTruncatedWhileConsuming(t, cooperativeBalance, startCheckRefused)
+		})
+	})
+}
+
+func txnTruncatedWhileConsuming(t *testing.T, cooperativeBalance, startCheckRefused bool) {
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	const n, diverged, more = 10, 6, 5
+	r := newTxnRig(t, c, 1, n)
+	var elected atomic.Bool
+	var att attempts
+	sub := electionRouter(t, r, cooperativeBalance, &elected, &att)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	before := waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
+	oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
+	require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
+	rd.waitAll(t, r.inputIDs(), 30*time.Second)
+
+	// The election: the old epoch ends at diverged in the new log.
+	asked := answerElection(c, r.in, diverged, startCheckRefused)
+	elected.Store(true)
+	bumpLeaderEpoch(t, c, r.in)
+	r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1, in the new epoch
+
+	kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
+		for off := int64(diverged); off < n+more; off++ {
+			if _, e := rd.outputsOf(fmt.Sprintf("0@%d", off)); e == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	r.waitCommittedAll(t, 30*time.Second)
+	rd.complete(t, c, r.out, r.parts)
+	require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
+
+	for off := int64(0); off < n+more; off++ {
+		all, e := rd.outputsOf(fmt.Sprintf("0@%d", off))
+		switch {
+		case off < diverged: // the old leader's, still in the log
+			require.Equal(t, 1, all, "outputs of %d", off)
+		case off < n: // the old leader's output stays; the new leader's record gets one
+			require.Equal(t, 1, e, "outputs of the new leader's record at %d", off)
+			require.LessOrEqual(t, all, 2, "outputs of %d", off)
+		default:
+			require.Equal(t, 1, all, "outputs of %d", off)
+		}
+	}
+	held := c.CommittedOffsets(t, r.group, r.in)[0]
+	epoch, ok := frontier.LeaderEpochOf(held.Metadata)
+	require.True(t, ok && epoch > oldEpoch, "the last commit carries epoch %d (ok %v), not the new one", epoch, ok)
+	truncations, _ := totalsOf(sub)
+	require.Positive(t, truncations, "the truncation is counted")
+}
+
+// TestTxnLeaderChangeWhileConsuming is TestLeaderChangeWhileConsuming in
+// transactional mode: a clean leader election while a transactional
+// router consumes is no truncation. Every input gets exactly one output
+// and is handled once, the assignment is not ended, and the transactions'
+// positions come to carry the new epoch.
+func TestTxnLeaderChangeWhileConsuming(t *testing.T) {
+	t.Parallel()
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperativeBalance bool) {
+		c := kafkatest.Start(t)
+		c.RequireEmbedded(t)
+		const n, more = 10, 10
+		r := newTxnRig(t, c, 1, n)
+		var elected atomic.Bool
+		var att attempts
+		sub := electionRouter(t, r, cooperativeBalance, &elected, &att)
+		rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+		before := waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
+		oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
+		require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
+
+		bumpLeaderEpoch(t, c, r.in)
+		r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...)
+
+		kafkatest.WaitFor(t, 30*time.Second, "a commit of every input carrying the new epoch", func() bool {
+			held := c.CommittedOffsets(t, r.group, r.in)[0]
+			e, ok := frontier.LeaderEpochOf(held.Metadata)
+			return held.Offset == n+more && ok && e > oldEpoch
+		})
+		r.requireExactlyOnce(t, rd, r.inputIDs(), 30*time.Second, 30*time.Second)
+		att.mu.Lock()
+		for id, handled := range att.n {
+			require.Equal(t, 1, handled, "input %s handled other than once", id)
+		}
+		att.mu.Unlock()
+		truncations, assignments := totalsOf(sub)
+		require.Zero(t, truncations, "a clean leader change was taken for a truncation")
+		require.EqualValues(t, 1, assignments, "the assignment was ended")
+	})
+}
