@@ -439,3 +439,63 @@ func TestMiddlewareDeferAfterInstantAck(t *testing.T) {
 		t.Fatal("record not delivered")
 	}
 }
+
+// TestDeferredFailedAtOnceDeferredAgain: every record's first delivery is
+// deferred and failed before the handler returns, so with NoSleep the
+// router's Ack redelivers it at once; the redelivery is deferred again
+// and resolved later. Each delivery's ack is judged by that delivery's own
+// deferral, whatever the record's next delivery did: every record
+// completes once (nothing counted out of flight twice), and no commit
+// passes a record before its second Completion reported Done.
+func TestDeferredFailedAtOnceDeferredAgain(t *testing.T) {
+	t.Parallel()
+	const partitions, perPartition = 2, 400
+	c, topic, group := kafkatest.StartTopic(t, partitions)
+	commits := c.ObserveCommits(t)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		cfg.MaxInFlight = 64
+		cfg.NackResendSleep = safeack.NoSleep
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
+	})
+	var (
+		mu    sync.Mutex
+		tries = map[po]int{}
+		done  = newDoneLog()
+	)
+	mwRouter(t, sub, topic, func(m *message.Message) error {
+		k := mwOffset(t, m)
+		comp, err := safeack.Defer(m)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		tries[k]++
+		first := tries[k] == 1
+		mu.Unlock()
+		if first {
+			comp.Fail(errors.New("write failed")) // takes effect with the router's Ack
+			return nil
+		}
+		go func() {
+			randomDelay(2 * time.Millisecond)
+			done.done(k)
+			comp.Done()
+		}()
+		return nil
+	})
+	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
+	want := c.HighWaterMarks(t, topic)
+	mwWaitCommitted(t, c, group, topic, want)
+	for p := range int32(partitions) {
+		kafkatest.WaitFor(t, mwWait, fmt.Sprintf("partition %d: nothing in flight", p), func() bool {
+			ps, ok := statsOf(sub, topic, p)
+			return ok && ps.InFlight <= 0
+		})
+		ps, _ := statsOf(sub, topic, p)
+		assert.Zero(t, ps.InFlight, "partition %d: records counted out of flight twice", p)
+		assert.EqualValues(t, want[p], ps.Completed, "partition %d completions", p)
+		assert.EqualValues(t, want[p], ps.Redeliveries, "partition %d redeliveries", p)
+	}
+	mwCheckCommits(t, commits, group, topic, done)
+}

@@ -1,10 +1,6 @@
 package partition
 
 import (
-	"context"
-
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/safeack/safeack/internal/backoff"
 )
 
@@ -19,62 +15,64 @@ const (
 )
 
 // await turns the Acks and Nacks of the messages handed out on this
-// goroutine into completions or redeliveries: first r's delivery wm (with
-// its context's cancel), then those of the records it hands out itself
-// after an ack. wm and cancel are read by the goroutine that handed the
-// delivery out, before the send, never from r here: once the message is
-// sent, a deferral resolved with an error and the router's Ack can
-// redeliver r (a new r.wm and r.cancel, written by another goroutine)
-// before this goroutine first runs.
-func (w *Worker) await(r *Record, wm *message.Message, cancel context.CancelFunc) {
+// goroutine into completions or redeliveries: first delivery dv, then
+// those of the records it hands out itself after an ack. Each delivery is
+// taken by the goroutine that handed it out, before the send, never read
+// from its record here: once the message is sent, a deferral resolved
+// with an error and the router's Ack can redeliver the record (a new
+// delivery, possibly deferred in turn) before this goroutine first runs.
+func (w *Worker) await(dv *delivery) {
 	defer w.awaiting.Done()
-	for r != nil {
-		a := w.waitAnswer(wm, cancel)
+	for dv != nil {
+		a := w.waitAnswer(dv)
 		if a == answerAbandoned {
-			w.observe(r.obsState, OutcomeAbandoned, nil)
+			w.observe(dv.obsState, OutcomeAbandoned, nil)
 			return
 		}
-		r, wm, cancel = w.handleAnswer(r, wm, cancel, a == answerAck)
+		dv = w.handleAnswer(dv, a == answerAck)
 	}
 }
 
-// waitAnswer waits for the Ack or Nack of wm. The message's context does
-// not end with the assignment: a handler still running when the drain
-// starts may finish within DrainTimeout. Once the drain gives up (the
-// assignment is abandoned), waitAnswer cancels the context and frees the
-// token.
-func (w *Worker) waitAnswer(wm *message.Message, cancel context.CancelFunc) answer {
+// waitAnswer waits for the Ack or Nack of dv's message. The message's
+// context does not end with the assignment: a handler still running when
+// the drain starts may finish within DrainTimeout. Once the drain gives up
+// (the assignment is abandoned), waitAnswer cancels the context and frees
+// the token.
+func (w *Worker) waitAnswer(dv *delivery) answer {
 	select {
-	case <-wm.Acked():
+	case <-dv.msg.Acked():
 		return answerAck
-	case <-wm.Nacked():
+	case <-dv.msg.Nacked():
 		return answerNack
 	case <-w.abandoned:
-		cancel()
+		dv.cancel()
 		w.tokensHeld.Add(-1)
 		w.pool.release()
 		return answerAbandoned
 	}
 }
 
-// handleAnswer handles the Ack or Nack of one delivery. After a plain ack
-// it returns the next record it handed out in its place, if any, with that
-// delivery's message and cancel.
-func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.CancelFunc, acked bool) (*Record, *message.Message, context.CancelFunc) {
-	cancel()
+// handleAnswer handles the Ack or Nack of delivery dv. After a plain ack
+// it returns the delivery it handed out in its place, if any.
+func (w *Worker) handleAnswer(dv *delivery, acked bool) *delivery {
+	r := dv.r
+	dv.cancel()
 	w.tokensHeld.Add(-1)
+	if acked && w.beforeDeferredCheck != nil {
+		w.beforeDeferredCheck()
+	}
 	switch {
 	case !acked:
 		if r.skipped.Load() {
-			w.observe(r.obsState, OutcomeSkipped, nil)
+			w.observe(dv.obsState, OutcomeSkipped, nil)
 		} else {
-			w.observe(r.obsState, OutcomeNack, nil)
+			w.observe(dv.obsState, OutcomeNack, nil)
 		}
 		if w.hooks != nil {
-			w.hooks.Nacked(wm, r.hookState)
+			w.hooks.Nacked(dv.msg, dv.hookState)
 		}
 		w.nacked(r, w.pool.release)
-	case r.deferredAtAck(wm):
+	case dv.deferredAtAck():
 		// The handler handed the record to something asynchronous: the
 		// ticket completes when its Deferral is resolved. It stays
 		// counted in flight so that a drain waits for it; run is woken to
@@ -83,23 +81,23 @@ func (w *Worker) handleAnswer(r *Record, wm *message.Message, cancel context.Can
 		w.wakeRun()
 	default:
 		if w.hooks != nil {
-			w.hooks.Acked(r.msg, wm, r.hookState) // outputs enter the transaction before the ticket completes
+			w.hooks.Acked(r.msg, dv.msg, dv.hookState) // outputs enter the transaction before the ticket completes
 		}
-		w.observe(r.obsState, OutcomeAck, nil)
+		w.observe(dv.obsState, OutcomeAck, nil)
 		return w.completeAndContinue(r)
 	}
-	return nil, nil, nil
+	return nil
 }
 
 // completeAndContinue completes an acked record and, when the token it
 // held is not wanted by a waiting partition, hands the next ready record out
 // with it. This keeps handlers fed without waking the run loop for every
-// record. It returns the record handed out with its delivery's message and
-// cancel (read before the send: see await), or nil.
-func (w *Worker) completeAndContinue(r *Record) (*Record, *message.Message, context.CancelFunc) {
+// record. It returns the delivery handed out (taken before the send: see
+// await), or nil.
+func (w *Worker) completeAndContinue(r *Record) *delivery {
 	if !w.pool.pass() {
 		w.complete(r, true)
-		return nil, nil, nil
+		return nil
 	}
 	w.handOutGate.RLock()
 	defer w.handOutGate.RUnlock()
@@ -121,16 +119,15 @@ func (w *Worker) completeAndContinue(r *Record) (*Record, *message.Message, cont
 	}
 	if next == nil {
 		w.pool.release()
-		return nil, nil, nil
+		return nil
 	}
-	w.startDelivery(next)
-	wm, cancel := next.wm, next.cancel
+	dv := w.startDelivery(next)
 	select {
-	case w.pool.output <- wm:
-		return next, wm, cancel
+	case w.pool.output <- dv.msg:
+		return dv
 	case <-w.ctx.Done():
-		w.takeBack(next)
-		return nil, nil, nil
+		w.takeBack(dv)
+		return nil
 	}
 }
 

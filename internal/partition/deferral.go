@@ -12,10 +12,7 @@ import (
 // nacked instead, the Nack redelivers the record and the Deferral changes
 // nothing. After the assignment is abandoned it changes nothing either.
 type Deferral struct {
-	r        *Record
-	msg      *message.Message // the delivery whose completion is deferred
-	state    any              // the delivery's DeliveryHooks state
-	obsState any              // the delivery's Observer state
+	delivery *delivery // the delivery whose completion is deferred
 	resolved atomic.Bool
 	handle   any
 }
@@ -24,7 +21,7 @@ type Deferral struct {
 // for the same delivery, it returns the same Deferral. newHandle, when not
 // nil, makes the Deferral's Handle (the caller's type for it), once per
 // Deferral. It returns false when msg was acked or nacked already: its fate
-// is decided.
+// is decided, or msg is not a delivery of r.
 func (r *Record) Defer(msg *message.Message, newHandle func(*Deferral) any) (*Deferral, bool) {
 	// deferMu makes the answered check and the store one step against the
 	// ack's check (deferredAtAck): a Defer racing the router's Ack either
@@ -34,42 +31,45 @@ func (r *Record) Defer(msg *message.Message, newHandle func(*Deferral) any) (*De
 	if answered(msg) {
 		return nil, false
 	}
-	if prev := r.deferred.Load(); prev != nil && prev.msg == msg {
+	// An unanswered delivery of r is r's current one: r is redelivered
+	// only after an answer. Should msg be nacked since the check, its
+	// redelivery may already be current (Defer fails), or the Deferral
+	// goes to the nacked delivery (it changes nothing); an ack's waiter
+	// waits for deferMu.
+	dv := r.current.Load()
+	if dv == nil || dv.msg != msg {
+		return nil, false
+	}
+	if prev := dv.deferred.Load(); prev != nil {
 		return prev, true // this delivery was deferred already
 	}
-	d := &Deferral{r: r, msg: msg, state: r.hookState, obsState: r.obsState}
+	d := &Deferral{delivery: dv}
 	if newHandle != nil {
 		d.handle = newHandle(d)
 	}
-	r.deferred.Store(d)
+	dv.deferred.Store(d)
 	// Told here, before the handler returns: the resolution can take
 	// effect (apply) before the ack's waiter looks at the deferral.
-	r.owner.observe(r.obsState, OutcomeDeferred, nil)
+	r.owner.observe(dv.obsState, OutcomeDeferred, nil)
 	r.owner.mu.Lock()
 	r.owner.counters.deferred++
 	r.owner.mu.Unlock()
 	return d, true
 }
 
-// Deferred reports whether delivery msg's completion was deferred.
+// Deferred reports whether delivery msg's completion was deferred. It
+// answers for the record's current delivery, the one a handler runs
+// with until the router answers it; for an earlier one it reports false.
 func (r *Record) Deferred(msg *message.Message) bool {
-	d := r.deferred.Load()
-	return d != nil && d.msg == msg
-}
-
-// deferredAtAck is Deferred for the waiter of delivery msg's ack, ordered
-// with Defer (see there).
-func (r *Record) deferredAtAck(msg *message.Message) bool {
-	r.deferMu.Lock()
-	defer r.deferMu.Unlock()
-	return r.Deferred(msg)
+	dv := r.current.Load()
+	return dv != nil && dv.msg == msg && dv.deferred.Load() != nil
 }
 
 // Handle returns the value Defer's newHandle made for the Deferral.
 func (d *Deferral) Handle() any { return d.handle }
 
 // Record returns the deferred record.
-func (d *Deferral) Record() *Record { return d.r }
+func (d *Deferral) Record() *Record { return d.delivery.r }
 
 // Resolve completes the record (err nil) or redelivers it after
 // NackResendSleep; the first call wins, later ones change nothing. It never
@@ -78,10 +78,11 @@ func (d *Deferral) Resolve(err error) {
 	if !d.resolved.CompareAndSwap(false, true) {
 		return
 	}
+	msg := d.delivery.msg
 	select {
-	case <-d.msg.Acked():
+	case <-msg.Acked():
 		d.apply(err)
-	case <-d.msg.Nacked():
+	case <-msg.Nacked():
 		// The Nack redelivers the record: nothing to add.
 	default:
 		// Resolved before the handler returned: take effect when the
@@ -89,10 +90,10 @@ func (d *Deferral) Resolve(err error) {
 		// the assignment.
 		go func() {
 			select {
-			case <-d.msg.Acked():
+			case <-msg.Acked():
 				d.apply(err)
-			case <-d.msg.Nacked():
-			case <-d.r.owner.abandoned:
+			case <-msg.Nacked():
+			case <-d.delivery.r.owner.abandoned:
 			}
 		}()
 	}
@@ -104,19 +105,20 @@ func (d *Deferral) Resolve(err error) {
 // goroutine of its own, so that Resolve never blocks the caller, typically
 // a batching writer.
 func (d *Deferral) apply(err error) {
-	w := d.r.owner
+	dv := d.delivery
+	w := dv.r.owner
 	if w.hooks != nil {
 		if err == nil {
-			w.hooks.Acked(d.r.msg, d.msg, d.state)
+			w.hooks.Acked(dv.r.msg, dv.msg, dv.hookState)
 		} else {
-			w.hooks.Nacked(d.msg, d.state)
+			w.hooks.Nacked(dv.msg, dv.hookState)
 		}
 	}
 	if err == nil {
-		w.observe(d.obsState, OutcomeAck, nil)
-		w.complete(d.r, true)
+		w.observe(dv.obsState, OutcomeAck, nil)
+		w.complete(dv.r, true)
 		return
 	}
-	w.observe(d.obsState, OutcomeNack, err)
-	go w.nacked(d.r, nil)
+	w.observe(dv.obsState, OutcomeNack, err)
+	go w.nacked(dv.r, nil)
 }

@@ -457,17 +457,16 @@ func TestWorkerHandsNothingOutOnceStopped(t *testing.T) {
 	pool.tokens <- struct{}{}
 	first := w.takeReady()
 	require.NotNil(t, first, "handed out before stop closed")
-	first.wm.Ack()
+	first.msg.Ack()
 
 	close(stop)
 	pool.tokens <- struct{}{}
 	require.Nil(t, w.takeReady(), "the run loop's hand-out after stop closed")
 	pool.release()
 
-	handedOut := make(chan *Record, 1)
+	handedOut := make(chan *delivery, 1)
 	go func() {
-		next, _, _ := w.completeAndContinue(first)
-		handedOut <- next
+		handedOut <- w.completeAndContinue(first.r)
 	}()
 	select {
 	case r := <-handedOut:

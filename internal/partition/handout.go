@@ -57,7 +57,7 @@ func (w *Worker) tryHandOut() bool {
 		}
 	}
 	select {
-	case w.pool.output <- w.next.wm:
+	case w.pool.output <- w.next.msg:
 		w.handedOver()
 		return true
 	default:
@@ -66,9 +66,9 @@ func (w *Worker) tryHandOut() bool {
 }
 
 // takeReady pops the next ready record for a caller holding a token and
-// gives it a fresh delivery context. It returns nil when none is ready or
-// the assignment is ending. The record counts in flight from here.
-func (w *Worker) takeReady() *Record {
+// starts its delivery. It returns nil when none is ready or the assignment
+// is ending. The record counts in flight from here.
+func (w *Worker) takeReady() *delivery {
 	w.mu.Lock()
 	if w.handOutStopped || w.ready.len() == 0 || w.ending() {
 		w.mu.Unlock()
@@ -78,8 +78,7 @@ func (w *Worker) takeReady() *Record {
 	w.inFlight++
 	w.mu.Unlock()
 	w.tokensHeld.Add(1)
-	w.startDelivery(r)
-	return r
+	return w.startDelivery(r)
 }
 
 // ending reports whether the assignment is ending before the drain has
@@ -101,22 +100,29 @@ func (w *Worker) ending() bool {
 	return false
 }
 
-// startDelivery gives the record's current delivery its context and stamps
-// when it is handed out. Contexts are made only here, once a record starts,
-// so records waiting for their key or in the ready queue cost none. The
-// stamp is written before the send, so the handler reads it safely.
-func (w *Worker) startDelivery(r *Record) {
+// startDelivery starts a delivery of the record's message: it gives the
+// message its context, stamps when it is handed out and makes the delivery
+// the record's current one. Contexts are made only here, once a record
+// starts, so records waiting for their key or in the ready queue cost none.
+// Everything is written before the send, so the handler reads it safely.
+func (w *Worker) startDelivery(r *Record) *delivery {
+	dv := &r.first
+	if r.current.Load() != nil {
+		dv = &delivery{} // a redelivery: the earlier one's waiter may still hold its own
+	}
+	dv.r, dv.msg = r, r.wm
 	ctx := context.WithValue(w.parentCtx, recordKey{}, r)
 	if obs := w.cfg.Observer; obs != nil {
-		ctx, r.obsState = obs.Started(ctx, r.msg, r.wm)
+		ctx, dv.obsState = obs.Started(ctx, r.msg, dv.msg)
 	}
 	if w.hooks != nil {
-		ctx, r.hookState = w.hooks.Started(ctx, r.wm)
+		ctx, dv.hookState = w.hooks.Started(ctx, dv.msg)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	r.wm.SetContext(ctx)
-	r.cancel = cancel
+	ctx, dv.cancel = context.WithCancel(ctx)
+	dv.msg.SetContext(ctx)
 	r.deliveredAt = time.Now()
+	r.current.Store(dv)
+	return dv
 }
 
 // handedOver is called by run once the consumer took w.next: a goroutine
@@ -134,24 +140,24 @@ func (w *Worker) startDelivery(r *Record) {
 // global run queue, and its cost in steady state was not measured across
 // workloads.
 func (w *Worker) handedOver() {
-	r := w.next
+	// The delivery as run sent it, taken by takeReady: the record may
+	// already be on a later delivery (see await).
+	dv := w.next
 	w.next = nil
-	// This delivery's message and cancel, as run sent it: r's fields may
-	// already hold a redelivery's when the goroutine starts (see await).
-	wm, cancel := r.wm, r.cancel
 	w.awaiting.Add(1) // only run adds, and run is the one that waits
 	if !w.handedOutOnce {
 		w.handedOutOnce = true
 		runtime.Gosched()
 	}
-	go w.await(r, wm, cancel)
+	go w.await(dv)
 }
 
-// takeBack takes back a record popped by takeReady that was never handed
-// out, because the assignment ended first. It stays unfinished.
-func (w *Worker) takeBack(r *Record) {
-	r.cancel()
-	w.observe(r.obsState, OutcomeAbandoned, nil)
+// takeBack takes back a delivery started by takeReady (or an ack's
+// goroutine) that was never handed out, because the assignment ended
+// first. Its record stays unfinished.
+func (w *Worker) takeBack(dv *delivery) {
+	dv.cancel()
+	w.observe(dv.obsState, OutcomeAbandoned, nil)
 	w.tokensHeld.Add(-1)
 	w.pool.release()
 	w.mu.Lock()

@@ -22,23 +22,47 @@ type Record struct {
 	key   uint64
 	gated bool // holds its key in the ordering gate until completed
 
-	wm           *message.Message // the current delivery
-	hookState    any              // DeliveryHooks.Started's state of the current delivery
-	obsState     any              // Observer.Started's state of the current delivery
-	cancel       context.CancelFunc
-	deliveredAt  time.Time // of the current delivery; written before it is handed out
+	wm           *message.Message // the message of the current (or next) delivery
+	deliveredAt  time.Time        // of the current delivery; written before it is handed out
 	unmarshalErr error
 
-	// deferred is set by Defer before the handler returns: when it holds
-	// the Deferral of the delivery being acked, the router's Ack leaves the
-	// ticket open until that Deferral is resolved. It is compared per
-	// delivery, never reset: a Deferral of an earlier, nacked delivery must
-	// not hold back (or complete) a later one.
-	deferred atomic.Pointer[Deferral]
-	deferMu  sync.Mutex // orders Defer with the ack's look at deferred
+	// current is the record's latest delivery, stored when it starts: an
+	// unanswered delivery of the record is always its current one, since
+	// the record is redelivered only after an answer. Defer and Deferred
+	// find their message's delivery here.
+	current atomic.Pointer[delivery]
+	// first is the first delivery's state, kept here to save an allocation
+	// per record; redeliveries allocate their own.
+	first   delivery
+	deferMu sync.Mutex // orders Defer with the ack's look at delivery.deferred
 	// skipped is set when the record's handler was not run because its
 	// assignment had ended; its Nack must not redeliver.
 	skipped atomic.Bool
+}
+
+// delivery is one hand-out of a record. The waiter of its answer holds
+// it from before the send, so what it finds here is this delivery's own,
+// whatever later deliveries of the record did: a deferral that failed
+// can redeliver the record, and the redelivery be deferred in turn,
+// before the waiter of the acked delivery looks.
+type delivery struct {
+	r         *Record
+	msg       *message.Message
+	cancel    context.CancelFunc // of msg's context
+	hookState any                // DeliveryHooks.Started's state
+	obsState  any                // Observer.Started's state
+	// deferred is set by Defer before the router answers msg: the ack
+	// then leaves the ticket open until this Deferral is resolved. Written
+	// under r.deferMu.
+	deferred atomic.Pointer[Deferral]
+}
+
+// deferredAtAck reports, for the waiter of the delivery's ack, whether the
+// delivery was deferred; r.deferMu orders it with Defer (see there).
+func (dv *delivery) deferredAtAck() bool {
+	dv.r.deferMu.Lock()
+	defer dv.r.deferMu.Unlock()
+	return dv.deferred.Load() != nil
 }
 
 // recordKey is the context key of a message's *Record. One key for all

@@ -57,9 +57,9 @@ func BenchmarkRecordPath(b *testing.B) {
 				w.accept(m)
 				w.pool.tokens <- struct{}{}
 				w.next = w.takeReady()
-				r := w.next
+				dv := w.next
 				w.handedOver()
-				r.wm.Ack()
+				dv.msg.Ack()
 				for w.inFlightNow() > 0 {
 					<-w.wakeups // the answer's goroutine completes the record and wakes run
 				}

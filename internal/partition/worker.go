@@ -119,8 +119,8 @@ type Worker struct {
 	// received is the offset after the last record taken (see Received);
 	// written by run, read by any goroutine.
 	received atomic.Int64
-	next     *Record // popped from ready with a token, being sent
-	stuck    *Record // a record the unmarshaler rejected; the partition waits on it
+	next     *delivery // of a record popped from ready with a token, being sent
+	stuck    *Record   // a record the unmarshaler rejected; the partition waits on it
 	// handedOutOnce: run has handed out a record in this assignment
 	// (see handedOver).
 	handedOutOnce bool
@@ -153,6 +153,11 @@ type Worker struct {
 	// commits once its TailLenBound reaches this (an eighth above the
 	// bound at the last encoding).
 	tailRecheckAt int
+
+	// beforeDeferredCheck, when not nil, runs in an ack's waiter before it
+	// asks whether the delivery was deferred: tests hold the waiter there
+	// to order it with a deferral's resolution. Set before Run.
+	beforeDeferredCheck func()
 }
 
 // counters count what happened over the assignment, under mu.
@@ -297,7 +302,7 @@ func (w *Worker) Run(claim <-chan *sarama.ConsumerMessage, stop <-chan struct{})
 		var acquire chan<- struct{}
 		var next *message.Message
 		if w.next != nil {
-			out, next = w.pool.output, w.next.wm
+			out, next = w.pool.output, w.next.msg
 		} else if w.wantsToken() {
 			acquire = w.pool.tokens
 		}

@@ -144,6 +144,8 @@ type rigOptions struct {
 	requestCommit func()
 	// leaderEpoch becomes Assignment.LeaderEpoch.
 	leaderEpoch func() int32
+	// deliveries becomes Assignment.Deliveries.
+	deliveries DeliveryHooks
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -177,6 +179,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	a.StartCommitted = o.startCommitted
 	a.RequestCommit = o.requestCommit
 	a.LeaderEpoch = o.leaderEpoch
+	a.Deliveries = o.deliveries
 	if o.noMarker {
 		a.Marker = nil
 	}
