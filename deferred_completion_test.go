@@ -245,6 +245,10 @@ func TestMiddlewareDeferredFailAndStaleHandles(t *testing.T) {
 		defer mu.Unlock()
 		return attempts == 2
 	})
+	// Record 1 was acked long before, but the worker takes the ack a
+	// moment after the router gave it: only its completion says it is no
+	// longer in flight.
+	waitCompleted(t, sub, topic, 0, 1, mwWait, "record 1 completed")
 	mu.Lock()
 	stale := h1
 	mu.Unlock()

@@ -2,6 +2,7 @@ package safeack_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -106,7 +107,14 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, finish bool) {
 	})
 	want := map[int32]int64{0: holdAt, 1: holdAt}
 	watch.waitCommitted(t, want, 10*time.Second)
+	// The worker takes an ack a moment after the handler's acks.ack
+	// returned, and the commit at holdAt can come before the last acks
+	// past it: wait for those to be taken.
 	for p := int32(0); p < partitions; p++ {
+		kafkatest.WaitFor(t, 5*time.Second, fmt.Sprintf("partition %d to have only its held record in flight", p), func() bool {
+			ps, ok := statsOf(sub, topic, p)
+			return ok && ps.InFlight == 1
+		})
 		ps, ok := statsOf(sub, topic, p)
 		require.True(t, ok)
 		require.Equal(t, int64(holdAt), ps.SafeOffset)

@@ -302,8 +302,11 @@ func waitOutputsCounted(t *testing.T, want int, pubs ...*safeack.TxnPublisher) s
 			s.Committed += st.Committed
 			s.Aborted += st.Aborted
 			s.Retried += st.Retried
+			s.Abandoned += st.Abandoned
 			s.Outputs += st.Outputs
 			s.AckedDuringCommit += st.AckedDuringCommit
+			s.CommitTime += st.CommitTime
+			s.MaxCommit = max(s.MaxCommit, st.MaxCommit)
 		}
 		return s
 	}
@@ -389,7 +392,7 @@ func TestTxnHandlersRunDuringCommit(t *testing.T) {
 	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
 	ids := r.inputIDs()
 	rd.waitAll(t, ids, 60*time.Second)
-	st := pub.Stats()
+	st := waitOutputsCounted(t, len(ids), pub)
 	t.Logf("transactions: %+v (mean commit %s)", st, st.CommitTime/time.Duration(max(st.Committed, 1)))
 	require.Greater(t, st.AckedDuringCommit, uint64(0), "no delivery was acked while a transaction committed")
 	rd.complete(t, c, r.out, r.parts)

@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/figures"
 	"github.com/safeack/safeack/internal/kafkatest"
 	"github.com/safeack/safeack/internal/safeacktest"
@@ -270,28 +271,33 @@ func TestTracesFollowRecords(t *testing.T) {
 	}
 
 	// The duration histograms: one measurement per answered delivery, one
-	// nack among them; at least one commit.
-	rm := tel.collect(t)
+	// nack among them; at least one commit. A commit's duration is
+	// recorded just after its span ends: the commit span waited for above
+	// may be the only one, its duration not yet recorded.
 	var processN, nackN, commitN uint64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			h, ok := m.Data.(metricdata.Histogram[float64])
-			if !ok {
-				continue
-			}
-			for _, dp := range h.DataPoints {
-				switch m.Name {
-				case "messaging.process.duration":
-					processN += dp.Count
-					if v, ok := dp.Attributes.Value("error.type"); ok && v.AsString() == "nack" {
-						nackN += dp.Count
+	kafkatest.WaitFor(t, 10*time.Second, "a commit duration recorded", func() bool {
+		processN, nackN, commitN = 0, 0, 0
+		for _, sm := range tel.collect(t).ScopeMetrics {
+			for _, m := range sm.Metrics {
+				h, ok := m.Data.(metricdata.Histogram[float64])
+				if !ok {
+					continue
+				}
+				for _, dp := range h.DataPoints {
+					switch m.Name {
+					case "messaging.process.duration":
+						processN += dp.Count
+						if v, ok := dp.Attributes.Value("error.type"); ok && v.AsString() == "nack" {
+							nackN += dp.Count
+						}
+					case "messaging.client.operation.duration":
+						commitN += dp.Count
 					}
-				case "messaging.client.operation.duration":
-					commitN += dp.Count
 				}
 			}
 		}
-	}
+		return commitN > 0
+	})
 	if processN != 2*perPartition+1 || nackN != 1 || commitN == 0 {
 		t.Errorf("histograms: %d process (want %d), %d nacked (want 1), %d commits", processN, 2*perPartition+1, nackN, commitN)
 	}
@@ -358,7 +364,23 @@ func TestMetricsMatchStats(t *testing.T) {
 		}
 		return stats[0].SafeOffset == hold.o && stats[0].InFlight == 1 && stats[1].SafeOffset == perPartition
 	})
-	time.Sleep(200 * time.Millisecond) // a last commit interval encodes the tail
+	// The commit loop encodes the completed tail behind the held record at
+	// its next interval after the completions (Stats' TailBytes), then
+	// commits it: once the group holds a tail of every record after the
+	// held one, Stats no longer moves.
+	kafkatest.WaitFor(t, 10*time.Second, "the group to hold the completed tail behind the held record", func() bool {
+		co := c.CommittedOffsets(t, group, topic)[0]
+		tail, err := frontier.DecodeTail(co.Metadata, co.Offset)
+		if err != nil || co.Offset != hold.o {
+			return false
+		}
+		for o := hold.o + 1; o < perPartition; o++ {
+			if !tail.Contains(o) {
+				return false
+			}
+		}
+		return true
+	})
 
 	stats := figures.Merged(sub.Stats())
 	totals := sub.Totals()
