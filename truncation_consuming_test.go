@@ -162,10 +162,7 @@ func truncatedWhileConsuming(t *testing.T, cooperative, startCheckRefused bool) 
 	for off := int64(0); off < n+more; off++ {
 		require.Positive(t, handled.count(off), "offset %d was never handled", off)
 	}
-	var truncations uint64
-	for _, tt := range sub.Totals() {
-		truncations += tt.LogTruncations
-	}
+	truncations, _ := totalsOf(sub)
 	require.Positive(t, truncations, "the truncation is counted")
 }
 
