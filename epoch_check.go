@@ -19,9 +19,9 @@ package safeack
 //
 // While a partition is consumed, the epoch its marks carry is the one its
 // epochWatch validated: a newer epoch in the client's metadata is checked
-// the same way first, against what the claim took from the log, and a
-// truncation found holds the marks at the divergence point and ends the
-// session (see epochWatch). This holds in both modes: in transactional
+// the same way first, against what the claim took from the log (the
+// marks held there until the answer), and a truncation found holds the
+// marks at the divergence point and ends the session (see epochWatch). This holds in both modes: in transactional
 // mode the positions a transaction commits are those marks, and the one
 // held at the divergence point is committed though it covers less than
 // the last transaction's (see txnMarker.diverge).
@@ -415,7 +415,13 @@ const epochRecheckAfter = time.Second
 // Until the new epoch is validated the marks carry the old one, which is
 // never unsafe: a next start's check then finds where the old epoch ends,
 // perhaps below the committed offset, and handles the records from there
-// again. What the watch cannot see are records of the old leader that
+// again. While the check is under way, the marks passed on are also held
+// at what the claim had taken when the new epoch was seen (hold): records
+// past it came from the new leader, and a position covering them,
+// committed before the answer comes, is passed again once the answer
+// names a divergence below it: in transactional mode their outputs would
+// be committed twice. A check that cannot run lets the marks through as
+// they are until it is tried again. What the watch cannot see are records of the old leader that
 // arrive after it validated the new epoch (fetched before the election,
 // still in Sarama's buffers): Sarama drops the batches' leader epochs.
 type epochWatch struct {
@@ -429,6 +435,11 @@ type epochWatch struct {
 
 	mu       sync.Mutex
 	diverged int64 // where the log diverged; -1: it did not
+	// checking is, while a new epoch is checked, what the claim held when
+	// it was seen: marks are held there until the answer; -1: no check
+	// under way. clamped: a mark was held since it was set.
+	checking int64
+	clamped  bool
 	offset   int64 // the last position marked, as the worker marked it
 	meta     string
 
@@ -445,7 +456,7 @@ type epochWatch struct {
 // is checked once it is known.
 func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int32, committed string) *epochWatch {
 	x := &epochWatch{h: h, marker: marker, topic: topic, partition: p, budget: h.sub.cfg.TailMetadataBudget,
-		diverged: -1, offset: -1, stop: make(chan struct{})}
+		diverged: -1, checking: -1, offset: -1, stop: make(chan struct{})}
 	x.validated.Store(frontier.NoLeaderEpoch)
 	if _, e, err := h.client.LeaderAndEpoch(topic, p); err == nil && e >= 0 {
 		x.validated.Store(e)
@@ -500,12 +511,14 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 			x.validated.Store(e) // nothing was marked with an epoch to check
 			continue
 		}
+		// Marks are held at what the claim holds now until the answer.
+		held := x.holdMarks(w)
 		if hold < 0 {
 			// Read after the epoch: every record the old leader served
 			// before the metadata named the new one is counted. Kept for
 			// a check tried again: what the claim took since then came
 			// from the new leader.
-			hold = max(x.held(w), 0)
+			hold = held
 		}
 		cctx, cancel := context.WithTimeout(ctx, epochCheckTimeout)
 		a := x.h.epochs.offsetForLeaderEpoch(cctx, x.topic, map[int32]int32{x.partition: v})[x.partition]
@@ -520,9 +533,11 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 			}
 			x.h.sub.logger.Info("Cannot check the partition's log against its last leader epoch; marks carry that epoch until it is checked", fields)
 			retryAt = time.Now().Add(epochRecheckAfter)
+			x.release()
 		case a.endOffset >= hold:
 			x.validated.Store(e)
 			hold = -1
+			x.release()
 		default:
 			x.truncate(w, a.endOffset, fields.Add(watermill.LogFields{"epoch_end_offset": a.endOffset, "received_or_marked": hold}))
 			return
@@ -530,17 +545,35 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 	}
 }
 
-// held is the offset after everything the claim took from the log or
-// marked: its records, its marked position and the completed tail with it.
-func (x *epochWatch) held(w *partition.Worker) int64 {
-	hold := w.Received()
+// holdMarks holds the marks passed on, while a new epoch is checked, at
+// what the claim holds now (see release), and returns it: the offset after
+// everything the claim took from the log or marked (its records, its
+// marked position and the completed tail with it). It is read under mu,
+// so that no mark past it is passed on before the hold, and no mark
+// passed on before lies past it.
+func (x *epochWatch) holdMarks(w *partition.Worker) int64 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	hold = max(hold, x.offset)
+	hold := max(w.Received(), x.offset, 0)
 	if tail, err := frontier.DecodeTail(x.meta, max(x.offset, 0)); err == nil && len(tail.Ranges) > 0 {
 		hold = max(hold, tail.Ranges[len(tail.Ranges)-1].To)
 	}
+	x.checking, x.clamped = hold, false
 	return hold
+}
+
+// release ends the hold of a check that validated the new epoch or could
+// not run: the worker's last mark, if it was held, is passed on as it was
+// made.
+func (x *epochWatch) release() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	clamped := x.clamped
+	x.checking, x.clamped = -1, false
+	if clamped && x.diverged < 0 && x.offset >= 0 {
+		x.marker.MarkOffset(x.topic, x.partition, x.offset, x.meta)
+		x.marker.ResetOffset(x.topic, x.partition, x.offset, x.meta) // a tail changed at the same offset
+	}
 }
 
 // divergenceTaker is a Marker that keeps its own account of what the
@@ -555,7 +588,7 @@ type divergenceTaker interface {
 // assignment: its drain commits that position (see epochWatch).
 func (x *epochWatch) truncate(w *partition.Worker, at int64, fields watermill.LogFields) {
 	x.mu.Lock()
-	x.diverged = at
+	x.diverged, x.checking = at, -1
 	if d, ok := x.marker.(divergenceTaker); ok {
 		d.diverge(at)
 	}
@@ -571,38 +604,47 @@ func (x *epochWatch) truncate(w *partition.Worker, at int64, fields watermill.Lo
 	w.End()
 }
 
-// clampLocked is a position held at the divergence point: the offset at
+// holdingLocked reports whether marks are held: at the divergence
+// point, or while a new epoch is checked. Callers hold mu.
+func (x *epochWatch) holdingLocked() bool { return x.diverged >= 0 || x.checking >= 0 }
+
+// clampLocked is a position held at the divergence point, or while a new
+// epoch is checked at what the claim held when it was seen: the offset at
 // most there, its tail cut there. Callers hold mu.
 func (x *epochWatch) clampLocked(offset int64, meta string) (int64, string) {
-	if offset < 0 || x.diverged < 0 {
+	at := x.diverged
+	if at < 0 {
+		at = x.checking
+	}
+	if offset < 0 || at < 0 {
 		return offset, meta
 	}
-	if offset <= x.diverged {
-		meta, _ = cutTail(offset, meta, x.diverged, x.budget)
+	if offset <= at {
+		meta, _ = cutTail(offset, meta, at, x.budget)
 		return offset, meta
 	}
 	epoch, ok := frontier.LeaderEpochOf(meta)
 	if !ok {
 		epoch = frontier.NoLeaderEpoch
 	}
-	meta, _, err := frontier.EncodeTailEpoch(x.diverged, nil, x.budget, epoch)
+	meta, _, err := frontier.EncodeTailEpoch(at, nil, x.budget, epoch)
 	if err != nil {
 		meta = ""
 	}
-	return x.diverged, meta
+	return at, meta
 }
 
 // MarkOffset passes the worker's mark on, held at the divergence point
-// once there is one.
+// once there is one, and while a new epoch is checked.
 func (x *epochWatch) MarkOffset(topic string, p int32, offset int64, meta string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.offset, x.meta = offset, meta
-	if x.diverged < 0 {
+	if !x.holdingLocked() {
 		x.marker.MarkOffset(topic, p, offset, meta)
 		return
 	}
-	offset, meta = x.clampLocked(offset, meta)
+	offset, meta = x.clampLockedNoting(offset, meta)
 	x.marker.MarkOffset(topic, p, offset, meta)
 	x.marker.ResetOffset(topic, p, offset, meta)
 }
@@ -612,11 +654,21 @@ func (x *epochWatch) ResetOffset(topic string, p int32, offset int64, meta strin
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.offset, x.meta = offset, meta
-	if x.diverged >= 0 {
-		offset, meta = x.clampLocked(offset, meta)
+	if x.holdingLocked() {
+		offset, meta = x.clampLockedNoting(offset, meta)
 		x.marker.MarkOffset(topic, p, offset, meta)
 	}
 	x.marker.ResetOffset(topic, p, offset, meta)
+}
+
+// clampLockedNoting is clampLocked, noting a mark held while a new epoch
+// is checked (see release). Callers hold mu.
+func (x *epochWatch) clampLockedNoting(offset int64, meta string) (int64, string) {
+	off, m := x.clampLocked(offset, meta)
+	if off != offset || m != meta {
+		x.clamped = true
+	}
+	return off, m
 }
 
 // Commit commits through the claim's Marker.
@@ -633,7 +685,8 @@ func (x *epochWatch) Restart(p int32, start int64, tail frontier.Tail) {
 }
 
 // position is the worker's last marked position, held at the divergence
-// point once there is one: what the claim's final commit must hold.
+// point once there is one (and while a new epoch is checked): what the
+// claim's final commit must hold.
 func (x *epochWatch) position(w *partition.Worker) (int64, string) {
 	offset, meta := w.MarkedPosition()
 	x.mu.Lock()

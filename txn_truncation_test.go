@@ -184,3 +184,82 @@ func TestTxnLeaderChangeWhileConsuming(t *testing.T) {
 		require.EqualValues(t, 1, assignments, "the assignment was ended")
 	})
 }
+
+// answerElectionLate is answerElection (the start checks answered) with
+// the first request, the consuming member's check of the new epoch,
+// answered late: once until holds, or after 3 s. arrived is set when that
+// request reaches the broker.
+func answerElectionLate(c *kafkatest.Cluster, topic string, diverged int64, until func() bool) (arrived *atomic.Bool) {
+	arrived = new(atomic.Bool)
+	kf := c.Kfake()
+	answerEpochEnds(c, topic, func(answered int32) (int64, int16) {
+		if answered == 0 && arrived.CompareAndSwap(false, true) {
+			// Other requests go on meanwhile (SleepControl yields).
+			kf.SleepControl(func() { kafkatest.Poll(3*time.Second, 10*time.Millisecond, until) })
+		}
+		return diverged, 0
+	})
+	return arrived
+}
+
+// TestTxnTruncatedLogSlowCheck: the new leader answers the consuming
+// member's check of the new epoch late, after the member fetched and
+// handled records the new leader wrote past its position (as on a busy
+// partition). Those records are in the log; each must get exactly one
+// output. Before, the marks went on while the check was under way: a
+// transaction committed a position covering them, with their outputs;
+// the answer then named a divergence below them, and the next assignment
+// handled them again and committed their outputs a second time. The
+// marks are now held at what the claim had taken when it saw the new
+// epoch until the answer comes. Found on a real cluster by
+// TestClusterTxnUncleanElectionWhileConsuming (chaos/).
+func TestTxnTruncatedLogSlowCheck(t *testing.T) {
+	t.Parallel()
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperativeBalance bool) {
+		c := kafkatest.Start(t)
+		c.RequireEmbedded(t)
+		const n, diverged, more = 10, 6, 5
+		r := newTxnRig(t, c, 1, n)
+		var elected atomic.Bool
+		var att attempts
+		electionRouter(t, r, cooperativeBalance, &elected, &att)
+		rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+		waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
+		rd.waitAll(t, r.inputIDs(), 30*time.Second)
+
+		// The answer waits for an output of a new record (which shows
+		// only with the marks let through), at most 3 s.
+		arrived := answerElectionLate(c, r.in, diverged, func() bool {
+			for off := int64(n); off < n+more; off++ {
+				if all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off)); all > 0 {
+					return true
+				}
+			}
+			return false
+		})
+		elected.Store(true)
+		bumpLeaderEpoch(t, c, r.in)
+		kafkatest.WaitFor(t, 30*time.Second, "the member's check of the new epoch", arrived.Load)
+		r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1: past the member's position
+
+		kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
+			for off := int64(diverged); off < n+more; off++ {
+				if _, e := rd.outputsOf(fmt.Sprintf("0@%d", off)); e == 0 {
+					return false
+				}
+			}
+			return true
+		})
+		r.waitCommittedAll(t, 30*time.Second)
+		rd.complete(t, c, r.out, r.parts)
+		for off := int64(0); off < n+more; off++ {
+			all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off))
+			switch {
+			case off < diverged || off >= n:
+				require.Equal(t, 1, all, "outputs of %d", off)
+			default: // the old leader's output stays; the new leader's record gets one
+				require.LessOrEqual(t, all, 2, "outputs of %d", off)
+			}
+		}
+	})
+}

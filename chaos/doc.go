@@ -100,7 +100,14 @@
 //     stopped, records written to the leader alone, the leader SIGKILLed
 //     and the stale follower elected uncleanly, new records at the reused
 //     offsets; a new member (after a committed tail), or the member
-//     consuming all along, must handle every new record. They are not
+//     consuming all along, must handle every new record.
+//     TestClusterTxnUncleanElection and
+//     TestClusterTxnUncleanElectionWhileConsuming (eager, then
+//     cooperative-sticky) are the same in exactly-once mode: a
+//     consume-transform-produce member (NewTxnSubscriber), and a
+//     read_committed reader of its outputs must see exactly one output of
+//     every record the new leader's log holds (the old leader's outputs
+//     committed before the truncation stay, and are counted). They are not
 //     parallel: each has the cluster to itself.
 //   - TestTxnRouterChaos (txn_test.go): the exactly-once router
 //     (safeack.TxnPublisher) instead of the checks above: two router

@@ -327,54 +327,10 @@ func txnRouterChaos(t *testing.T, coop bool) {
 	require.NoError(t, slots[2].inner.stop())
 	t.Logf("in-process member: %d transactions committed, %d aborted, %d retried in a new generation", committed, aborted, retried)
 
-	// A read_committed reader of the whole output, up to sentries written
-	// after everything else.
-	cfg := c.SaramaConfig()
-	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
-	consumer, err := sarama.NewConsumer(c.Brokers(), cfg)
-	require.NoError(t, err)
-	defer consumer.Close()
-	var mu sync.Mutex
 	outputs := map[string]int{}
-	sentries := map[int32]bool{}
-	var wg sync.WaitGroup
-	var pcs []sarama.PartitionConsumer
-	for p := range int32(parts) {
-		pc, err := consumer.ConsumePartition(out, p, sarama.OffsetOldest)
-		require.NoError(t, err)
-		pcs = append(pcs, pc)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for m := range pc.Messages() {
-				mu.Lock()
-				if string(m.Value) == "sentry" {
-					sentries[m.Partition] = true
-				} else {
-					id := ""
-					for _, h := range m.Headers {
-						if string(h.Key) == txnIDHeader {
-							id = string(h.Value)
-						}
-					}
-					outputs[id]++
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	for p := range int32(parts) {
-		c.Produce(t, out, kafkatest.Record{Partition: p, Value: []byte("sentry")})
-	}
-	kafkatest.WaitFor(t, 2*time.Minute, "the output read up to the sentries", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(sentries) == parts
+	readCommittedOutputs(t, c, out, parts, func(m *sarama.ConsumerMessage) {
+		outputs[headerValue(m, txnIDHeader)]++
 	})
-	for _, pc := range pcs {
-		pc.AsyncClose()
-	}
-	wg.Wait()
 
 	var missing, twice []string
 	inputs := 0
@@ -395,6 +351,63 @@ func txnRouterChaos(t *testing.T, coop bool) {
 	require.Empty(t, missing, "inputs without output")
 	require.Empty(t, twice, "inputs with more than one output")
 	require.Empty(t, outputs, "outputs of no input")
+}
+
+// readCommittedOutputs reads the outputs of topic's parts partitions
+// that a read_committed reader sees, from the start up to sentries it
+// writes after everything else (a record "sentry" per partition), and
+// calls each with every other record, one at a time.
+func readCommittedOutputs(t *testing.T, c *kafkatest.Cluster, topic string, parts int, each func(*sarama.ConsumerMessage)) {
+	t.Helper()
+	cfg := c.SaramaConfig()
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
+	consumer, err := sarama.NewConsumer(c.Brokers(), cfg)
+	require.NoError(t, err)
+	defer consumer.Close()
+	var mu sync.Mutex
+	sentries := map[int32]bool{}
+	var wg sync.WaitGroup
+	var pcs []sarama.PartitionConsumer
+	for p := range int32(parts) {
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		require.NoError(t, err)
+		pcs = append(pcs, pc)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range pc.Messages() {
+				mu.Lock()
+				if string(m.Value) == "sentry" {
+					sentries[m.Partition] = true
+				} else {
+					each(m)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for p := range int32(parts) {
+		c.Produce(t, topic, kafkatest.Record{Partition: p, Value: []byte("sentry")})
+	}
+	kafkatest.WaitFor(t, 2*time.Minute, "the output read up to the sentries", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(sentries) == parts
+	})
+	for _, pc := range pcs {
+		pc.AsyncClose()
+	}
+	wg.Wait()
+}
+
+// headerValue is the value of m's header key, "" without one.
+func headerValue(m *sarama.ConsumerMessage, key string) string {
+	for _, h := range m.Headers {
+		if string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 // endOffsets reads the end offset of each partition of topic, retrying
