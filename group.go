@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +20,8 @@ import (
 func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client) error {
 	epochs := &epochClient{client: client, seeds: sub.cfg.Brokers}
 	defer epochs.close() // after the group's sessions ended (group.Close below)
-	group, err := sarama.NewConsumerGroupFromClient(sub.cfg.ConsumerGroup, client)
+	watch := newClaimWatch(sub, client)
+	group, err := sarama.NewConsumerGroupFromClient(sub.cfg.ConsumerGroup, &groupClient{Client: client, watch: watch})
 	if err != nil {
 		return fmt.Errorf("cannot create consumer group: %w", err)
 	}
@@ -27,6 +30,9 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		defer close(errsDone)
 		for err := range group.Errors() {
 			sub.logger.Error("Sarama consumer group error", err, sub.logFields)
+			if ce, ok := errors.AsType[*sarama.ConsumerError](err); ok && ce.Topic == sub.topic {
+				watch.claimError(ce.Partition, ce.Err)
+			}
 		}
 	}()
 	defer func() {
@@ -36,7 +42,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		<-errsDone
 	}()
 
-	gh := &groupHandler{sub: sub, ctx: ctx, client: client, group: group, epochs: epochs,
+	gh := &groupHandler{sub: sub, ctx: ctx, client: client, group: group, epochs: epochs, watch: watch,
 		offsets: sessionOffsets{sub: sub, client: client}}
 	gh.commits = newCommitter(gh)
 	var handler sarama.ConsumerGroupHandler = gh
@@ -54,6 +60,9 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		}
 		if err == nil {
 			rejoin.reset()
+			if !backoff.Sleep(ctx, watch.rejoinDelay()) {
+				return nil
+			}
 			continue
 		}
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, sarama.ErrClosedConsumerGroup) {
@@ -95,6 +104,8 @@ type groupHandler struct {
 	client sarama.Client
 	group  sarama.ConsumerGroup
 	epochs *epochClient // sends the leader-epoch checks (see checkLeaderEpochs)
+	// watch follows the claims of each session's assignment (see claimWatch).
+	watch *claimWatch
 	// commits is where the sessions' completed positions go, chosen once
 	// (see newCommitter); offsets commits and reads back through a
 	// session, in either mode (pinned starts, truncations).
@@ -142,10 +153,23 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	var startErrs map[int32]error
 	var listing sync.WaitGroup
 	listing.Go(func() {
-		starts, startErrs = h.sub.initialStarts(h.client, claimed)
+		// A partition the metadata names no leader for (Sarama refreshed
+		// it as it joined) is not asked: asking would refresh it again,
+		// with Sarama's retries, for each such partition.
+		noLeader := leaderlessPartitions(h.client, h.sub.topic, claimed)
+		starts, startErrs = h.sub.initialStarts(h.client, slices.DeleteFunc(slices.Clone(claimed), func(p int32) bool {
+			return noLeader[p] != nil
+		}))
+		maps.Copy(startErrs, noLeader)
 	})
 	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
 	listing.Wait()
+	// The claims of partitions whose leaders did not answer wait for them
+	// (see claimWatch). They are left out of the checks and fetches below,
+	// which would wait for those leaders too; when they start, they read
+	// and check their commits as the claims a cooperative rebalance adds do
+	// (see committedOffset).
+	held := h.watch.begin(sess, claimed, startErrs)
 	if err != nil {
 		if err := h.commits.withoutCommitted("committed offsets", err); err != nil {
 			// Sarama runs Cleanup.
@@ -166,15 +190,17 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	} else {
 		// Epochs earlier members committed are checked even with
 		// DisableCompletedTail (reading is not writing).
-		truncated = h.checkLeaderEpochs(sess, committed)
+		checked := withoutPartitions(committed, held)
+		truncated = h.checkLeaderEpochs(sess, checked)
+		maps.Copy(committed, checked)
 		pinned = h.offsets.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
 	// Committed tails are read (and their records skipped) even with
 	// DisableCompletedTail, which only stops this member writing them:
 	// the group's earlier members may have.
-	first := h.sub.fetchFirstRecords(h.client, fetchStarts(claimed, committed))
+	first := h.sub.fetchFirstRecords(h.client, fetchStarts(claimed, withoutPartitions(committed, held)))
 	h.mu.Lock()
-	h.committed = committed
+	h.committed = withoutPartitions(committed, held)
 	// A truncation found for an added claim (checkAddedClaim) ended the
 	// last session; it is counted by this one's claim of the partition.
 	for _, p := range claimed {
@@ -189,6 +215,19 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.commits.begin(sess, committed)
 	h.sub.subscriber.ready.set(h.sub, phaseConsuming, nil)
 	return nil
+}
+
+// withoutPartitions returns m without the partitions in drop: m itself
+// when there are none, a copy otherwise.
+func withoutPartitions[V any](m map[int32]V, drop map[int32]bool) map[int32]V {
+	if len(drop) == 0 || m == nil {
+		return m
+	}
+	out := maps.Clone(m)
+	for p := range drop {
+		delete(out, p)
+	}
+	return out
 }
 
 // closedChan is a channel that is always closed.
@@ -271,6 +310,7 @@ func withTruncated(m map[int32]bool, partition int32) map[int32]bool {
 // leaves closeGrace to leave the group.
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	sess = guardSession(sess)
+	h.watch.end(sess)
 	h.sub.subscriber.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
 	wait := h.sub.cfg.finalCommitWait()
 	closing := h.sub.halt.isStopping()
@@ -300,6 +340,8 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 // ConsumeClaim runs one partition until it is revoked.
 func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	sess = guardSession(sess)
+	h.watch.claimStarted(claim.Partition())
+	defer h.watch.claimEnded(claim.Partition())
 	// Nothing is taken from the claim, handed out or shown in Stats before
 	// the session's pinned starts are committed; Sarama made the claim
 	// (resolving its start, starting its fetch) meanwhile.

@@ -26,9 +26,10 @@ type errorLog struct {
 }
 
 type loggedError struct {
-	at  time.Time
-	msg string
-	err error
+	at     time.Time
+	msg    string
+	err    error
+	fields watermill.LogFields
 }
 
 func newErrorLog() errorLog {
@@ -37,7 +38,7 @@ func newErrorLog() errorLog {
 
 func (l errorLog) Error(msg string, err error, fields watermill.LogFields) {
 	l.mu.Lock()
-	*l.errs = append(*l.errs, loggedError{at: time.Now(), msg: msg, err: err})
+	*l.errs = append(*l.errs, loggedError{at: time.Now(), msg: msg, err: err, fields: fields})
 	l.mu.Unlock()
 	l.next.Error(msg, err, fields)
 }
@@ -58,6 +59,19 @@ func (l errorLog) first(target error) (loggedError, bool) {
 		}
 	}
 	return loggedError{}, false
+}
+
+// matching returns the Errors logged so far for which match holds.
+func (l errorLog) matching(match func(loggedError) bool) []loggedError {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []loggedError
+	for _, e := range *l.errs {
+		if match(e) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // count returns how many Errors were logged whose error is target.

@@ -50,8 +50,9 @@ type Subscriber struct {
 	txn        *TxnPublisher
 	subscribed bool
 
-	registry registry
-	ready    readiness // for Ready and WaitReady
+	registry  registry
+	unclaimed unclaimedSet // for Unclaimed
+	ready     readiness    // for Ready and WaitReady
 }
 
 var (

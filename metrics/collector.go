@@ -21,7 +21,10 @@
 // safeack_oldest_unfinished_age_seconds, safeack_stuck, safeack_paused,
 // safeack_tail_metadata_bytes, safeack_tail_truncated and
 // safeack_assigned_timestamp_seconds; safeack_owned_partitions has no
-// labels.
+// labels. safeack_unclaimed_seconds exists only for a partition the group
+// assigned to the Subscriber that it does not consume, its claim unable to
+// start (no leader; see (*safeack.Subscriber).Unclaimed): how long since
+// the assignment. Alert on its presence.
 //
 // Counters are monotonic. safeack.PartitionStats counts per assignment and
 // restarts from zero when a partition is reassigned, so the counters come
@@ -89,9 +92,10 @@ func WithConstLabels(labels prometheus.Labels) Option {
 type Collector struct {
 	sub *safeack.Subscriber
 
-	owned    *prometheus.Desc
-	gauges   gaugeDescs[safeack.PartitionStats]
-	counters counterDescs[safeack.PartitionTotals]
+	owned     *prometheus.Desc
+	gauges    gaugeDescs[safeack.PartitionStats]
+	unclaimed gaugeDescs[safeack.UnclaimedPartition]
+	counters  counterDescs[safeack.PartitionTotals]
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -104,10 +108,11 @@ func NewCollector(sub *safeack.Subscriber, opts ...Option) *Collector {
 	}
 	desc := o.desc
 	return &Collector{
-		sub:      sub,
-		owned:    desc(figures.Owned.Prom, figures.Owned.Help),
-		gauges:   newGaugeDescs(desc, figures.Gauges),
-		counters: newCounterDescs(desc, figures.Counters),
+		sub:       sub,
+		owned:     desc(figures.Owned.Prom, figures.Owned.Help),
+		gauges:    newGaugeDescs(desc, figures.Gauges),
+		unclaimed: newGaugeDescs(desc, figures.UnclaimedGauges),
+		counters:  newCounterDescs(desc, figures.Counters),
 	}
 }
 
@@ -115,6 +120,7 @@ func NewCollector(sub *safeack.Subscriber, opts ...Option) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.owned
 	c.gauges.describe(ch)
+	c.unclaimed.describe(ch)
 	c.counters.describe(ch)
 }
 
@@ -125,6 +131,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for i := range stats {
 		s := &stats[i]
 		c.gauges.collect(ch, s, s.Topic, s.Partition)
+	}
+	for _, u := range c.sub.Unclaimed() {
+		c.unclaimed.collect(ch, &u, u.Topic, u.Partition)
 	}
 	totals := c.sub.Totals()
 	for i := range totals {

@@ -22,7 +22,8 @@ const consumedMessages = "messaging.client.consumed.messages"
 // list. Gauges (safeack.offset.safe, safeack.offset.committed,
 // safeack.records.blocked, safeack.oldest_unfinished.age,
 // safeack.messages.in_flight, safeack.tail.size, safeack.lag, ...) describe
-// the partitions sub owns at the collection; counters
+// the partitions sub owns at the collection, and safeack.unclaimed.time the
+// partitions assigned to it that it does not consume (Unclaimed); counters
 // (messaging.client.consumed.messages, safeack.records.completed,
 // safeack.redeliveries, ...) come from Totals, so they never go down
 // across reassignments. A figure a partition does not have yet (a committed
@@ -39,6 +40,10 @@ func RegisterMetrics(sub *safeack.Subscriber, opts ...Option) (metric.Registrati
 	}
 	insts := []metric.Observable{owned}
 	gauges, err := newGaugeSet(meter, figures.Gauges, &insts)
+	if err != nil {
+		return nil, err
+	}
+	unclaimed, err := newGaugeSet(meter, figures.UnclaimedGauges, &insts)
 	if err != nil {
 		return nil, err
 	}
@@ -60,6 +65,9 @@ func RegisterMetrics(sub *safeack.Subscriber, opts ...Option) (metric.Registrati
 		for i := range stats {
 			s := &stats[i]
 			gauges.observe(obs, s, baseAttrs(group, s.Topic, s.Partition))
+		}
+		for _, u := range sub.Unclaimed() {
+			unclaimed.observe(obs, &u, baseAttrs(group, u.Topic, u.Partition))
 		}
 		totals := sub.Totals()
 		for i := range totals {

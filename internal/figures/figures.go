@@ -6,6 +6,8 @@
 package figures
 
 import (
+	"time"
+
 	"github.com/safeack/safeack"
 )
 
@@ -120,6 +122,17 @@ var Gauges = []Gauge[safeack.PartitionStats]{
 		Help: "Unix time at which this member got the partition.",
 		Value: func(s *safeack.PartitionStats) (float64, bool) {
 			return float64(s.AssignedAt.UnixNano()) / 1e9, !s.AssignedAt.IsZero()
+		}},
+}
+
+// UnclaimedGauges are the gauges of the partitions assigned to a
+// Subscriber that it does not consume (safeack.Subscriber.Unclaimed): a
+// series exists only while its partition is unclaimed.
+var UnclaimedGauges = []Gauge[safeack.UnclaimedPartition]{
+	{Prom: "unclaimed_seconds", OTel: "safeack.unclaimed.time", Unit: "s", Float: true,
+		Help: "How long a partition assigned to this member has not been consumed because its claim cannot start (no leader, or its leader does not answer). Absent for partitions that are consumed.",
+		Value: func(u *safeack.UnclaimedPartition) (float64, bool) {
+			return time.Since(u.AssignedAt).Seconds(), true
 		}},
 }
 
