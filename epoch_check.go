@@ -421,8 +421,11 @@ const epochRecheckAfter = time.Second
 // committed before the answer comes, is passed again once the answer
 // names a divergence below it: in transactional mode their outputs would
 // be committed twice. A check that cannot run lets the marks through as
-// they are until it is tried again. What the watch cannot see are records of the old leader that
-// arrive after it validated the new epoch (fetched before the election,
+// they are until it is tried again (they carry the old epoch, which a
+// next start checks), but in transactional mode, where a position passed
+// commits outputs, the hold stays until an answer comes. What the watch
+// cannot see are records of the old leader that arrive after it
+// validated the new epoch (fetched before the election,
 // still in Sarama's buffers): Sarama drops the batches' leader epochs.
 type epochWatch struct {
 	h         *groupHandler
@@ -531,8 +534,16 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 			if a.err != nil {
 				fields["err"] = a.err.Error()
 			}
-			x.h.sub.logger.Info("Cannot check the partition's log against its last leader epoch; marks carry that epoch until it is checked", fields)
 			retryAt = time.Now().Add(epochRecheckAfter)
+			if _, exact := x.marker.(divergenceTaker); exact {
+				// Transactional: a position past the hold, committed
+				// with its outputs, would be handled (and its outputs
+				// committed) again if the answer, once it comes, names
+				// a divergence below it.
+				x.h.sub.logger.Info("Cannot check the partition's log against its last leader epoch; positions are held where the new epoch was seen until it is checked", fields)
+				continue
+			}
+			x.h.sub.logger.Info("Cannot check the partition's log against its last leader epoch; marks carry that epoch until it is checked", fields)
 			x.release()
 		case a.endOffset >= hold:
 			x.validated.Store(e)
@@ -554,6 +565,9 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 func (x *epochWatch) holdMarks(w *partition.Worker) int64 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.checking >= 0 {
+		return x.checking // still held from a check tried before
+	}
 	hold := max(w.Received(), x.offset, 0)
 	if tail, err := frontier.DecodeTail(x.meta, max(x.offset, 0)); err == nil && len(tail.Ranges) > 0 {
 		hold = max(hold, tail.Ranges[len(tail.Ranges)-1].To)

@@ -263,3 +263,73 @@ func TestTxnTruncatedLogSlowCheck(t *testing.T) {
 		}
 	})
 }
+
+// TestTxnTruncatedLogCheckRefused is TestTxnTruncatedLogSlowCheck with the
+// consuming member's check of the new epoch refused (an authorization
+// error) instead of answered late, until an output of a record past the
+// member's position shows or 3 s passed; then the new leader names the
+// divergence. Before, a check that could not run let the marks through:
+// a transaction committed the new records with their outputs, and once
+// the check ran they were handled and their outputs committed again. In
+// transactional mode the marks now stay held until an answer comes.
+func TestTxnTruncatedLogCheckRefused(t *testing.T) {
+	t.Parallel()
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperativeBalance bool) {
+		c := kafkatest.Start(t)
+		c.RequireEmbedded(t)
+		const n, diverged, more = 10, 6, 5
+		r := newTxnRig(t, c, 1, n)
+		var elected atomic.Bool
+		var att attempts
+		sub := electionRouter(t, r, cooperativeBalance, &elected, &att)
+		rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+		waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
+		rd.waitAll(t, r.inputIDs(), 30*time.Second)
+
+		newOutput := func() bool {
+			for off := int64(n); off < n+more; off++ {
+				if all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off)); all > 0 {
+					return true
+				}
+			}
+			return false
+		}
+		var refused atomic.Int32
+		var until atomic.Int64 // unix nanoseconds; 0: not refused yet
+		answerEpochEnds(c, r.in, func(int32) (int64, int16) {
+			until.CompareAndSwap(0, time.Now().Add(3*time.Second).UnixNano())
+			if !newOutput() && time.Now().UnixNano() < until.Load() {
+				refused.Add(1)
+				return 0, 29 // TOPIC_AUTHORIZATION_FAILED
+			}
+			return diverged, 0
+		})
+		elected.Store(true)
+		bumpLeaderEpoch(t, c, r.in)
+		kafkatest.WaitFor(t, 30*time.Second, "the member's check of the new epoch refused", func() bool { return refused.Load() > 0 })
+		r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1: past the member's position
+
+		kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
+			for off := int64(diverged); off < n+more; off++ {
+				if _, e := rd.outputsOf(fmt.Sprintf("0@%d", off)); e == 0 {
+					return false
+				}
+			}
+			return true
+		})
+		r.waitCommittedAll(t, 30*time.Second)
+		rd.complete(t, c, r.out, r.parts)
+		for off := int64(0); off < n+more; off++ {
+			all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off))
+			switch {
+			case off < diverged || off >= n:
+				require.Equal(t, 1, all, "outputs of %d", off)
+			default: // the old leader's output stays; the new leader's record gets one
+				require.LessOrEqual(t, all, 2, "outputs of %d", off)
+			}
+		}
+		require.Greater(t, refused.Load(), int32(1), "the check was not tried again after it was refused")
+		truncations, _ := totalsOf(sub)
+		require.Positive(t, truncations, "the truncation is counted")
+	})
+}
