@@ -72,6 +72,10 @@ const epochCheckTimeout = 5 * time.Second
 type epochAnswer struct {
 	endOffset int64 // where the epoch ends in the leader's log; -1 unknown
 	err       error // the check could not run for this partition
+	// final: err will not go away by trying again (no client can be
+	// made for the config, a non-retriable error such as a refused ACL
+	// or an unsupported request).
+	final bool
 }
 
 // checkLeaderEpochs validates the committed positions that carry a leader
@@ -257,15 +261,15 @@ func (e *epochClient) close() {
 // offsetForLeaderEpoch asks the partitions' leaders where each epoch ends.
 func (e *epochClient) offsetForLeaderEpoch(ctx context.Context, topic string, epochs map[int32]int32) map[int32]epochAnswer {
 	out := make(map[int32]epochAnswer, len(epochs))
-	fail := func(err error) map[int32]epochAnswer {
+	fail := func(err error, final bool) map[int32]epochAnswer {
 		for p := range epochs {
-			out[p] = epochAnswer{endOffset: -1, err: err}
+			out[p] = epochAnswer{endOffset: -1, err: err, final: final}
 		}
 		return out
 	}
 	cl, err := e.get()
 	if err != nil {
-		return fail(err)
+		return fail(err, true)
 	}
 
 	req := kmsg.NewPtrOffsetForLeaderEpochRequest()
@@ -282,7 +286,7 @@ func (e *epochClient) offsetForLeaderEpoch(ctx context.Context, topic string, ep
 	req.Topics = append(req.Topics, rt)
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
-		return fail(fmt.Errorf("OffsetForLeaderEpoch: %w", err))
+		return fail(fmt.Errorf("OffsetForLeaderEpoch: %w", err), nonRetriable(err))
 	}
 	for _, t := range resp.Topics {
 		if t.Topic != topic {
@@ -293,7 +297,7 @@ func (e *epochClient) offsetForLeaderEpoch(ctx context.Context, topic string, ep
 				continue
 			}
 			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
-				out[rp.Partition] = epochAnswer{endOffset: -1, err: fmt.Errorf("OffsetForLeaderEpoch: %w", err)}
+				out[rp.Partition] = epochAnswer{endOffset: -1, err: fmt.Errorf("OffsetForLeaderEpoch: %w", err), final: nonRetriable(err)}
 				continue
 			}
 			end := rp.EndOffset
@@ -304,6 +308,13 @@ func (e *epochClient) offsetForLeaderEpoch(ctx context.Context, topic string, ep
 		}
 	}
 	return out
+}
+
+// nonRetriable reports whether err is a Kafka error that trying again
+// does not cure (an authorization failure, an unsupported version).
+func nonRetriable(err error) bool {
+	var ke *kerr.Error
+	return errors.As(err, &ke) && !ke.Retriable
 }
 
 // kgoOptions carries the connection settings of a Sarama config over to a
@@ -535,11 +546,12 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 				fields["err"] = a.err.Error()
 			}
 			retryAt = time.Now().Add(epochRecheckAfter)
-			if _, exact := x.marker.(divergenceTaker); exact {
+			if _, exact := x.marker.(divergenceTaker); exact && !a.final {
 				// Transactional: a position past the hold, committed
 				// with its outputs, would be handled (and its outputs
 				// committed) again if the answer, once it comes, names
-				// a divergence below it.
+				// a divergence below it. A check that can never run
+				// does not stop the commits.
 				x.h.sub.logger.Info("Cannot check the partition's log against its last leader epoch; positions are held where the new epoch was seen until it is checked", fields)
 				continue
 			}

@@ -265,8 +265,8 @@ func TestTxnTruncatedLogSlowCheck(t *testing.T) {
 }
 
 // TestTxnTruncatedLogCheckRefused is TestTxnTruncatedLogSlowCheck with the
-// consuming member's check of the new epoch refused (an authorization
-// error) instead of answered late, until an output of a record past the
+// consuming member's check of the new epoch refused (a storage error,
+// which trying again may cure) instead of answered late, until an output of a record past the
 // member's position shows or 3 s passed; then the new leader names the
 // divergence. Before, a check that could not run let the marks through:
 // a transaction committed the new records with their outputs, and once
@@ -300,7 +300,7 @@ func TestTxnTruncatedLogCheckRefused(t *testing.T) {
 			until.CompareAndSwap(0, time.Now().Add(3*time.Second).UnixNano())
 			if !newOutput() && time.Now().UnixNano() < until.Load() {
 				refused.Add(1)
-				return 0, 29 // TOPIC_AUTHORIZATION_FAILED
+				return 0, 56 // KAFKA_STORAGE_ERROR: retriable
 			}
 			return diverged, 0
 		})
