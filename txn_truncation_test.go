@@ -187,19 +187,94 @@ func TestTxnLeaderChangeWhileConsuming(t *testing.T) {
 
 // answerElectionLate is answerElection (the start checks answered) with
 // the first request, the consuming member's check of the new epoch,
-// answered late: once until holds, or after 3 s. arrived is set when that
-// request reaches the broker.
-func answerElectionLate(c *kafkatest.Cluster, topic string, diverged int64, until func() bool) (arrived *atomic.Bool) {
-	arrived = new(atomic.Bool)
+// answered late: once until holds, or after 3 s. It reports when that
+// request reached the broker.
+func answerElectionLate(c *kafkatest.Cluster, topic string, diverged int64, until func() bool) (arrived func() bool) {
+	var got atomic.Bool
 	kf := c.Kfake()
 	answerEpochEnds(c, topic, func(answered int32) (int64, int16) {
-		if answered == 0 && arrived.CompareAndSwap(false, true) {
+		if answered == 0 && got.CompareAndSwap(false, true) {
 			// Other requests go on meanwhile (SleepControl yields).
 			kf.SleepControl(func() { kafkatest.Poll(3*time.Second, 10*time.Millisecond, until) })
 		}
 		return diverged, 0
 	})
-	return arrived
+	return got.Load
+}
+
+// answerElectionRefused is answerElection (the start checks answered)
+// with the consuming member's checks of the new epoch refused with a
+// storage error (which trying again may cure) until holds, or for 3 s
+// from the first. It reports how many were refused.
+func answerElectionRefused(c *kafkatest.Cluster, topic string, diverged int64, until func() bool) (refused *atomic.Int32) {
+	refused = new(atomic.Int32)
+	var deadline atomic.Int64 // unix nanoseconds; 0: nothing refused yet
+	answerEpochEnds(c, topic, func(int32) (int64, int16) {
+		deadline.CompareAndSwap(0, time.Now().Add(3*time.Second).UnixNano())
+		if !until() && time.Now().UnixNano() < deadline.Load() {
+			refused.Add(1)
+			return 0, 56 // KAFKA_STORAGE_ERROR: retriable
+		}
+		return diverged, 0
+	})
+	return refused
+}
+
+// txnElectionCheckDelayed runs a transactional router through an unclean
+// election whose new epoch the consuming member cannot have checked at
+// once: answer installs the answers to its checks (naming the divergence
+// at diverged, and told whether an output of a record the new leader
+// wrote past the member's position shows) and reports when the first
+// check reached the broker. Those records are produced once it did; each
+// record from the divergence on must then get an output, and every record
+// past the old log's end exactly one.
+func txnElectionCheckDelayed(t *testing.T, cooperativeBalance bool,
+	answer func(c *kafkatest.Cluster, topic string, diverged int64, newOutput func() bool) (checked func() bool)) *safeack.Subscriber {
+	t.Helper()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	const n, diverged, more = 10, 6, 5
+	r := newTxnRig(t, c, 1, n)
+	var elected atomic.Bool
+	var att attempts
+	sub := electionRouter(t, r, cooperativeBalance, &elected, &att)
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
+	rd.waitAll(t, r.inputIDs(), 30*time.Second)
+
+	checked := answer(c, r.in, diverged, func() bool {
+		for off := int64(n); off < n+more; off++ {
+			if all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off)); all > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	elected.Store(true)
+	bumpLeaderEpoch(t, c, r.in)
+	kafkatest.WaitFor(t, 30*time.Second, "the member's check of the new epoch", checked)
+	r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1: past the member's position
+
+	kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
+		for off := int64(diverged); off < n+more; off++ {
+			if _, e := rd.outputsOf(fmt.Sprintf("0@%d", off)); e == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	r.waitCommittedAll(t, 30*time.Second)
+	rd.complete(t, c, r.out, r.parts)
+	for off := int64(0); off < n+more; off++ {
+		all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off))
+		switch {
+		case off < diverged || off >= n:
+			require.Equal(t, 1, all, "outputs of %d", off)
+		default: // the old leader's output stays; the new leader's record gets one
+			require.LessOrEqual(t, all, 2, "outputs of %d", off)
+		}
+	}
+	return sub
 }
 
 // TestTxnTruncatedLogSlowCheck: the new leader answers the consuming
@@ -216,118 +291,27 @@ func answerElectionLate(c *kafkatest.Cluster, topic string, diverged int64, unti
 func TestTxnTruncatedLogSlowCheck(t *testing.T) {
 	t.Parallel()
 	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperativeBalance bool) {
-		c := kafkatest.Start(t)
-		c.RequireEmbedded(t)
-		const n, diverged, more = 10, 6, 5
-		r := newTxnRig(t, c, 1, n)
-		var elected atomic.Bool
-		var att attempts
-		electionRouter(t, r, cooperativeBalance, &elected, &att)
-		rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
-		waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
-		rd.waitAll(t, r.inputIDs(), 30*time.Second)
-
-		// The answer waits for an output of a new record (which shows
-		// only with the marks let through), at most 3 s.
-		arrived := answerElectionLate(c, r.in, diverged, func() bool {
-			for off := int64(n); off < n+more; off++ {
-				if all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off)); all > 0 {
-					return true
-				}
-			}
-			return false
-		})
-		elected.Store(true)
-		bumpLeaderEpoch(t, c, r.in)
-		kafkatest.WaitFor(t, 30*time.Second, "the member's check of the new epoch", arrived.Load)
-		r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1: past the member's position
-
-		kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
-			for off := int64(diverged); off < n+more; off++ {
-				if _, e := rd.outputsOf(fmt.Sprintf("0@%d", off)); e == 0 {
-					return false
-				}
-			}
-			return true
-		})
-		r.waitCommittedAll(t, 30*time.Second)
-		rd.complete(t, c, r.out, r.parts)
-		for off := int64(0); off < n+more; off++ {
-			all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off))
-			switch {
-			case off < diverged || off >= n:
-				require.Equal(t, 1, all, "outputs of %d", off)
-			default: // the old leader's output stays; the new leader's record gets one
-				require.LessOrEqual(t, all, 2, "outputs of %d", off)
-			}
-		}
+		txnElectionCheckDelayed(t, cooperativeBalance, answerElectionLate)
 	})
 }
 
 // TestTxnTruncatedLogCheckRefused is TestTxnTruncatedLogSlowCheck with the
-// consuming member's check of the new epoch refused (a storage error,
-// which trying again may cure) instead of answered late, until an output of a record past the
-// member's position shows or 3 s passed; then the new leader names the
-// divergence. Before, a check that could not run let the marks through:
-// a transaction committed the new records with their outputs, and once
-// the check ran they were handled and their outputs committed again. In
-// transactional mode the marks now stay held until an answer comes.
+// consuming member's checks of the new epoch refused (a storage error,
+// which trying again may cure) instead of answered late, until an output
+// of a record past the member's position shows or 3 s passed; then the
+// new leader names the divergence. Before, a check that could not run let
+// the marks through: a transaction committed the new records with their
+// outputs, and once the check ran they were handled and their outputs
+// committed again. In transactional mode the marks now stay held until an
+// answer comes.
 func TestTxnTruncatedLogCheckRefused(t *testing.T) {
 	t.Parallel()
 	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperativeBalance bool) {
-		c := kafkatest.Start(t)
-		c.RequireEmbedded(t)
-		const n, diverged, more = 10, 6, 5
-		r := newTxnRig(t, c, 1, n)
-		var elected atomic.Bool
-		var att attempts
-		sub := electionRouter(t, r, cooperativeBalance, &elected, &att)
-		rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
-		waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
-		rd.waitAll(t, r.inputIDs(), 30*time.Second)
-
-		newOutput := func() bool {
-			for off := int64(n); off < n+more; off++ {
-				if all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off)); all > 0 {
-					return true
-				}
-			}
-			return false
-		}
-		var refused atomic.Int32
-		var until atomic.Int64 // unix nanoseconds; 0: not refused yet
-		answerEpochEnds(c, r.in, func(int32) (int64, int16) {
-			until.CompareAndSwap(0, time.Now().Add(3*time.Second).UnixNano())
-			if !newOutput() && time.Now().UnixNano() < until.Load() {
-				refused.Add(1)
-				return 0, 56 // KAFKA_STORAGE_ERROR: retriable
-			}
-			return diverged, 0
+		var refused *atomic.Int32
+		sub := txnElectionCheckDelayed(t, cooperativeBalance, func(c *kafkatest.Cluster, topic string, diverged int64, newOutput func() bool) func() bool {
+			refused = answerElectionRefused(c, topic, diverged, newOutput)
+			return func() bool { return refused.Load() > 0 }
 		})
-		elected.Store(true)
-		bumpLeaderEpoch(t, c, r.in)
-		kafkatest.WaitFor(t, 30*time.Second, "the member's check of the new epoch refused", func() bool { return refused.Load() > 0 })
-		r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1: past the member's position
-
-		kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
-			for off := int64(diverged); off < n+more; off++ {
-				if _, e := rd.outputsOf(fmt.Sprintf("0@%d", off)); e == 0 {
-					return false
-				}
-			}
-			return true
-		})
-		r.waitCommittedAll(t, 30*time.Second)
-		rd.complete(t, c, r.out, r.parts)
-		for off := int64(0); off < n+more; off++ {
-			all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off))
-			switch {
-			case off < diverged || off >= n:
-				require.Equal(t, 1, all, "outputs of %d", off)
-			default: // the old leader's output stays; the new leader's record gets one
-				require.LessOrEqual(t, all, 2, "outputs of %d", off)
-			}
-		}
 		require.Greater(t, refused.Load(), int32(1), "the check was not tried again after it was refused")
 		truncations, _ := totalsOf(sub)
 		require.Positive(t, truncations, "the truncation is counted")
