@@ -39,6 +39,31 @@ func electionRouter(t *testing.T, r *txnRig, cooperativeBalance bool, elected *a
 	return sub
 }
 
+// txnElection is a transactional router on one member (see
+// electionRouter) that has committed the n inputs of its one-partition
+// topic, each with its output read back: the set-up of an election test.
+type txnElection struct {
+	c       *kafkatest.Cluster
+	r       *txnRig
+	sub     *safeack.Subscriber
+	rd      *outputReader
+	elected atomic.Bool // set it at the election
+	att     attempts
+	before  kafkatest.CommittedOffset // the commit of the n inputs
+}
+
+func startTxnElection(t *testing.T, cooperativeBalance bool, n int) *txnElection {
+	t.Helper()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	e := &txnElection{c: c, r: newTxnRig(t, c, 1, n)}
+	e.sub = electionRouter(t, e.r, cooperativeBalance, &e.elected, &e.att)
+	e.rd = readOutputs(t, c, e.r.out, e.r.parts, sarama.ReadCommitted)
+	e.before = waitCommitted(t, c, e.r.group, e.r.in, int64(n), "every input committed before the election")
+	e.rd.waitAll(t, e.r.inputIDs(), 30*time.Second)
+	return e
+}
+
 // outputsOf returns how many outputs of id rd read, and how many of them
 // carry hdrElected.
 func (rd *outputReader) outputsOf(id string) (all, elected int) {
@@ -95,28 +120,21 @@ func TestTxnTruncatedLogWhileConsuming(t *testing.T) {
 }
 
 func txnTruncatedWhileConsuming(t *testing.T, cooperativeBalance, startCheckRefused bool) {
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
 	const n, diverged, more = 10, 6, 5
-	r := newTxnRig(t, c, 1, n)
-	var elected atomic.Bool
-	var att attempts
-	sub := electionRouter(t, r, cooperativeBalance, &elected, &att)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
-	before := waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
-	oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
-	require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
-	rd.waitAll(t, r.inputIDs(), 30*time.Second)
+	e := startTxnElection(t, cooperativeBalance, n)
+	c, r, rd := e.c, e.r, e.rd
+	oldEpoch, ok := frontier.LeaderEpochOf(e.before.Metadata)
+	require.True(t, ok, "the commit carries no leader epoch: %q", e.before.Metadata)
 
 	// The election: the old epoch ends at diverged in the new log.
 	asked := answerElection(c, r.in, diverged, startCheckRefused)
-	elected.Store(true)
+	e.elected.Store(true)
 	bumpLeaderEpoch(t, c, r.in)
 	r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1, in the new epoch
 
 	kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
 		for off := int64(diverged); off < n+more; off++ {
-			if _, e := rd.outputsOf(fmt.Sprintf("0@%d", off)); e == 0 {
+			if _, elected := rd.outputsOf(fmt.Sprintf("0@%d", off)); elected == 0 {
 				return false
 			}
 		}
@@ -127,12 +145,12 @@ func txnTruncatedWhileConsuming(t *testing.T, cooperativeBalance, startCheckRefu
 	require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
 
 	for off := int64(0); off < n+more; off++ {
-		all, e := rd.outputsOf(fmt.Sprintf("0@%d", off))
+		all, elected := rd.outputsOf(fmt.Sprintf("0@%d", off))
 		switch {
 		case off < diverged: // the old leader's, still in the log
 			require.Equal(t, 1, all, "outputs of %d", off)
 		case off < n: // the old leader's output stays; the new leader's record gets one
-			require.Equal(t, 1, e, "outputs of the new leader's record at %d", off)
+			require.Equal(t, 1, elected, "outputs of the new leader's record at %d", off)
 			require.LessOrEqual(t, all, 2, "outputs of %d", off)
 		default:
 			require.Equal(t, 1, all, "outputs of %d", off)
@@ -141,7 +159,7 @@ func txnTruncatedWhileConsuming(t *testing.T, cooperativeBalance, startCheckRefu
 	held := c.CommittedOffsets(t, r.group, r.in)[0]
 	epoch, ok := frontier.LeaderEpochOf(held.Metadata)
 	require.True(t, ok && epoch > oldEpoch, "the last commit carries epoch %d (ok %v), not the new one", epoch, ok)
-	truncations, _ := totalsOf(sub)
+	truncations, _ := totalsOf(e.sub)
 	require.Positive(t, truncations, "the truncation is counted")
 }
 
@@ -153,33 +171,27 @@ func txnTruncatedWhileConsuming(t *testing.T, cooperativeBalance, startCheckRefu
 func TestTxnLeaderChangeWhileConsuming(t *testing.T) {
 	t.Parallel()
 	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperativeBalance bool) {
-		c := kafkatest.Start(t)
-		c.RequireEmbedded(t)
 		const n, more = 10, 10
-		r := newTxnRig(t, c, 1, n)
-		var elected atomic.Bool
-		var att attempts
-		sub := electionRouter(t, r, cooperativeBalance, &elected, &att)
-		rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
-		before := waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
-		oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
-		require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
+		e := startTxnElection(t, cooperativeBalance, n)
+		c, r := e.c, e.r
+		oldEpoch, ok := frontier.LeaderEpochOf(e.before.Metadata)
+		require.True(t, ok, "the commit carries no leader epoch: %q", e.before.Metadata)
 
 		bumpLeaderEpoch(t, c, r.in)
 		r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...)
 
 		kafkatest.WaitFor(t, 30*time.Second, "a commit of every input carrying the new epoch", func() bool {
 			held := c.CommittedOffsets(t, r.group, r.in)[0]
-			e, ok := frontier.LeaderEpochOf(held.Metadata)
-			return held.Offset == n+more && ok && e > oldEpoch
+			epoch, ok := frontier.LeaderEpochOf(held.Metadata)
+			return held.Offset == n+more && ok && epoch > oldEpoch
 		})
-		r.requireExactlyOnce(t, rd, r.inputIDs(), 30*time.Second, 30*time.Second)
-		att.mu.Lock()
-		for id, handled := range att.n {
+		r.requireExactlyOnce(t, e.rd, r.inputIDs(), 30*time.Second, 30*time.Second)
+		e.att.mu.Lock()
+		for id, handled := range e.att.n {
 			require.Equal(t, 1, handled, "input %s handled other than once", id)
 		}
-		att.mu.Unlock()
-		truncations, assignments := totalsOf(sub)
+		e.att.mu.Unlock()
+		truncations, assignments := totalsOf(e.sub)
 		require.Zero(t, truncations, "a clean leader change was taken for a truncation")
 		require.EqualValues(t, 1, assignments, "the assignment was ended")
 	})
@@ -231,17 +243,9 @@ func answerElectionRefused(c *kafkatest.Cluster, topic string, diverged int64, u
 func txnElectionCheckDelayed(t *testing.T, cooperativeBalance bool,
 	answer func(c *kafkatest.Cluster, topic string, diverged int64, newOutput func() bool) (checked func() bool)) *safeack.Subscriber {
 	t.Helper()
-	c := kafkatest.Start(t)
-	c.RequireEmbedded(t)
 	const n, diverged, more = 10, 6, 5
-	r := newTxnRig(t, c, 1, n)
-	var elected atomic.Bool
-	var att attempts
-	sub := electionRouter(t, r, cooperativeBalance, &elected, &att)
-	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
-	waitCommitted(t, c, r.group, r.in, n, "every input committed before the election")
-	rd.waitAll(t, r.inputIDs(), 30*time.Second)
-
+	e := startTxnElection(t, cooperativeBalance, n)
+	c, r, rd := e.c, e.r, e.rd
 	checked := answer(c, r.in, diverged, func() bool {
 		for off := int64(n); off < n+more; off++ {
 			if all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off)); all > 0 {
@@ -250,14 +254,14 @@ func txnElectionCheckDelayed(t *testing.T, cooperativeBalance bool,
 		}
 		return false
 	})
-	elected.Store(true)
+	e.elected.Store(true)
 	bumpLeaderEpoch(t, c, r.in)
 	kafkatest.WaitFor(t, 30*time.Second, "the member's check of the new epoch", checked)
 	r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1: past the member's position
 
 	kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
 		for off := int64(diverged); off < n+more; off++ {
-			if _, e := rd.outputsOf(fmt.Sprintf("0@%d", off)); e == 0 {
+			if _, elected := rd.outputsOf(fmt.Sprintf("0@%d", off)); elected == 0 {
 				return false
 			}
 		}
@@ -274,7 +278,7 @@ func txnElectionCheckDelayed(t *testing.T, cooperativeBalance bool,
 			require.LessOrEqual(t, all, 2, "outputs of %d", off)
 		}
 	}
-	return sub
+	return e.sub
 }
 
 // TestTxnTruncatedLogSlowCheck: the new leader answers the consuming
