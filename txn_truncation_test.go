@@ -64,6 +64,23 @@ func startTxnElection(t *testing.T, cooperativeBalance bool, n int) *txnElection
 	return e
 }
 
+// waitElectedOutputs waits until every input from diverged to end (of
+// partition 0) has an output handled after the election and every input
+// is committed, then reads the outputs to the end.
+func (e *txnElection) waitElectedOutputs(t *testing.T, diverged, end int64) {
+	t.Helper()
+	kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
+		for off := diverged; off < end; off++ {
+			if _, elected := e.rd.outputsOf(fmt.Sprintf("0@%d", off)); elected == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	e.r.waitCommittedAll(t, 30*time.Second)
+	e.rd.complete(t, e.c, e.r.out, e.r.parts)
+}
+
 // outputsOf returns how many outputs of id rd read, and how many of them
 // carry hdrElected.
 func (rd *outputReader) outputsOf(id string) (all, elected int) {
@@ -132,16 +149,7 @@ func txnTruncatedWhileConsuming(t *testing.T, cooperativeBalance, startCheckRefu
 	bumpLeaderEpoch(t, c, r.in)
 	r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1, in the new epoch
 
-	kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
-		for off := int64(diverged); off < n+more; off++ {
-			if _, elected := rd.outputsOf(fmt.Sprintf("0@%d", off)); elected == 0 {
-				return false
-			}
-		}
-		return true
-	})
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
+	e.waitElectedOutputs(t, diverged, n+more)
 	require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
 
 	for off := int64(0); off < n+more; off++ {
@@ -259,16 +267,7 @@ func txnElectionCheckDelayed(t *testing.T, cooperativeBalance bool,
 	kafkatest.WaitFor(t, 30*time.Second, "the member's check of the new epoch", checked)
 	r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1: past the member's position
 
-	kafkatest.WaitFor(t, 30*time.Second, "an output of every record from the divergence on, handled after the election", func() bool {
-		for off := int64(diverged); off < n+more; off++ {
-			if _, elected := rd.outputsOf(fmt.Sprintf("0@%d", off)); elected == 0 {
-				return false
-			}
-		}
-		return true
-	})
-	r.waitCommittedAll(t, 30*time.Second)
-	rd.complete(t, c, r.out, r.parts)
+	e.waitElectedOutputs(t, diverged, n+more)
 	for off := int64(0); off < n+more; off++ {
 		all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off))
 		switch {
