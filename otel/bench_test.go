@@ -8,10 +8,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -64,13 +67,7 @@ func BenchmarkZeroWork(b *testing.B) {
 // RegisterMetrics on a ManualReader.
 func sdkVariant(sampler sdktrace.Sampler) func(b *testing.B) (safeack.Observer, func(*safeack.Subscriber)) {
 	return func(b *testing.B) (safeack.Observer, func(*safeack.Subscriber)) {
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler),
-			sdktrace.WithBatcher(tracetest.NewNoopExporter()))
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-		b.Cleanup(func() {
-			_ = tp.Shutdown(context.Background())
-			_ = mp.Shutdown(context.Background())
-		})
+		tp, mp := sdkProviders(b, sampler)
 		opts := []safeackotel.Option{safeackotel.WithTracerProvider(tp), safeackotel.WithMeterProvider(mp),
 			safeackotel.WithPropagator(propagation.TraceContext{})}
 		obs, err := safeackotel.NewObserver(opts...)
@@ -166,19 +163,62 @@ func BenchmarkDelivered(b *testing.B) {
 	}
 }
 
+// BenchmarkSDKFloor is what OpenTelemetry's SDK itself costs a delivery
+// that gets a span and a duration measurement, whoever instruments it: a
+// consumer span started (with its context) and ended, and one histogram
+// measurement with a pre-built attribute set, for the samplers of
+// BenchmarkDelivered. BenchmarkDelivered minus this is what the Observer
+// adds to OpenTelemetry's own work.
+func BenchmarkSDKFloor(b *testing.B) {
+	for _, v := range []struct {
+		name    string
+		sampler sdktrace.Sampler
+	}{
+		{"sdk-1pct", sdktrace.TraceIDRatioBased(0.01)},
+		{"sdk", sdktrace.AlwaysSample()},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			tp, mp := sdkProviders(b, v.sampler)
+			tracer := tp.Tracer("floor")
+			hist, err := mp.Meter("floor").Float64Histogram("floor.duration")
+			if err != nil {
+				b.Fatal(err)
+			}
+			set := []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("messaging.destination.name", "t")))}
+			kind := trace.WithSpanKind(trace.SpanKindConsumer)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				start := time.Now()
+				_, span := tracer.Start(ctx, "process t", kind)
+				span.End()
+				hist.Record(ctx, time.Since(start).Seconds(), set...)
+			}
+		})
+	}
+}
+
 // sdkOptions are the tracer and meter providers of the SDK, as in
 // sdkVariant.
 func sdkOptions(sampler sdktrace.Sampler) func(b *testing.B) []safeackotel.Option {
 	return func(b *testing.B) []safeackotel.Option {
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler),
-			sdktrace.WithBatcher(tracetest.NewNoopExporter()))
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-		b.Cleanup(func() {
-			_ = tp.Shutdown(context.Background())
-			_ = mp.Shutdown(context.Background())
-		})
+		tp, mp := sdkProviders(b, sampler)
 		return []safeackotel.Option{safeackotel.WithTracerProvider(tp), safeackotel.WithMeterProvider(mp)}
 	}
+}
+
+// sdkProviders are an SDK TracerProvider with sampler, exporting in
+// batches to a discarding exporter, and an SDK MeterProvider with a
+// ManualReader, shut down when b ends.
+func sdkProviders(b *testing.B, sampler sdktrace.Sampler) (*sdktrace.TracerProvider, *sdkmetric.MeterProvider) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler),
+		sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	b.Cleanup(func() {
+		_ = tp.Shutdown(context.Background())
+		_ = mp.Shutdown(context.Background())
+	})
+	return tp, mp
 }
 
 // ackAll consumes b.N records of topic from sub, acking each at once, and

@@ -72,8 +72,11 @@ type Observer struct {
 	process metric.Float64Histogram
 	commits metric.Float64Histogram
 
-	mu       sync.RWMutex
-	parts    map[partKey]*partAttrs
+	// parts holds each partition's *partAttrs: read at every delivery,
+	// by every partition's worker at once, and written once per
+	// partition (a sync.Map reads without writing shared memory).
+	parts    sync.Map
+	mu       sync.Mutex
 	previous map[partKey]int64 // last position seen committed
 }
 
@@ -104,7 +107,7 @@ type partAttrs struct {
 // configured (or global) providers. It fails only when the meter refuses
 // to create the duration histograms.
 func NewObserver(opts ...Option) (*Observer, error) {
-	o := &Observer{cfg: newConfig(opts), parts: map[partKey]*partAttrs{}, previous: map[partKey]int64{}}
+	o := &Observer{cfg: newConfig(opts), previous: map[partKey]int64{}}
 	o.tracing.Store(newTracing(o.cfg.tp))
 	meter := o.cfg.mp.Meter(ScopeName)
 	var err error
@@ -139,30 +142,21 @@ func baseAttrs(group, topic string, partition int32) []attribute.KeyValue {
 
 func (o *Observer) partition(group, topic string, partition int32) *partAttrs {
 	k := partKey{group, topic, partition}
-	o.mu.RLock()
-	pa := o.parts[k]
-	o.mu.RUnlock()
-	if pa != nil {
-		return pa
+	if pa, ok := o.parts.Load(k); ok {
+		return pa.(*partAttrs)
 	}
 	base := baseAttrs(group, topic, partition)
 	op := []attribute.KeyValue{semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess}
 	span := append(append([]attribute.KeyValue{}, base...), op...)
-	pa = &partAttrs{
+	pa := &partAttrs{
 		spanName:     "process " + topic,
 		span:         span,
 		ok:           []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(span...))},
 		nack:         []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(append([]attribute.KeyValue{}, span...), semconv.ErrorTypeKey.String("nack"))...))},
 		partitionAtt: base[2],
 	}
-	o.mu.Lock()
-	if prev := o.parts[k]; prev != nil {
-		pa = prev
-	} else {
-		o.parts[k] = pa
-	}
-	o.mu.Unlock()
-	return pa
+	actual, _ := o.parts.LoadOrStore(k, pa)
+	return actual.(*partAttrs)
 }
 
 // consumerSpan is the options every delivery span starts with, made once:
