@@ -70,6 +70,13 @@
 // partition up, with the position the group holds from the assignment (or
 // one no transaction committed, with status Error).
 //
+// # Outputs
+//
+// Observer.Outputs, a handler middleware, gives each message a handler
+// returns a "create <topic>" span (kind producer) and writes its context
+// into the message's Metadata, which the Kafka marshalers copy to record
+// headers: the consumers of the outputs link to it.
+//
 // # Metrics
 //
 // With a MeterProvider, NewObserver's Observer also records the
