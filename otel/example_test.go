@@ -4,6 +4,7 @@ import (
 	"context"
 	"log"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -56,6 +57,37 @@ func ExampleNewObserver() {
 		_, span := otel.Tracer("billing").Start(msg.Context(), "charge card")
 		defer span.End()
 		return nil
+	})
+	if err := router.Run(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// ExampleObserver_Outputs carries the trace from a transactional
+// router's inputs to its outputs: their consumers link to the create
+// span each output gets, a child of the input's delivery span.
+func ExampleObserver_Outputs() {
+	obs, err := safeackotel.NewObserver() // the global providers and propagator
+	if err != nil {
+		log.Fatal(err)
+	}
+	sub, pub, err := safeack.NewTxnSubscriber(safeack.SubscriberConfig{
+		Brokers:       []string{"localhost:9092"},
+		ConsumerGroup: "enricher",
+		Observer:      obs,
+	}, safeack.TxnConfig{TransactionalID: "enricher-1"}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Outputs inside pub.Middleware: its size check counts the headers
+	// Outputs adds.
+	router.AddMiddleware(pub.Middleware, obs.Outputs)
+	router.AddHandler("enrich", "orders", sub, "orders-enriched", pub, func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
 	})
 	if err := router.Run(context.Background()); err != nil {
 		log.Fatal(err)
