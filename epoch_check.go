@@ -15,7 +15,9 @@ package safeack
 // that end and the completed tail is dropped, so every record the log now
 // holds from there on is handled. An end above the committed offset but
 // inside the completed tail cuts the tail there (cutTail): its entries at
-// or past the end name records the log no longer holds.
+// or past the end name records the log no longer holds. A check that
+// cannot run trusts the commit; when trying again may cure that, the
+// claim's epochWatch checks the commit's epoch while it consumes.
 //
 // While a partition is consumed, the epoch its marks carry is the one its
 // epochWatch validated: a newer epoch in the client's metadata is checked
@@ -82,8 +84,12 @@ type epochAnswer struct {
 // epoch, before Sarama starts the claims: a position whose epoch ends below
 // its offset in the log now is moved back to that end (not below the log
 // start), without its tail, and noted in truncated. A check that cannot run
-// leaves the position as it was, with a log line.
-func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset) (truncated map[int32]bool) {
+// leaves the position as it was, with a log line; when trying again may
+// cure its failure (no answer in time, a retriable error) the partition is
+// noted in unchecked, and its claim's epochWatch checks the commit while
+// consuming (see newEpochWatch). One that can never run (no client for the
+// config, a refused ACL, an unsupported request) is not tried again.
+func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset) (truncated, unchecked map[int32]bool) {
 	epochs := make(map[int32]int32)
 	for p, c := range committed {
 		if c.offset < 0 {
@@ -94,7 +100,7 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 		}
 	}
 	if len(epochs) == 0 {
-		return nil
+		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(sess.Context(), epochCheckTimeout)
 	defer cancel()
@@ -114,7 +120,13 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 			if ok {
 				fields["err"] = a.err.Error()
 			}
-			h.sub.logger.Info("Cannot check the committed position against the log's leader epochs; trusting it as it is", fields)
+			if ok && a.final {
+				h.sub.logger.Info("Cannot check the committed position against the log's leader epochs; trusting it as it is", fields)
+				continue
+			}
+			unchecked = withPartition(unchecked, p)
+			h.sub.logger.Info("Cannot check the committed position against the log's leader epochs now; "+
+				"starting from it, and checking it while the partition is consumed", fields)
 			continue
 		case a.endOffset < 0:
 			h.sub.logger.Info("The partition leader knows no end for the committed leader epoch; trusting the committed position as it is", fields)
@@ -130,10 +142,7 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 			}
 			sess.ResetOffset(h.sub.topic, p, c.offset, meta) // same offset: rewrites the metadata
 			committed[p] = committedOffset{offset: c.offset, metadata: meta}
-			if truncated == nil {
-				truncated = make(map[int32]bool)
-			}
-			truncated[p] = true
+			truncated = withPartition(truncated, p)
 			h.sub.logger.Error("The partition's log was truncated inside the group's completed tail (unclean leader election?); "+
 				"handling the records from where it diverged again",
 				errLogTruncated, fields.Add(watermill.LogFields{
@@ -148,10 +157,7 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 		tail, _ := frontier.DecodeTail(c.metadata, c.offset)
 		sess.ResetOffset(h.sub.topic, p, start, "")
 		committed[p] = committedOffset{offset: start}
-		if truncated == nil {
-			truncated = make(map[int32]bool)
-		}
-		truncated[p] = true
+		truncated = withPartition(truncated, p)
 		h.sub.logger.Error("The partition's log was truncated under the group's commit (unclean leader election?); "+
 			"starting again where it diverged, and handling the completed tail's records again",
 			errLogTruncated, fields.Add(watermill.LogFields{
@@ -159,7 +165,7 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 				"dropped_tail_offsets": tail.Len(),
 			}))
 	}
-	return truncated
+	return truncated, unchecked
 }
 
 // cutTail returns the metadata of a position at offset whose completed
@@ -201,6 +207,10 @@ func cutRanges(ranges []frontier.Range, at int64) (kept []frontier.Range, droppe
 	}
 	return kept, dropped
 }
+
+// errNoEpochAnswer is the error of a check the leader's answer left the
+// partition out of.
+var errNoEpochAnswer = errors.New("OffsetForLeaderEpoch: no answer for the partition")
 
 // errLogTruncated is the error logged with a detected truncation.
 var errLogTruncated = errors.New("safeack: committed offset is past the end of its leader epoch in the log")
@@ -434,7 +444,15 @@ const epochRecheckAfter = time.Second
 // be committed twice. A check that cannot run lets the marks through as
 // they are until it is tried again (they carry the old epoch, which a
 // next start checks), but in transactional mode, where a position passed
-// commits outputs, the hold stays until an answer comes. What the watch
+// commits outputs, the hold stays until an answer comes. One that can
+// never run (see epochAnswer.final), or whose answer knows no end for the
+// epoch, is not tried again: the new epoch is trusted, as a start trusts
+// a commit it cannot check.
+//
+// A claim whose start could not check its commit (see newEpochWatch)
+// checks the commit's epoch the same way, with the marks held at what the
+// commit covers: a divergence below it, even below the claim's start,
+// holds the marks there and ends the assignment. What the watch
 // cannot see are records of the old leader that arrive after it
 // validated the new epoch (fetched before the election,
 // still in Sarama's buffers): Sarama drops the batches' leader epochs.
@@ -454,8 +472,15 @@ type epochWatch struct {
 	// under way. clamped: a mark was held since it was set.
 	checking int64
 	clamped  bool
-	offset   int64 // the last position marked, as the worker marked it
-	meta     string
+	// offset, meta: the last position marked, as the worker marked it;
+	// until the first mark, the commit the claim starts from (-1: none).
+	offset int64
+	meta   string
+
+	// unchecked: the validated epoch is the commit's, which the start
+	// could not check, and a check of the metadata's is under way (see
+	// newEpochWatch). Read and written by run only.
+	unchecked bool
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -466,18 +491,44 @@ type epochWatch struct {
 // log (checkLeaderEpochs), and the claim fetches from the leader the
 // metadata names. When the metadata names no leader (the partition is
 // offline: an election is under way), the epoch of the commit the claim
-// starts from (committed, its metadata) is, so that the new leader's epoch
-// is checked once it is known.
-func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int32, committed string) *epochWatch {
+// starts from (committed, offset -1 when there is none) is, so that the
+// new leader's epoch is checked once it is known.
+//
+// So is it when the start's check of that commit could not run
+// (unchecked: see checkLeaderEpochs) and the metadata names a newer epoch:
+// the election happened while no member consumed, and the commit may lie
+// past where its epoch ends in the new leader's log. The watch then checks
+// the commit's epoch as it checks a new one, against what the commit
+// covers (its offset and completed tail), not against what the claim
+// took: every record the claim takes comes from the new leader. The marks
+// are held there until the answer (see run).
+func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int32, committed committedOffset, unchecked bool) *epochWatch {
 	x := &epochWatch{h: h, marker: marker, topic: topic, partition: p, budget: h.sub.cfg.TailMetadataBudget,
-		diverged: -1, checking: -1, offset: -1, stop: make(chan struct{})}
+		diverged: -1, checking: -1, offset: committed.offset, meta: committed.metadata, stop: make(chan struct{})}
 	x.validated.Store(frontier.NoLeaderEpoch)
-	if _, e, err := h.client.LeaderAndEpoch(topic, p); err == nil && e >= 0 {
+	ce, haveEpoch := frontier.LeaderEpochOf(committed.metadata)
+	haveEpoch = haveEpoch && committed.offset >= 0
+	_, e, err := h.client.LeaderAndEpoch(topic, p)
+	switch {
+	case unchecked && haveEpoch && (err != nil || e > ce):
+		x.validated.Store(ce)
+		x.unchecked, x.checking = true, positionEnd(committed.offset, committed.metadata)
+	case err == nil && e >= 0:
 		x.validated.Store(e)
-	} else if e, ok := frontier.LeaderEpochOf(committed); ok {
-		x.validated.Store(e)
+	case haveEpoch:
+		x.validated.Store(ce)
 	}
 	return x
+}
+
+// positionEnd is the offset after everything a position covers: its
+// offset, and its completed tail (meta) above it.
+func positionEnd(offset int64, meta string) int64 {
+	end := max(offset, 0)
+	if tail, err := frontier.DecodeTail(meta, end); err == nil && len(tail.Ranges) > 0 {
+		end = max(end, tail.Ranges[len(tail.Ranges)-1].To)
+	}
+	return end
 }
 
 // epoch is the worker's Assignment.LeaderEpoch: the last epoch validated.
@@ -519,6 +570,12 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 		}
 		v := x.validated.Load()
 		if e <= v {
+			if x.unchecked {
+				// The commit's own epoch leads (the metadata named no
+				// leader): its log is the one the commit was made in.
+				x.unchecked = false
+				x.release(frontier.NoLeaderEpoch)
+			}
 			continue
 		}
 		if v < 0 {
@@ -535,35 +592,53 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 			hold = held
 		}
 		cctx, cancel := context.WithTimeout(ctx, epochCheckTimeout)
-		a := x.h.epochs.offsetForLeaderEpoch(cctx, x.topic, map[int32]int32{x.partition: v})[x.partition]
+		a, ok := x.h.epochs.offsetForLeaderEpoch(cctx, x.topic, map[int32]int32{x.partition: v})[x.partition]
 		cancel()
+		if !ok {
+			a = epochAnswer{endOffset: -1, err: errNoEpochAnswer}
+		}
 		fields := x.h.sub.logFields.Add(watermill.LogFields{
 			"kafka_topic": x.topic, "kafka_partition": x.partition, "leader_epoch": v, "new_leader_epoch": e,
 		})
 		switch {
-		case a.err != nil || a.endOffset < 0:
+		case a.err == nil && a.endOffset < 0, a.err != nil && a.final:
+			// Trying again cannot cure it (the leader knows no end for
+			// the epoch, or the check can never run): the new epoch is
+			// trusted, as a start trusts a commit it cannot check.
 			if a.err != nil {
 				fields["err"] = a.err.Error()
 			}
+			x.h.sub.logger.Info("Cannot check the partition's log against its last leader epoch; trusting the new epoch", fields)
+			x.validated.Store(e)
+			hold, x.unchecked = -1, false
+			x.release(frontier.NoLeaderEpoch)
+		case a.err != nil:
+			fields["err"] = a.err.Error()
 			retryAt = time.Now().Add(epochRecheckAfter)
-			if _, exact := x.marker.(divergenceTaker); exact && !a.final {
+			if _, exact := x.marker.(divergenceTaker); exact {
 				// Transactional: a position past the hold, committed
 				// with its outputs, would be handled (and its outputs
 				// committed) again if the answer, once it comes, names
-				// a divergence below it. A check that can never run
-				// does not stop the commits.
+				// a divergence below it.
 				x.h.sub.logger.Info("Cannot check the partition's log against its last leader epoch; positions are held where the new epoch was seen until it is checked", fields)
 				continue
 			}
 			x.h.sub.logger.Info("Cannot check the partition's log against its last leader epoch; marks carry that epoch until it is checked", fields)
-			x.release()
-		case a.endOffset >= hold:
-			x.validated.Store(e)
-			hold = -1
-			x.release()
+			x.release(frontier.NoLeaderEpoch)
 		default:
-			x.truncate(w, a.endOffset, fields.Add(watermill.LogFields{"epoch_end_offset": a.endOffset, "received_or_marked": hold}))
-			return
+			at := a.endOffset
+			if at < hold {
+				// Records below the log start are gone, and a position
+				// there would fall back to Offsets.Initial.
+				at = x.notBelowLogStart(at)
+			}
+			if at < hold {
+				x.truncate(w, at, fields.Add(watermill.LogFields{"epoch_end_offset": a.endOffset, "received_or_marked": hold, "held_at": at}))
+				return
+			}
+			x.validated.Store(e)
+			hold, x.unchecked = -1, false
+			x.release(e)
 		}
 	}
 }
@@ -571,7 +646,8 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 // holdMarks holds the marks passed on, while a new epoch is checked, at
 // what the claim holds now (see release), and returns it: the offset after
 // everything the claim took from the log or marked (its records, its
-// marked position and the completed tail with it). It is read under mu,
+// marked position, or the commit it started from until it marks, and the
+// completed tail with it). It is read under mu,
 // so that no mark past it is passed on before the hold, and no mark
 // passed on before lies past it.
 func (x *epochWatch) holdMarks(w *partition.Worker) int64 {
@@ -580,26 +656,49 @@ func (x *epochWatch) holdMarks(w *partition.Worker) int64 {
 	if x.checking >= 0 {
 		return x.checking // still held from a check tried before
 	}
-	hold := max(w.Received(), x.offset, 0)
-	if tail, err := frontier.DecodeTail(x.meta, max(x.offset, 0)); err == nil && len(tail.Ranges) > 0 {
-		hold = max(hold, tail.Ranges[len(tail.Ranges)-1].To)
-	}
+	hold := max(w.Received(), positionEnd(x.offset, x.meta))
 	x.checking, x.clamped = hold, false
 	return hold
 }
 
 // release ends the hold of a check that validated the new epoch or could
 // not run: the worker's last mark, if it was held, is passed on as it was
-// made.
-func (x *epochWatch) release() {
+// made. Validated is the epoch the check validated (NoLeaderEpoch: none):
+// a last mark made with an older one is passed on again with it. It may
+// cover records the new leader wrote past where the older epoch ends (the
+// claim took them during the check), and it may stay the group's commit
+// (no record completes after it): with the older epoch, the next start's
+// check would take those records for a truncation and handle them again.
+func (x *epochWatch) release(validated int32) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	clamped := x.clamped
 	x.checking, x.clamped = -1, false
-	if clamped && x.diverged < 0 && x.offset >= 0 {
+	if x.diverged >= 0 || x.offset < 0 {
+		return
+	}
+	if e, ok := frontier.LeaderEpochOf(x.meta); ok && e < validated {
+		x.meta, clamped = withLeaderEpoch(x.offset, x.meta, validated, x.budget), true
+	}
+	if clamped {
 		x.marker.MarkOffset(x.topic, x.partition, x.offset, x.meta)
 		x.marker.ResetOffset(x.topic, x.partition, x.offset, x.meta) // a tail changed at the same offset
 	}
+}
+
+// withLeaderEpoch returns the metadata of the position at offset (meta)
+// with epoch in place of its leader epoch; its completed tail is kept
+// (cut to the budget as any tail is).
+func withLeaderEpoch(offset int64, meta string, epoch int32, budget int) string {
+	tail, err := frontier.DecodeTail(meta, offset)
+	if err != nil {
+		return meta
+	}
+	out, _, err := frontier.EncodeTailEpoch(offset, tail.Ranges, budget, epoch)
+	if err != nil {
+		return meta
+	}
+	return out
 }
 
 // divergenceTaker is a Marker that keeps its own account of what the
@@ -610,8 +709,21 @@ type divergenceTaker interface {
 	diverge(at int64)
 }
 
+// notBelowLogStart is at, or the partition's log start when at is below
+// it (at when the log start cannot be read).
+func (x *epochWatch) notBelowLogStart(at int64) int64 {
+	if first, err := x.h.client.GetOffset(x.topic, x.partition, sarama.OffsetOldest); err == nil && first > at {
+		return first
+	}
+	return at
+}
+
 // truncate holds the marks at the divergence point at, and ends the
-// assignment: its drain commits that position (see epochWatch).
+// assignment: its drain commits that position (see epochWatch). At may lie
+// below the claim's start (the log was truncated under the commit it
+// started from): the position is moved back there all the same
+// (ResetOffset), and a transactional marker takes it though it covers
+// less than the group's commit (see divergenceTaker).
 func (x *epochWatch) truncate(w *partition.Worker, at int64, fields watermill.LogFields) {
 	x.mu.Lock()
 	x.diverged, x.checking = at, -1

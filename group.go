@@ -124,8 +124,10 @@ type groupHandler struct {
 	// Per session, set in Setup and read by the claims it starts.
 	committed map[int32]committedOffset
 	// truncated lists the partitions whose log the leader-epoch check
-	// found truncated under the commit (see checkLeaderEpochs).
+	// found truncated under the commit, unchecked those whose commit it
+	// could not check yet (see checkLeaderEpochs).
 	truncated map[int32]bool
+	unchecked map[int32]bool
 	// pinned closes once the commit of the session's pinned starts
 	// returned (see pinStarts).
 	pinned <-chan struct{}
@@ -180,7 +182,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		}
 	}
 	var pinned <-chan struct{} = closedChan
-	var truncated map[int32]bool
+	var truncated, unchecked map[int32]bool
 	if err != nil {
 		// Without the tail every record after the committed offset is
 		// redelivered: more repeats, nothing lost. Partitions without a
@@ -191,7 +193,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		// Epochs earlier members committed are checked even with
 		// DisableCompletedTail (reading is not writing).
 		checked := withoutPartitions(committed, held)
-		truncated = h.checkLeaderEpochs(sess, checked)
+		truncated, unchecked = h.checkLeaderEpochs(sess, checked)
 		maps.Copy(committed, checked)
 		pinned = h.offsets.pinStarts(sess, claimed, committed, starts, startErrs)
 	}
@@ -205,10 +207,10 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	// last session; it is counted by this one's claim of the partition.
 	for _, p := range claimed {
 		if h.truncated[p] {
-			truncated = withTruncated(truncated, p)
+			truncated = withPartition(truncated, p)
 		}
 	}
-	h.truncated = truncated
+	h.truncated, h.unchecked = truncated, unchecked
 	h.pinned = pinned
 	h.first = first
 	h.mu.Unlock()
@@ -278,25 +280,28 @@ func (h *groupHandler) committedOffset(partition int32) (c committedOffset, ok, 
 // a claim that came without Setup: cooperative rebalancing adds claims to
 // a running session. Its fetch started at the commit already, so a
 // truncation found cannot move it back: the divergence point is committed
-// instead (read back until the coordinator holds it) and it reports true:
+// instead (read back until the coordinator holds it) and it reports ended:
 // the claim returns, which ends the session, and the next one starts there.
-func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partition int32, c committedOffset) bool {
+// unchecked: the check could not run yet (see newEpochWatch).
+func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partition int32, c committedOffset) (ended, unchecked bool) {
 	marks := map[int32]committedOffset{partition: c}
-	if len(h.checkLeaderEpochs(sess, marks)) == 0 {
-		return false
+	truncated, notChecked := h.checkLeaderEpochs(sess, marks)
+	if len(truncated) == 0 {
+		return false, notChecked[partition]
 	}
 	h.mu.Lock()
-	h.truncated = withTruncated(h.truncated, partition)
+	h.truncated = withPartition(h.truncated, partition)
 	h.mu.Unlock()
 	ctx, cancel := h.sub.halt.within(h.sub.cfg.finalCommitWait())
 	defer cancel()
 	h.offsets.confirm(ctx, sess, marks)
 	h.sub.logger.Info("Ending the session so that the truncated partition starts again where its log diverged",
 		h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "start": marks[partition].offset}))
-	return true
+	return true, false
 }
 
-func withTruncated(m map[int32]bool, partition int32) map[int32]bool {
+// withPartition returns m with partition set, made if m is nil.
+func withPartition(m map[int32]bool, partition int32) map[int32]bool {
 	if m == nil {
 		m = make(map[int32]bool)
 	}
@@ -376,8 +381,12 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 			return err // ends the session, whose next Setup reads the commits again
 		}
 	}
-	if haveCommit && !fromSetup && h.checkAddedClaim(sess, claim.Partition(), commit) {
-		return nil
+	var unchecked bool // the commit's leader epoch could not be checked yet
+	if haveCommit && !fromSetup {
+		var ended bool
+		if ended, unchecked = h.checkAddedClaim(sess, claim.Partition(), commit); ended {
+			return nil
+		}
 	}
 	messages := claim.Messages()
 	var start partition.Start
@@ -408,19 +417,27 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		// does for the session's first claims (pinStarts).
 		PinStart: backfill && start.Resolved,
 	}
-	var watch *epochWatch // the marks' epochs are checked while consuming (see epochWatch)
-	if !h.sub.cfg.DisableCompletedTail {
-		watch = newEpochWatch(h, a.Marker, claim.Topic(), claim.Partition(), commit.metadata)
-		a.Marker, a.LeaderEpoch = watch, watch.epoch
-	}
 	h.mu.Lock()
 	truncated := h.truncated[claim.Partition()]
 	delete(h.truncated, claim.Partition())
+	if fromSetup {
+		unchecked = h.unchecked[claim.Partition()]
+	}
+	delete(h.unchecked, claim.Partition())
 	if ff := h.first[claim.Partition()]; ff != nil && !backfill && start.Resolved && ff.from == start.Offset {
 		a.FirstRecords = ff.records
 	}
 	delete(h.first, claim.Partition()) // for the session's first claim of the partition only
 	h.mu.Unlock()
+	var watch *epochWatch // the marks' epochs are checked while consuming (see epochWatch)
+	if !h.sub.cfg.DisableCompletedTail {
+		from := committedOffset{offset: -1} // no commit: the claim's start is resolved later
+		if haveCommit {
+			from = commit
+		}
+		watch = newEpochWatch(h, a.Marker, claim.Topic(), claim.Partition(), from, unchecked)
+		a.Marker, a.LeaderEpoch = watch, watch.epoch
+	}
 	w, err := h.sub.newWorker(sess.Context(), a)
 	if err != nil {
 		return err

@@ -3,12 +3,14 @@ package safeack_test
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/frontier"
@@ -164,6 +166,118 @@ func truncatedWhileConsuming(t *testing.T, cooperative, startCheckRefused bool) 
 	}
 	truncations, _ := totalsOf(sub)
 	require.Positive(t, truncations, "the truncation is counted")
+}
+
+// TestTruncatedLogUnderIdleClaim: an unclean leader election truncates the
+// log below the commit a member's claim started from, before the claim
+// took any record (the partition was idle: the claim starts at its end).
+// What the claim holds is then its start, the commit: the new leader's
+// answer names a divergence below it, the claim moves its position back
+// there and ends the session, and the next one handles every record from
+// the divergence on. Before, a claim that had taken nothing held nothing:
+// any answer validated the new epoch, and the records at the reused
+// offsets below the commit were skipped. With the next start's check
+// refused (the commit trusted as it is), only the position moved back
+// brings them back: before, one nothing was marked under was left where
+// it was.
+func TestTruncatedLogUnderIdleClaim(t *testing.T) {
+	t.Parallel()
+	kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperative bool) {
+		eachStartCheck(t, func(t *testing.T, startCheckRefused bool) {
+			c := kafkatest.Start(t)
+			c.RequireEmbedded(t)
+			topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+			const n, diverged, more = 10, 6, 5
+			produceSequential(t, c, topic, 0, n)
+			leaveTail(t, c, group, topic, n, -1)
+			sub, handled := consumingSubscriber(t, c, group, topic, cooperative)
+			kafkatest.WaitFor(t, 30*time.Second, "the member's claim of the partition", func() bool {
+				_, owned := ownedPartitions(sub, topic)[0]
+				return owned
+			})
+
+			// The election: the old epoch ends at diverged in the new log.
+			asked := answerElection(c, topic, diverged, startCheckRefused)
+			truncatedAt := time.Now()
+			bumpLeaderEpoch(t, c, topic)
+			produceSequential(t, c, topic, 0, more) // n..n+more-1, in the new epoch
+
+			kafkatest.WaitFor(t, 30*time.Second, "every record from the divergence on handled after the truncation", func() bool {
+				for off := int64(diverged); off < n+more; off++ {
+					if handled.firstAfter(off, truncatedAt).IsZero() {
+						return false
+					}
+				}
+				return true
+			})
+			waitCommitted(t, c, group, topic, n+more, "every record committed after the election")
+			require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
+			for off := int64(0); off < diverged; off++ {
+				require.Zero(t, handled.count(off), "offset %d, below the divergence, was handled again", off)
+			}
+			truncations, _ := totalsOf(sub)
+			require.Positive(t, truncations, "the truncation is counted")
+		})
+	})
+}
+
+// TestEpochCheckRefusedForGood: a leader-epoch check that fails in a way
+// trying again cannot cure (a refused ACL here; no client for a SASL
+// GSSAPI config is alike), or whose answer knows no end for the epoch, is
+// not tried again, at a start or while consuming: the commit, or the new
+// epoch, is trusted as it is, and the commits come to carry the new
+// epoch. Before, a claim tried such a check of a new epoch again every
+// second for as long as it ran, and its commits kept the old epoch.
+func TestEpochCheckRefusedForGood(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		atStart bool  // the election happens before the member starts
+		code    int16 // the answer's error; 0: the leader knows no end for the epoch
+	}{
+		{name: "refused at the start", atStart: true, code: kerr.TopicAuthorizationFailed.Code},
+		{name: "refused while consuming", code: kerr.TopicAuthorizationFailed.Code},
+		{name: "no end known while consuming"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := kafkatest.Start(t)
+			c.RequireEmbedded(t)
+			topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+			const n, more = 10, 5
+			produceSequential(t, c, topic, 0, n)
+			held := leaveTail(t, c, group, topic, n, -1)
+			oldEpoch, ok := frontier.LeaderEpochOf(held.Metadata)
+			require.True(t, ok, "the commit carries no leader epoch: %q", held.Metadata)
+			var asked *atomic.Int32
+			elect := func() {
+				asked = answerEpochEnd(c, topic, -1, tc.code)
+				bumpLeaderEpoch(t, c, topic)
+			}
+			if tc.atStart {
+				elect()
+			}
+			sub, handled := consumingSubscriber(t, c, group, topic, false)
+			kafkatest.WaitFor(t, 30*time.Second, "the member's claim of the partition", func() bool {
+				_, owned := ownedPartitions(sub, topic)[0]
+				return owned
+			})
+			if !tc.atStart {
+				elect()
+			}
+			produceSequential(t, c, topic, 0, more)
+
+			kafkatest.WaitFor(t, 30*time.Second, "a commit of every record carrying the new epoch", func() bool {
+				held := c.CommittedOffsets(t, group, topic)[0]
+				e, ok := frontier.LeaderEpochOf(held.Metadata)
+				return held.Offset == n+more && ok && e > oldEpoch
+			})
+			require.EqualValues(t, 1, asked.Load(), "a check that cannot succeed was tried again")
+			for off := int64(n); off < n+more; off++ {
+				require.Equal(t, 1, handled.count(off), "offset %d handled other than once", off)
+			}
+		})
+	}
 }
 
 // TestLeaderChangeWhileConsuming: a clean leader election while a member

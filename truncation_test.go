@@ -331,6 +331,130 @@ func TestEpochCheckRefusedTrustsCommit(t *testing.T) {
 	require.Zero(t, totals.LogTruncations)
 }
 
+// answerStartCheckRefusedOnce plays the new leader of an unclean election
+// (see answerElection) that refuses the first request, the next start's
+// check, with an error trying again may cure (KAFKA_STORAGE_ERROR: a
+// timeout is alike), and names the divergence to the later ones. It
+// counts the requests.
+func answerStartCheckRefusedOnce(c *kafkatest.Cluster, topic string, diverged int64) *atomic.Int32 {
+	return answerEpochEnds(c, topic, func(answered int32) (int64, int16) {
+		if answered == 0 {
+			return -1, kerr.KafkaStorageError.Code
+		}
+		return diverged, 0
+	})
+}
+
+// TestTruncatedLogUnderCommitStartCheckRefused: an unclean leader election
+// truncates the log under the group's commit while no member runs, and the
+// next start's check is refused once, with an error trying again may cure.
+// The start trusts the commit, and the claim starts there; but it checks
+// the commit's leader epoch while it consumes (not the one the metadata
+// names, which a start that checked nothing cannot take as validated),
+// against what the commit covers: the answer names the divergence, below
+// the claim's start or inside its completed tail, and the claim holds its
+// marks there (not below the log start, where nothing is left to handle
+// and a commit would be out of range) and ends the session. The next one
+// handles every record the log holds from there. Before, the claim took
+// the new epoch as validated and never checked the commit's: the records
+// at the reused offsets below the commit, or listed in its tail, were
+// never handled.
+//
+// A clean election (the commit's epoch ends at the commit) is no
+// truncation, though the claim took the new leader's records past the
+// commit before the answer came: each is handled once.
+func TestTruncatedLogUnderCommitStartCheckRefused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []startCheckRefusedCase{
+		{name: "below the start", hold: -1, diverged: 6},
+		{name: "inside the completed tail", hold: 2, diverged: 6},
+		{name: "below the log start", hold: -1, diverged: 6, logStart: 8},
+		{name: "clean election", hold: -1, diverged: 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperative bool) {
+				truncatedUnderCommitStartCheckRefused(t, cooperative, tc)
+			})
+		})
+	}
+}
+
+type startCheckRefusedCase struct {
+	name     string
+	hold     int64 // the record left unanswered: the commit's offset, the tail above it; -1: none
+	diverged int64 // where the commit's epoch ends in the new log; 10, the commit: a clean election
+	logStart int64 // the records below it are deleted after the election; 0: none
+}
+
+func truncatedUnderCommitStartCheckRefused(t *testing.T, cooperative bool, tc startCheckRefusedCase) {
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	const n, more = 10, 5
+	produceSequential(t, c, topic, 0, n)
+	rebalance := func(cfg *safeack.SubscriberConfig) {
+		if cooperative {
+			cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{
+				sarama.NewBalanceStrategyCooperativeSticky()}
+		}
+	}
+	held := leaveTail(t, c, group, topic, n, tc.hold, rebalance)
+	oldEpoch, ok := frontier.LeaderEpochOf(held.Metadata)
+	require.True(t, ok, "the commit carries no leader epoch: %q", held.Metadata)
+
+	bumpLeaderEpoch(t, c, topic)
+	asked := answerStartCheckRefusedOnce(c, topic, tc.diverged)
+	produceSequential(t, c, topic, 0, more) // n..n+more-1, in the new epoch
+	if tc.logStart > 0 {
+		c.DeleteRecords(t, topic, 0, tc.logStart)
+	}
+
+	// Every record the log holds from the divergence on is handled, and
+	// the held record; nothing else below the divergence. After a clean
+	// election, the claim's commits come to carry the new epoch.
+	from := max(tc.diverged, tc.logStart)
+	clean := tc.diverged >= n
+	got, totals := handledWith(t, c, group, topic, func(seen map[int64]int) bool {
+		if tc.hold >= 0 && seen[tc.hold] == 0 {
+			return false
+		}
+		if clean {
+			held := c.CommittedOffsets(t, group, topic)[0]
+			if epoch, ok := frontier.LeaderEpochOf(held.Metadata); held.Offset != n+more || !ok || epoch <= oldEpoch {
+				return false
+			}
+		}
+		for off := from; off < n+more; off++ {
+			if seen[off] == 0 {
+				return false
+			}
+		}
+		return true
+	}, func(cfg *safeack.SubscriberConfig) {
+		// At OffsetNewest (Sarama's default) a commit out of range falls
+		// back to the log end: nothing below it would be handled.
+		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
+		rebalance(cfg)
+	})
+	require.Greater(t, asked.Load(), int32(1), "the commit's epoch was not checked again after the start's check was refused")
+	for off := int64(0); off < from; off++ {
+		if off != tc.hold {
+			require.Zero(t, got[off], "offset %d, below the divergence, was handled again", off)
+		}
+	}
+	if clean {
+		for off := int64(n); off < n+more; off++ {
+			require.Equal(t, 1, got[off], "offset %d handled other than once", off)
+		}
+		require.Zero(t, totals.LogTruncations, "a clean leader change was taken for a truncation")
+		return
+	}
+	require.Positive(t, totals.LogTruncations, "the truncation is counted")
+	held = c.CommittedOffsets(t, group, topic)[0]
+	require.GreaterOrEqual(t, held.Offset, from, "the group's commit is below the log start or the divergence")
+}
+
 // TestTruncatedLogUnderCooperativeHandover: with cooperative rebalancing a
 // partition handed to another member is added to its running session
 // without Setup, and Sarama fetches it from the commit at once. The check

@@ -171,6 +171,103 @@ func txnTruncatedWhileConsuming(t *testing.T, cooperativeBalance, startCheckRefu
 	require.Positive(t, truncations, "the truncation is counted")
 }
 
+// TestTxnTruncatedLogUnderCommitStartCheckRefused is
+// TestTruncatedLogUnderCommitStartCheckRefused in transactional mode: an
+// unclean leader election truncates the log under the inputs a
+// transactional router committed, while no member runs; the next member's
+// start check is refused (a storage error, which trying again may cure).
+// Its claim starts at the commit and checks the commit's epoch while it
+// consumes, with the positions held at the commit until an answer comes:
+// the records it takes meanwhile (the new leader's, past the commit) get
+// no output committed. The answer names the divergence below the claim's
+// start: a transaction commits the position there, though it covers less
+// than the group's commit, and the assignment ends. Every record the new
+// leader holds from the divergence on then gets exactly one output (the
+// old leader's outputs stay). Before, the claim took the metadata's new
+// epoch as validated and never checked the commit's: the new leader's
+// records below the commit never got an output.
+//
+// The claim's own checks are answered at once, or refused too until an
+// output of a record past the commit shows or 3 s passed (none may show:
+// their positions are held). After a clean election (the commit's epoch
+// ends at the commit) every input gets exactly one output, and the
+// transactions' positions come to carry the new epoch.
+func TestTxnTruncatedLogUnderCommitStartCheckRefused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name          string
+		diverged      int64 // where the commit's epoch ends in the new log; 10, the commit: a clean election
+		claimsRefused bool
+	}{
+		{name: "claim's check answered", diverged: 6},
+		{name: "claim's checks refused a while", diverged: 6, claimsRefused: true},
+		{name: "clean election", diverged: 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperativeBalance bool) {
+				txnTruncatedUnderCommitStartCheckRefused(t, cooperativeBalance, tc.diverged, tc.claimsRefused)
+			})
+		})
+	}
+}
+
+func txnTruncatedUnderCommitStartCheckRefused(t *testing.T, cooperativeBalance bool, diverged int64, claimsRefused bool) {
+	const n, more = 10, 5
+	e := startTxnElection(t, cooperativeBalance, n)
+	c, r, rd := e.c, e.r, e.rd
+	oldEpoch, ok := frontier.LeaderEpochOf(e.before.Metadata)
+	require.True(t, ok, "the commit carries no leader epoch: %q", e.before.Metadata)
+	require.NoError(t, e.sub.Close()) // no member runs
+	waitCommitted(t, c, r.group, r.in, n, "the group's commit kept at the close")
+
+	var asked *atomic.Int32
+	if claimsRefused {
+		asked = answerElectionRefused(c, r.in, diverged, func() bool {
+			for off := int64(n); off < n+more; off++ {
+				if all, _ := rd.outputsOf(fmt.Sprintf("0@%d", off)); all > 0 {
+					return true
+				}
+			}
+			return false
+		})
+	} else {
+		asked = answerStartCheckRefusedOnce(c, r.in, diverged)
+	}
+	e.elected.Store(true)
+	bumpLeaderEpoch(t, c, r.in)
+	r.inputs = append(r.inputs, c.ProduceN(t, r.in, 1, more, nil)...) // n..n+more-1, in the new epoch
+	e.sub = electionRouter(t, r, cooperativeBalance, &e.elected, &e.att)
+
+	if diverged >= n {
+		kafkatest.WaitFor(t, 30*time.Second, "a commit of every input carrying the new epoch", func() bool {
+			held := c.CommittedOffsets(t, r.group, r.in)[0]
+			epoch, ok := frontier.LeaderEpochOf(held.Metadata)
+			return held.Offset == n+more && ok && epoch > oldEpoch
+		})
+		r.requireExactlyOnce(t, rd, r.inputIDs(), 30*time.Second, 30*time.Second)
+		truncations, _ := totalsOf(e.sub)
+		require.Zero(t, truncations, "a clean leader change was taken for a truncation")
+		return
+	}
+	e.waitElectedOutputs(t, diverged, n+more)
+	require.Greater(t, asked.Load(), int32(1), "the commit's epoch was not checked again after the start's check was refused")
+	for off := int64(0); off < n+more; off++ {
+		all, elected := rd.outputsOf(fmt.Sprintf("0@%d", off))
+		switch {
+		case off < diverged: // the old leader's, still in the log
+			require.Equal(t, 1, all, "outputs of %d", off)
+		case off < n: // the old leader's output stays; the new leader's record gets one
+			require.Equal(t, 1, elected, "outputs of the new leader's record at %d", off)
+			require.Equal(t, 2, all, "outputs of %d", off)
+		default:
+			require.Equal(t, 1, all, "outputs of %d", off)
+		}
+	}
+	truncations, _ := totalsOf(e.sub)
+	require.Positive(t, truncations, "the truncation is counted")
+}
+
 // TestTxnLeaderChangeWhileConsuming is TestLeaderChangeWhileConsuming in
 // transactional mode: a clean leader election while a transactional
 // router consumes is no truncation. Every input gets exactly one output
