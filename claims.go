@@ -31,7 +31,8 @@ import (
 // The subscription's consumer group therefore runs on a groupClient, and
 // each session's claims are followed by a claimWatch: a partition without
 // a leader is assigned and waits like any other, the watch holds back the
-// claims its leader could not answer for in Setup (so that Sarama waits
+// claims its leader could not answer for in Setup, or just before Sarama
+// starts a claim a cooperative rebalance added (so that Sarama waits
 // instead of failing them and ending the session), refreshes the metadata
 // while a claim waits and releases a held one once its leader answers, and
 // reports a claim that has not started within claimOverdueAfter: an Error
@@ -118,7 +119,7 @@ func (c *groupClient) RefreshMetadata(topics ...string) error {
 // before starting it: the client's answer (no leader in its metadata), or
 // the watch's (see claimWatch.holds).
 func (c *groupClient) PartitionNotReadable(topic string, partition int32) bool {
-	return c.watch.holds(topic, partition) || c.Client.PartitionNotReadable(topic, partition)
+	return c.Client.PartitionNotReadable(topic, partition) || c.watch.holds(topic, partition)
 }
 
 // onlyLeadersMissing reports whether a metadata refresh failed only for
@@ -164,8 +165,11 @@ type claimState struct {
 	running bool      // a ConsumeClaim of it runs
 	started int       // ConsumeClaims of it started in the session
 	held    bool      // its claim is held back until its leader answers
-	err     error     // why it is not consumed, as last seen; nil: not known
-	overdue bool      // reported (logged, and listed by Subscriber.Unclaimed)
+	// asked: its leader was asked for it since it was assigned (Setup's
+	// listing of starts, or holds for a claim added without Setup).
+	asked   bool
+	err     error // why it is not consumed, as last seen; nil: not known
+	overdue bool  // reported (logged, and listed by Subscriber.Unclaimed)
 	// released is when the watch stopped holding the claim back: Sarama
 	// starts it at its next look (claimPollWait).
 	released time.Time
@@ -184,7 +188,7 @@ func (w *claimWatch) begin(sess sarama.ConsumerGroupSession, claimed []int32, li
 	parts := make(map[int32]*claimState, len(claimed))
 	held := make(map[int32]bool)
 	for _, p := range claimed {
-		st := &claimState{since: now}
+		st := &claimState{since: now, asked: true}
 		if err := listErrs[p]; err != nil {
 			st.held, st.err = true, err
 			held[p] = true
@@ -204,14 +208,38 @@ func (w *claimWatch) begin(sess sarama.ConsumerGroupSession, claimed []int32, li
 }
 
 // holds reports whether the claim of topic's partition is held back.
+// Sarama asks just before it starts a claim. A claim a cooperative
+// rebalance added to the session came without Setup, so its leader is
+// asked here first, as Setup does: Sarama would ask the same leader for
+// the claim's start, retry for the Metadata.Retry budget, give the claim
+// up and end the session (and, at the next rebalance, the member's
+// other claims with it).
 func (w *claimWatch) holds(topic string, partition int32) bool {
 	if topic != w.sub.topic {
 		return false
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
+	stop := w.stop
 	st := w.parts[partition]
-	return st != nil && st.held
+	if stop == nil || st != nil && (st.held || st.asked || st.running) {
+		w.mu.Unlock()
+		return st != nil && st.held
+	}
+	w.mu.Unlock()
+	_, errs := listOffsets(w.client, topic, []int32{partition}, sarama.OffsetNewest)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stop != stop {
+		return false // the session ended meanwhile
+	}
+	st = w.stateLocked(partition)
+	st.asked = true
+	if err := errs[partition]; err != nil && !st.running {
+		st.held, st.err = true, err
+		w.sub.logger.Info("The leader of a partition added to the session did not answer; its claim waits until it does",
+			w.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "err": err.Error()}))
+	}
+	return st.held
 }
 
 // claimStarted records that a ConsumeClaim of partition started.
@@ -237,7 +265,7 @@ func (w *claimWatch) claimEnded(partition int32) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := w.stateLocked(partition)
-	st.running, st.since = false, time.Now()
+	st.running, st.since, st.asked = false, time.Now(), false
 }
 
 // stateLocked returns partition's state, made when it is not in the
