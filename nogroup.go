@@ -226,7 +226,9 @@ func (c *noGroupConsumer) start(s started, firstRecords <-chan []*sarama.Consume
 		sub.subscriber.registry.attach(w)
 		defer sub.subscriber.registry.detach(w)
 		c.workers.add(w)
+		sub.leaders.started(w)
 		w.Run(pc.Messages(), sub.subscriber.closing)
+		sub.leaders.ended(w)
 		c.workers.remove(w)
 		sub.resume.set(p, w.Stats().SafeOffset)
 		if err := pc.Close(); err != nil {
@@ -248,7 +250,7 @@ func (c *noGroupConsumer) listHighWaterMarks() {
 			return
 		case <-t.C:
 		}
-		c.workers.setHighWaterMarks(c.client, c.sub.topic)
+		c.sub.leaders.listed(c.workers.setHighWaterMarks(c.client, c.sub.topic))
 	}
 }
 
