@@ -41,7 +41,8 @@ import (
 // log and Subscriber.Unclaimed.
 //
 // A partition that loses its leader once its claim runs is followed by the
-// subscription's leaderLoss, in either mode.
+// subscription's leaderLoss, in either mode; without a consumer group, the
+// partitions that cannot start wait in noGroupConsumer.watchPartitions.
 
 // claimPollWait is how often Sarama looks again at a claim it holds back
 // (consumerGroupSession.startClaim; not configurable).
@@ -640,10 +641,10 @@ func (u UnclaimedPartition) topicPartition() TopicPartition { return u.TopicPart
 // is listed here. The Subscriber keeps the partition (the group has no
 // other member to give it to that could do better) and asks for fresh
 // metadata every second: a claim that has not started starts within
-// about 5 seconds of its leader answering again, one that runs fetches
-// again once Sarama finds the leader (it asks every
-// Consumer.Retry.Backoff). A partition leaves the list when it is
-// consumed again, or when it is revoked.
+// about 5 seconds of its leader answering again (without a consumer
+// group, within a second), one that runs fetches again once Sarama finds
+// the leader (it asks every Consumer.Retry.Backoff). A partition leaves
+// the list when it is consumed again, or when it is revoked.
 func (s *Subscriber) Unclaimed() []UnclaimedPartition {
 	return s.unclaimed.list()
 }

@@ -301,3 +301,58 @@ func TestNoGroupLeaderLostWhileConsuming(t *testing.T) {
 		})
 	}
 }
+
+// Without a consumer group, a partition whose leader is away when the
+// subscription connects. Before the fix, the connection failed on it and
+// reconnected every ReconnectRetrySleep for as long as the fault lasted
+// ("Consumer stopped; reconnecting"), and the healthy partition was not
+// consumed either. Now the healthy partition is consumed, the other is
+// reported (an Error naming it, Unclaimed, safeack_unclaimed_seconds)
+// within the claim bound, and consumed, from its first record (Offsets
+// Oldest here), within seconds of its leader's return; the connection does
+// not end.
+func TestNoGroupUnclaimedAtSubscribe(t *testing.T) {
+	for _, f := range leaderFaults {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			c, topic, _ := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
+			acks := newAckLog()
+			c.ProduceN(t, topic, 2, 4, nil)
+			restore := f.apply(t, c, topic, 1)
+
+			logs := newErrorLog()
+			sub := noGroupSubscriber(t, c, logs)
+			handleAll(mustSubscribe(t, sub, topic), acks.ack)
+			kafkatest.WaitFor(t, unclaimedDeadline, "the healthy partition's records to be acked", func() bool {
+				return len(acks.missing(c, topic)) == 2 // partition 1's
+			})
+			kafkatest.WaitFor(t, unclaimedDeadline, "partition 1 to be reported", func() bool {
+				return len(sub.Unclaimed()) == 1 && len(logs.matching(func(e loggedError) bool {
+					return strings.Contains(e.msg, "is not consumed") && e.fields["kafka_partition"] == int32(1)
+				})) > 0
+			})
+			u := sub.Unclaimed()[0]
+			require.Equal(t, safeack.TopicPartition{Topic: topic, Partition: 1}, u.TopicPartition)
+			require.False(t, u.Claimed)
+			require.Error(t, u.Err)
+			_, owned := statsOf(sub, topic, 1)
+			require.False(t, owned, "a partition not started is not in Stats")
+			require.Equal(t, []string{"1"}, unclaimedSeries(t, sub), "safeack_unclaimed_seconds")
+
+			c.Produce(t, topic, kafkatest.Record{Partition: 0})
+			kafkatest.WaitFor(t, unclaimedDeadline, "the healthy partition's new record to be acked", func() bool {
+				return len(acks.missing(c, topic)) == 2
+			})
+
+			restore()
+			c.Produce(t, topic, kafkatest.Record{Partition: 1})
+			acks.waitAllAcked(t, c, topic, unclaimedDeadline)
+			require.Empty(t, sub.Unclaimed(), "the partition is consumed")
+			require.Empty(t, unclaimedSeries(t, sub))
+			require.Empty(t, reconnects(logs), "the connection did not end")
+			for k, n := range acks.snapshot() {
+				require.Equal(t, 1, n, "record %v handled %d times", k, n)
+			}
+		})
+	}
+}
