@@ -10,6 +10,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/safeack/safeack/internal/partition"
 )
 
 // Partitions the group assigns to this member that Sarama cannot claim.
@@ -31,11 +33,16 @@ import (
 // The subscription's consumer group therefore runs on a groupClient, and
 // each session's claims are followed by a claimWatch: a partition without
 // a leader is assigned and waits like any other, the watch holds back the
-// claims its leader could not answer for in Setup (so that Sarama waits
+// claims its leader could not answer for in Setup, or just before Sarama
+// starts a claim a cooperative rebalance added (so that Sarama waits
 // instead of failing them and ending the session), refreshes the metadata
 // while a claim waits and releases a held one once its leader answers, and
 // reports a claim that has not started within claimOverdueAfter: an Error
 // log and Subscriber.Unclaimed.
+//
+// A partition that loses its leader once its claim runs is followed by the
+// subscription's leaderLoss, in either mode; without a consumer group, the
+// partitions that cannot start wait in noGroupConsumer.watchPartitions.
 
 // claimPollWait is how often Sarama looks again at a claim it holds back
 // (consumerGroupSession.startClaim; not configurable).
@@ -118,7 +125,7 @@ func (c *groupClient) RefreshMetadata(topics ...string) error {
 // before starting it: the client's answer (no leader in its metadata), or
 // the watch's (see claimWatch.holds).
 func (c *groupClient) PartitionNotReadable(topic string, partition int32) bool {
-	return c.watch.holds(topic, partition) || c.Client.PartitionNotReadable(topic, partition)
+	return c.Client.PartitionNotReadable(topic, partition) || c.watch.holds(topic, partition)
 }
 
 // onlyLeadersMissing reports whether a metadata refresh failed only for
@@ -164,8 +171,11 @@ type claimState struct {
 	running bool      // a ConsumeClaim of it runs
 	started int       // ConsumeClaims of it started in the session
 	held    bool      // its claim is held back until its leader answers
-	err     error     // why it is not consumed, as last seen; nil: not known
-	overdue bool      // reported (logged, and listed by Subscriber.Unclaimed)
+	// asked: its leader was asked for it since it was assigned (Setup's
+	// listing of starts, or holds for a claim added without Setup).
+	asked   bool
+	err     error // why it is not consumed, as last seen; nil: not known
+	overdue bool  // reported (logged, and listed by Subscriber.Unclaimed)
 	// released is when the watch stopped holding the claim back: Sarama
 	// starts it at its next look (claimPollWait).
 	released time.Time
@@ -184,7 +194,7 @@ func (w *claimWatch) begin(sess sarama.ConsumerGroupSession, claimed []int32, li
 	parts := make(map[int32]*claimState, len(claimed))
 	held := make(map[int32]bool)
 	for _, p := range claimed {
-		st := &claimState{since: now}
+		st := &claimState{since: now, asked: true}
 		if err := listErrs[p]; err != nil {
 			st.held, st.err = true, err
 			held[p] = true
@@ -204,14 +214,38 @@ func (w *claimWatch) begin(sess sarama.ConsumerGroupSession, claimed []int32, li
 }
 
 // holds reports whether the claim of topic's partition is held back.
+// Sarama asks just before it starts a claim. A claim a cooperative
+// rebalance added to the session came without Setup, so its leader is
+// asked here first, as Setup does: Sarama would ask the same leader for
+// the claim's start, retry for the Metadata.Retry budget, give the claim
+// up and end the session (and, at the next rebalance, the member's
+// other claims with it).
 func (w *claimWatch) holds(topic string, partition int32) bool {
 	if topic != w.sub.topic {
 		return false
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
+	stop := w.stop
 	st := w.parts[partition]
-	return st != nil && st.held
+	if stop == nil || st != nil && (st.held || st.asked || st.running) {
+		w.mu.Unlock()
+		return st != nil && st.held
+	}
+	w.mu.Unlock()
+	_, errs := listOffsets(w.client, topic, []int32{partition}, sarama.OffsetNewest)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stop != stop {
+		return false // the session ended meanwhile
+	}
+	st = w.stateLocked(partition)
+	st.asked = true
+	if err := errs[partition]; err != nil && !st.running {
+		st.held, st.err = true, err
+		w.sub.logger.Info("The leader of a partition added to the session did not answer; its claim waits until it does",
+			w.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "err": err.Error()}))
+	}
+	return st.held
 }
 
 // claimStarted records that a ConsumeClaim of partition started.
@@ -237,7 +271,7 @@ func (w *claimWatch) claimEnded(partition int32) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := w.stateLocked(partition)
-	st.running, st.since = false, time.Now()
+	st.running, st.since, st.asked = false, time.Now(), false
 }
 
 // stateLocked returns partition's state, made when it is not in the
@@ -347,6 +381,7 @@ func (w *claimWatch) check(sess sarama.ConsumerGroupSession, stop <-chan struct{
 		w.sub.subscriber.unclaimed.add(w.sub, UnclaimedPartition{
 			TopicPartition: TopicPartition{Topic: w.sub.topic, Partition: p},
 			AssignedAt:     st.since,
+			Since:          st.since,
 			Err:            reason,
 		})
 		fields := watermill.LogFields{"kafka_partition": p, "waited": time.Since(st.since).Round(time.Millisecond).String()}
@@ -466,31 +501,150 @@ func (w *claimWatch) rejoinDelayLocked() time.Duration {
 	return min(d, limit)
 }
 
-// UnclaimedPartition is a partition the consumer group assigned to the
-// Subscriber that it does not consume: Sarama has not started its claim
-// within a bound after the assignment (the partition has no leader, or its
-// leader does not answer; see Subscriber.Unclaimed).
+// leaderLoss follows whether the leaders of a subscription's running
+// claims (without a consumer group: its running partitions) answer for
+// them. When the leader of a partition goes away while it is consumed,
+// Sarama's partition consumer waits for a new one by itself, asking again
+// every Consumer.Retry.Backoff for as long as it takes: it reports an
+// error at each try while the cluster names no leader, and nothing at
+// all while the leader it names refuses the fetch. The claim runs on, and
+// Stats kept the last high-water mark listed: a lag of 0 while records
+// waited, and nothing said that the partition was not consumed. The
+// listing of high-water marks (workerSet.setHighWaterMarks, once per
+// commit interval) asks each running partition's leader: a partition
+// whose leader has not answered for claimOverdueAfter is reported as a
+// claim that cannot start is (an Error log, Subscriber.Unclaimed with
+// Claimed set), until its leader answers again or the claim ends.
+type leaderLoss struct {
+	sub *subscription
+	// overdueAfter is claimOverdueAfter of the subscription's config.
+	overdueAfter time.Duration
+
+	mu    sync.Mutex
+	parts map[*partition.Worker]*leaderState // the running claims'
+}
+
+// leaderState is what a leaderLoss knows of one running claim.
+type leaderState struct {
+	assignedAt time.Time
+	// since is the first listing in a row that its leader did not answer;
+	// zero when the last one did.
+	since    time.Time
+	err      error // the last listing's
+	reported bool  // logged, and listed by Subscriber.Unclaimed
+}
+
+func newLeaderLoss(sub *subscription) *leaderLoss {
+	return &leaderLoss{sub: sub, overdueAfter: claimOverdueAfter(sub.cfg.OverwriteSaramaConfig)}
+}
+
+// started follows the claim whose worker is w, from now on.
+func (l *leaderLoss) started(w *partition.Worker) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.parts == nil {
+		l.parts = make(map[*partition.Worker]*leaderState)
+	}
+	l.parts[w] = &leaderState{assignedAt: time.Now()}
+}
+
+// ended stops following w's claim: it is over.
+func (l *leaderLoss) ended(w *partition.Worker) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if st := l.parts[w]; st != nil && st.reported {
+		l.sub.subscriber.unclaimed.remove(l.sub, w.Partition())
+	}
+	delete(l.parts, w)
+}
+
+// listed takes the result of a listing of the high-water marks of workers:
+// failed holds the partitions whose leader did not answer, and why.
+func (l *leaderLoss) listed(workers []*partition.Worker, failed map[int32]error) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, w := range workers {
+		st := l.parts[w]
+		if st == nil {
+			continue // ended since the listing started
+		}
+		p := w.Partition()
+		err, lost := failed[p]
+		if !lost {
+			if st.reported {
+				l.sub.subscriber.unclaimed.remove(l.sub, p)
+				l.sub.logger.Info("The partition's leader answers again; it is consumed again",
+					l.sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "waited": now.Sub(st.since).Round(time.Millisecond).String()}))
+			}
+			st.since, st.err, st.reported = time.Time{}, nil, false
+			continue
+		}
+		if st.since.IsZero() {
+			st.since = now
+		}
+		st.err = err
+		if st.reported || now.Sub(st.since) < l.overdueAfter {
+			continue
+		}
+		st.reported = true
+		l.sub.subscriber.unclaimed.add(l.sub, UnclaimedPartition{
+			TopicPartition: TopicPartition{Topic: l.sub.topic, Partition: p},
+			AssignedAt:     st.assignedAt,
+			Since:          st.since,
+			Claimed:        true,
+			Err:            err,
+		})
+		l.sub.logger.Error("A partition consumed by this member lost its leader: nothing more is fetched from it; waiting for its leader", err,
+			l.sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "waited": now.Sub(st.since).Round(time.Millisecond).String()}))
+	}
+}
+
+// UnclaimedPartition is a partition assigned to the Subscriber (without a
+// consumer group: a partition of a topic it subscribed to) that it does
+// not consume: its claim has not started within a bound after the
+// assignment (the partition has no leader, or its leader does not
+// answer), or its claim runs but its leader stopped answering for it
+// (Claimed). See Subscriber.Unclaimed.
 type UnclaimedPartition struct {
 	TopicPartition
-	// AssignedAt is when the member got the partition.
+	// AssignedAt is when the member got the partition (without a consumer
+	// group: when the connection tried to start it).
 	AssignedAt time.Time
-	// Err is why its claim does not start, as last seen: the cluster
-	// names no leader, the leader's answer, or the error Sarama reported
-	// for the claim. Nil when not known.
+	// Since is when the partition stopped being consumed: when it was
+	// assigned, or when its last claim ended, for a claim that has not
+	// started; the first time its leader did not answer, for one that
+	// runs (Claimed).
+	Since time.Time
+	// Claimed reports a partition whose claim started and whose leader
+	// then stopped answering for it: it is in Stats, with the records it
+	// took (their handlers run and their acks are committed), but nothing
+	// more is fetched, and its high-water mark and lag there are the last
+	// ones listed. False: its claim has not started, and it is not in
+	// Stats.
+	Claimed bool
+	// Err is why it is not consumed, as last seen: the cluster names no
+	// leader, the leader's answer, or the error Sarama reported for the
+	// claim. Nil when not known.
 	Err error
 }
 
 func (u UnclaimedPartition) topicPartition() TopicPartition { return u.TopicPartition }
 
 // Unclaimed returns the partitions assigned to the Subscriber's consumer
-// group members that they do not consume, ordered by topic and partition:
-// those whose claim has not started within a few seconds of the assignment
-// (Sarama's Metadata.Retry budget plus 6 s). Their records wait, and they
-// are not in Stats; each is logged as an Error when it is listed here. The
-// Subscriber keeps the partition (the group has no other member to give it
-// to that could do better), asks for fresh metadata every second, and its
-// claim starts within about 5 seconds of its leader answering again. A
-// partition leaves the list when its claim starts or it is revoked.
+// group members (without a consumer group: the partitions of the topics
+// it subscribed to) that they do not consume, ordered by topic and
+// partition: those whose claim has not started within a few seconds of
+// the assignment (Sarama's Metadata.Retry budget plus 6 s), and those
+// whose claim runs but whose leader has not answered for them for as
+// long (Claimed). Their records wait; each is logged as an Error when it
+// is listed here. The Subscriber keeps the partition (the group has no
+// other member to give it to that could do better) and asks for fresh
+// metadata every second: a claim that has not started starts within
+// about 5 seconds of its leader answering again (without a consumer
+// group, within a second), one that runs fetches again once Sarama finds
+// the leader (it asks every Consumer.Retry.Backoff). A partition leaves
+// the list when it is consumed again, or when it is revoked.
 func (s *Subscriber) Unclaimed() []UnclaimedPartition {
 	return s.unclaimed.list()
 }

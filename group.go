@@ -454,9 +454,11 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		defer watch.close()
 	}
 	h.workers.add(w)
+	h.sub.leaders.started(w)
 	h.sub.subscriber.registry.attach(w)
 	defer func() {
 		h.sub.subscriber.registry.detach(w)
+		h.sub.leaders.ended(w)
 		h.workers.remove(w)
 	}()
 	w.Run(messages, h.sub.subscriber.closing)
@@ -500,6 +502,6 @@ func (h *groupHandler) listHighWaterMarks() {
 	h.hwmListedAt.Store(now)
 	go func() {
 		defer h.hwmListing.Store(false)
-		h.workers.setHighWaterMarks(h.client, h.sub.topic)
+		h.sub.leaders.listed(h.workers.setHighWaterMarks(h.client, h.sub.topic))
 	}()
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -90,7 +92,13 @@ func (sub *subscription) resolveFirstStarts(client sarama.Client) {
 		return
 	}
 	sub.firstPartitions = int32(len(partitions))
-	starts, errs := sub.initialStarts(client, partitions)
+	// A partition the metadata names no leader for is not asked: asking
+	// would refresh the metadata, with Sarama's retries, for each one.
+	noLeader := leaderlessPartitions(client, sub.topic, partitions)
+	starts, errs := sub.initialStarts(client, slices.DeleteFunc(slices.Clone(partitions), func(p int32) bool {
+		return noLeader[p] != nil
+	}))
+	maps.Copy(errs, noLeader)
 	for p, start := range starts {
 		sub.resume.set(p, start)
 	}
@@ -123,26 +131,31 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 	if err != nil {
 		return fmt.Errorf("cannot list partitions of %q: %w", sub.topic, err)
 	}
+	c := &noGroupConsumer{sub: sub, client: client, consumer: consumer}
+	c.ctx, c.cancel = context.WithCancel(ctx)
+	defer c.cancel()
 	// Start every partition first, so that their early fetch is one Fetch
-	// per leader, as in a group session's Setup.
+	// per leader, as in a group session's Setup. A partition that cannot
+	// start (no leader, or its leader does not answer) waits for its
+	// leader while the others are consumed (see watchPartitions): ending
+	// the connection for it stopped them all, and reconnected in a loop
+	// for as long as the partition had no leader.
 	starts := make([]started, 0, len(partitions))
 	from := make(map[int32]int64, len(partitions))
+	held := make(map[int32]*heldPartition)
 	for _, p := range partitions {
-		pc, start, err := sub.startPartition(client, consumer, p)
+		pc, start, err := c.tryStart(p)
 		if err != nil {
-			for _, s := range starts {
-				s.pc.Close()
-			}
-			return err
+			held[p] = &heldPartition{since: time.Now(), err: err}
+			sub.logger.Info("Cannot start the partition; it waits until its leader answers",
+				sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "err": err.Error()}))
+			continue
 		}
 		starts = append(starts, started{p, pc, start})
 		from[p] = start
 	}
 	first := sub.fetchFirstRecords(client, from)
 
-	c := &noGroupConsumer{sub: sub, client: client, consumer: consumer}
-	c.ctx, c.cancel = context.WithCancel(ctx)
-	defer c.cancel()
 	for i, s := range starts {
 		var firstRecords <-chan []*sarama.ConsumerMessage
 		if ff := first[s.partition]; ff != nil {
@@ -158,18 +171,16 @@ func (sub *subscription) consumePartitions(ctx context.Context, client sarama.Cl
 		}
 	}
 	c.wg.Go(c.listHighWaterMarks)
-	if every := sub.cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency; every > 0 {
-		running := make(map[int32]bool, len(partitions))
-		for _, p := range partitions {
-			running[p] = true
-		}
-		c.wg.Go(func() {
-			if err := c.watchPartitions(every, running); err != nil {
-				c.fail(err)
-				c.cancel()
-			}
-		})
+	running := make(map[int32]bool, len(partitions))
+	for _, s := range starts {
+		running[s.partition] = true
 	}
+	c.wg.Go(func() {
+		if err := c.watchPartitions(sub.cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency, running, held); err != nil {
+			c.fail(err)
+			c.cancel()
+		}
+	})
 	c.wg.Wait()
 	return errors.Join(c.errs...)
 }
@@ -226,7 +237,9 @@ func (c *noGroupConsumer) start(s started, firstRecords <-chan []*sarama.Consume
 		sub.subscriber.registry.attach(w)
 		defer sub.subscriber.registry.detach(w)
 		c.workers.add(w)
+		sub.leaders.started(w)
 		w.Run(pc.Messages(), sub.subscriber.closing)
+		sub.leaders.ended(w)
 		c.workers.remove(w)
 		sub.resume.set(p, w.Stats().SafeOffset)
 		if err := pc.Close(); err != nil {
@@ -248,7 +261,7 @@ func (c *noGroupConsumer) listHighWaterMarks() {
 			return
 		case <-t.C:
 		}
-		c.workers.setHighWaterMarks(c.client, c.sub.topic)
+		c.sub.leaders.listed(c.workers.setHighWaterMarks(c.client, c.sub.topic))
 	}
 }
 
@@ -259,47 +272,127 @@ type started struct {
 	start     int64
 }
 
-// watchPartitions starts the partitions added to the topic while the
-// connection runs. Without a group nothing else would: a group's session
-// is rebalanced when Sarama sees the partition count change, checked every
-// Metadata.RefreshFrequency, and this checks as often. Partitions that
-// cannot be started yet are tried again at the next check; an error ends
-// the connection.
-func (c *noGroupConsumer) watchPartitions(every time.Duration, running map[int32]bool) error {
+// heldPartition is a partition of a connection without a consumer group
+// that could not be started yet (see watchPartitions).
+type heldPartition struct {
+	since    time.Time // the first try
+	err      error     // the last try's
+	added    bool      // added to the topic while the connection ran
+	reported bool      // logged, and listed by Subscriber.Unclaimed
+}
+
+// watchPartitions starts the partitions that could not be started yet
+// (held: no leader, or a leader that does not answer), and those added to
+// the topic while the connection runs. Without a group nothing else
+// would: a group's session is rebalanced when Sarama sees the partition
+// count change, checked every Metadata.RefreshFrequency (every; 0: never),
+// and this checks as often. A held partition is tried again every
+// claimCheckEvery with fresh metadata, and one not started within
+// claimOverdueAfter of its first try is reported as a group's claim that
+// cannot start is: an Error log, and Subscriber.Unclaimed until it starts
+// or the connection ends. An error starting a worker ends the connection.
+func (c *noGroupConsumer) watchPartitions(every time.Duration, running map[int32]bool, held map[int32]*heldPartition) error {
 	sub, ctx, client := c.sub, c.ctx, c.client
-	t := time.NewTicker(every)
+	defer func() {
+		for p, h := range held {
+			if h.reported {
+				sub.subscriber.unclaimed.remove(sub, p)
+			}
+		}
+	}()
+	overdueAfter := claimOverdueAfter(sub.cfg.OverwriteSaramaConfig)
+	t := time.NewTicker(claimCheckEvery)
 	defer t.Stop()
+	nextCount := time.Now().Add(every)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		if err := client.RefreshMetadata(sub.topic); err != nil {
+		count := every > 0 && !time.Now().Before(nextCount)
+		if len(held) == 0 && !count {
+			continue
+		}
+		if count {
+			nextCount = time.Now().Add(every)
+		}
+		// Sarama keeps the answer when only leaders are missing.
+		if err := client.RefreshMetadata(sub.topic); err != nil && !onlyLeadersMissing(err) {
 			sub.logger.Debug("Cannot refresh the topic's partitions", sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 			continue
 		}
-		partitions, err := client.Partitions(sub.topic)
-		if err != nil {
-			continue
+		if count {
+			if partitions, err := client.Partitions(sub.topic); err == nil {
+				for _, p := range partitions {
+					if !running[p] && held[p] == nil {
+						held[p] = &heldPartition{since: time.Now(), added: true}
+					}
+				}
+			}
 		}
-		for _, p := range partitions {
-			if running[p] || ctx.Err() != nil {
-				continue
+		for _, p := range slices.Sorted(maps.Keys(held)) {
+			if ctx.Err() != nil {
+				return nil
 			}
-			pc, start, err := sub.startPartition(client, c.consumer, p)
+			h := held[p]
+			pc, start, err := c.tryStart(p)
 			if err != nil {
-				sub.logger.Info("Cannot start a partition added to the topic yet; retrying",
-					sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "err": err.Error()}))
+				c.stillHeld(p, h, err, overdueAfter)
 				continue
 			}
-			sub.logger.Info("Consuming a partition added to the topic",
-				sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "kafka_initial_offset": start}))
+			delete(held, p)
 			running[p] = true
+			fields := sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "kafka_initial_offset": start})
+			if h.reported {
+				sub.subscriber.unclaimed.remove(sub, p)
+			}
+			if h.added {
+				sub.logger.Info("Consuming a partition added to the topic", fields)
+			} else {
+				sub.logger.Info("The partition's leader answers; consuming it",
+					fields.Add(watermill.LogFields{"waited": time.Since(h.since).Round(time.Millisecond).String()}))
+			}
 			if err := c.start(started{p, pc, start}, nil); err != nil {
 				pc.Close()
 				return err
 			}
 		}
 	}
+}
+
+// tryStart starts partition p (see startPartition), unless the client's
+// metadata names no leader for it: resolving its start would refresh the
+// metadata, with Sarama's retries, and wait for each (seconds, which
+// Close would wait for too).
+func (c *noGroupConsumer) tryStart(p int32) (sarama.PartitionConsumer, int64, error) {
+	if c.client.PartitionNotReadable(c.sub.topic, p) {
+		return nil, 0, errNoLeader
+	}
+	return c.sub.startPartition(c.client, c.consumer, p)
+}
+
+// stillHeld records that a held partition failed to start again with
+// err, and reports it once it is overdue.
+func (c *noGroupConsumer) stillHeld(p int32, h *heldPartition, err error, overdueAfter time.Duration) {
+	sub := c.sub
+	fields := sub.logFields.Add(watermill.LogFields{"kafka_partition": p})
+	if h.err == nil {
+		// The first try of a partition added to the topic (its leader may
+		// not be elected yet); consumePartitions logged the others'.
+		sub.logger.Info("Cannot start a partition added to the topic yet; retrying", fields.Add(watermill.LogFields{"err": err.Error()}))
+	}
+	h.err = err
+	if h.reported || time.Since(h.since) < overdueAfter {
+		return
+	}
+	h.reported = true
+	sub.subscriber.unclaimed.add(sub, UnclaimedPartition{
+		TopicPartition: TopicPartition{Topic: sub.topic, Partition: p},
+		AssignedAt:     h.since,
+		Since:          h.since,
+		Err:            err,
+	})
+	sub.logger.Error("A partition of the topic is not consumed: it cannot start; waiting for its leader", err,
+		fields.Add(watermill.LogFields{"waited": time.Since(h.since).Round(time.Millisecond).String()}))
 }

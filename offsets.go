@@ -116,9 +116,9 @@ func fetchCommittedOnce(client sarama.Client, group, topic string, partitions []
 // again through client.GetOffset, which refreshes the metadata first; one
 // that fails there too is left out of the result, with its error in errs.
 func listOffsets(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, errs map[int32]error) {
-	offsets, retry := listOffsetsOnce(client, topic, partitions, at)
+	offsets, failed := listOffsetsOnce(client, topic, partitions, at)
 	errs = make(map[int32]error)
-	for _, p := range retry {
+	for p := range failed {
 		off, err := client.GetOffset(topic, p, at)
 		if err != nil {
 			errs[p] = err
@@ -130,14 +130,15 @@ func listOffsets(client sarama.Client, topic string, partitions []int32, at int6
 }
 
 // listOffsetsOnce is listOffsets without the second try: the partitions
-// without an answer are returned in retry.
-func listOffsetsOnce(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, retry []int32) {
+// without an answer are returned in failed, each with why.
+func listOffsetsOnce(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, failed map[int32]error) {
 	offsets = make(map[int32]int64, len(partitions))
+	failed = make(map[int32]error)
 	byLeader := make(map[*sarama.Broker][]int32)
 	for _, p := range partitions {
 		leader, err := client.Leader(topic, p)
 		if err != nil {
-			retry = append(retry, p)
+			failed[p] = err
 			continue
 		}
 		byLeader[leader] = append(byLeader[leader], p)
@@ -158,14 +159,19 @@ func listOffsetsOnce(client sarama.Client, topic string, partitions []int32, at 
 				if err == nil {
 					block = resp.GetBlock(topic, p)
 				}
-				if block == nil || block.Err != sarama.ErrNoError || len(block.Offsets) != 1 {
-					retry = append(retry, p)
-					continue
+				switch {
+				case err != nil:
+					failed[p] = err
+				case block == nil || block.Err == sarama.ErrNoError && len(block.Offsets) != 1:
+					failed[p] = fmt.Errorf("listing offsets of %s/%d: no answer for the partition", topic, p)
+				case block.Err != sarama.ErrNoError:
+					failed[p] = block.Err
+				default:
+					offsets[p] = block.Offsets[0]
 				}
-				offsets[p] = block.Offsets[0]
 			}
 		})
 	}
 	wg.Wait()
-	return offsets, retry
+	return offsets, failed
 }

@@ -141,6 +141,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			"kafka_consumer_uuid": watermill.NewShortUUID(),
 		},
 	}
+	sub.leaders = newLeaderLoss(sub)
 	sub.workerCfg = s.cfg.workerConfig(s.logger, sub.logFields)
 	s.logger.Info("Subscribing to Kafka topic", sub.logFields)
 	if pub != nil {

@@ -42,6 +42,9 @@ type subscription struct {
 	// halt bounds the subscription's end, whatever the brokers do (see
 	// shutdown).
 	halt *shutdown
+	// leaders follows whether the running partitions' leaders answer
+	// (see leaderLoss).
+	leaders *leaderLoss
 }
 
 // initialOffset is where a partition without a commit (or a resume

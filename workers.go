@@ -65,11 +65,13 @@ func (s *workerSet) each(f func(w *partition.Worker, added time.Time)) {
 // partition's only with the fetches of an unpaused partition, and a
 // partition whose fetching is paused behind a slow record would otherwise
 // show a lag frozen at the pause while records keep arriving. The set
-// holds the workers of one subscription: one per partition.
-func (s *workerSet) setHighWaterMarks(client sarama.Client, topic string) {
+// holds the workers of one subscription: one per partition. It returns
+// the workers listed, and the partitions whose leader did not answer,
+// with why.
+func (s *workerSet) setHighWaterMarks(client sarama.Client, topic string) (listed []*partition.Worker, failed map[int32]error) {
 	workers := s.list()
 	if len(workers) == 0 {
-		return
+		return nil, nil
 	}
 	byPartition := make(map[int32]*partition.Worker, len(workers))
 	parts := make([]int32, 0, len(workers))
@@ -79,10 +81,11 @@ func (s *workerSet) setHighWaterMarks(client sarama.Client, topic string) {
 	}
 	// One request per leader and no retry: the next interval tries again,
 	// and the caller is not held up by a leader that is away.
-	hwms, _ := listOffsetsOnce(client, topic, parts, sarama.OffsetNewest)
+	hwms, failed := listOffsetsOnce(client, topic, parts, sarama.OffsetNewest)
 	for p, off := range hwms {
 		byPartition[p].SetHighWaterMark(off)
 	}
+	return workers, failed
 }
 
 // marked returns the offset each worker last handed to its Marker, by

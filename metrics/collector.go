@@ -21,10 +21,11 @@
 // safeack_oldest_unfinished_age_seconds, safeack_stuck, safeack_paused,
 // safeack_tail_metadata_bytes, safeack_tail_truncated and
 // safeack_assigned_timestamp_seconds; safeack_owned_partitions has no
-// labels. safeack_unclaimed_seconds exists only for a partition the group
-// assigned to the Subscriber that it does not consume, its claim unable to
-// start (no leader; see (*safeack.Subscriber).Unclaimed): how long since
-// the assignment. Alert on its presence.
+// labels. safeack_unclaimed_seconds exists only for a partition assigned
+// to the Subscriber that it does not consume, because it has no leader or
+// its leader does not answer: its claim cannot start, or it stopped
+// fetching (see (*safeack.Subscriber).Unclaimed): how long since it was
+// last consumed. Alert on its presence.
 //
 // Counters are monotonic. safeack.PartitionStats counts per assignment and
 // restarts from zero when a partition is reassigned, so the counters come

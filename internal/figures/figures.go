@@ -130,9 +130,9 @@ var Gauges = []Gauge[safeack.PartitionStats]{
 // series exists only while its partition is unclaimed.
 var UnclaimedGauges = []Gauge[safeack.UnclaimedPartition]{
 	{Prom: "unclaimed_seconds", OTel: "safeack.unclaimed.time", Unit: "s", Float: true,
-		Help: "How long a partition assigned to this member has not been consumed because its claim cannot start (no leader, or its leader does not answer). Absent for partitions that are consumed.",
+		Help: "How long a partition assigned to this member has not been consumed because it has no leader, or its leader does not answer: its claim cannot start, or it stopped fetching. Absent for partitions that are consumed.",
 		Value: func(u *safeack.UnclaimedPartition) (float64, bool) {
-			return time.Since(u.AssignedAt).Seconds(), true
+			return time.Since(u.Since).Seconds(), true
 		}},
 }
 
