@@ -32,6 +32,33 @@ func (l *handlingLog) handle(m *message.Message) {
 }
 
 // firstAfter returns when off was first handled after since, or the zero
+
+// uncleanElection plays an unclean election of topic's partition 0 while
+// it is consumed: the old epoch ends at diverged in the new log (the next
+// start's check answered, or refused with startCheckRefused), and more
+// records follow in the new epoch, after the n there were. It waits until
+// every record from the divergence on is handled after the election and
+// all are committed, and returns when the election was.
+func uncleanElection(t *testing.T, c *kafkatest.Cluster, group, topic string, handled *handlingLog,
+	diverged, n, more int64, startCheckRefused bool) (truncatedAt time.Time) {
+	t.Helper()
+	asked := answerElection(c, topic, diverged, startCheckRefused)
+	truncatedAt = time.Now()
+	bumpLeaderEpoch(t, c, topic)
+	produceSequential(t, c, topic, 0, int(more)) // n..n+more-1, in the new epoch
+	kafkatest.WaitFor(t, 30*time.Second, "every record from the divergence on handled after the truncation", func() bool {
+		for off := diverged; off < n+more; off++ {
+			if handled.firstAfter(off, truncatedAt).IsZero() {
+				return false
+			}
+		}
+		return true
+	})
+	waitCommitted(t, c, group, topic, n+more, "every record committed after the election")
+	require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
+	return truncatedAt
+}
+
 // time.
 func (l *handlingLog) firstAfter(off int64, since time.Time) time.Time {
 	l.mu.Lock()
@@ -121,22 +148,7 @@ func truncatedWhileConsuming(t *testing.T, cooperative, startCheckRefused bool) 
 	oldEpoch, ok := frontier.LeaderEpochOf(before.Metadata)
 	require.True(t, ok, "the commit carries no leader epoch: %q", before.Metadata)
 
-	// The election: the old epoch ends at diverged in the new log.
-	asked := answerElection(c, topic, diverged, startCheckRefused)
-	truncatedAt := time.Now()
-	bumpLeaderEpoch(t, c, topic)
-	produceSequential(t, c, topic, 0, more) // n..n+more-1, in the new epoch
-
-	kafkatest.WaitFor(t, 30*time.Second, "every record from the divergence on handled after the truncation", func() bool {
-		for off := int64(diverged); off < n+more; off++ {
-			if handled.firstAfter(off, truncatedAt).IsZero() {
-				return false
-			}
-		}
-		return true
-	})
-	waitCommitted(t, c, group, topic, n+more, "every record committed after the election")
-	require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
+	truncatedAt := uncleanElection(t, c, group, topic, handled, diverged, n, more, startCheckRefused)
 
 	// No commit carrying a newer epoch covers a reused offset whose
 	// record was not handled after the truncation, before the commit.
@@ -196,22 +208,7 @@ func TestTruncatedLogUnderIdleClaim(t *testing.T) {
 				return owned
 			})
 
-			// The election: the old epoch ends at diverged in the new log.
-			asked := answerElection(c, topic, diverged, startCheckRefused)
-			truncatedAt := time.Now()
-			bumpLeaderEpoch(t, c, topic)
-			produceSequential(t, c, topic, 0, more) // n..n+more-1, in the new epoch
-
-			kafkatest.WaitFor(t, 30*time.Second, "every record from the divergence on handled after the truncation", func() bool {
-				for off := int64(diverged); off < n+more; off++ {
-					if handled.firstAfter(off, truncatedAt).IsZero() {
-						return false
-					}
-				}
-				return true
-			})
-			waitCommitted(t, c, group, topic, n+more, "every record committed after the election")
-			require.Positive(t, asked.Load(), "the new leader was not asked where the validated epoch ends")
+			uncleanElection(t, c, group, topic, handled, diverged, n, more, startCheckRefused)
 			for off := int64(0); off < diverged; off++ {
 				require.Zero(t, handled.count(off), "offset %d, below the divergence, was handled again", off)
 			}
