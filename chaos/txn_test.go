@@ -10,6 +10,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,15 +43,40 @@ type txnRouterMember struct {
 	sub    *safeack.Subscriber
 	pub    *safeack.TxnPublisher
 	done   chan error
+	// clientID names the member's client (each start its own).
+	clientID string
 }
 
 // startTxnRouter starts a member consuming in, writing one output per input
 // (its id in a header) to out, as transactional id txnID, with eager or
 // cooperative-sticky balancing. Handlers take up to 5 ms and fail one
 // delivery in twenty (redelivered: their outputs must never show).
+// txnLogs keeps the latest log lines of the process's members, for a
+// drain that fails to say what they did.
+var txnLogs = newTailBuffer(256 << 10)
+
+// prefixed writes each write to w behind prefix (a log line per write).
+type prefixed struct {
+	prefix string
+	w      io.Writer
+}
+
+func (p prefixed) Write(b []byte) (int, error) {
+	if _, err := p.w.Write(append([]byte(p.prefix), b...)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// txnMemberStarts numbers the members startTxnRouter starts in a process.
+var txnMemberStarts atomic.Int64
+
 func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string, coop bool) (*txnRouterMember, error) {
 	sc := c.SaramaConfig()
 	sc.Consumer.Return.Errors = true
+	// Each start is a member of its own name: a drain that stalls says
+	// which member holds what (describeTxnGroup).
+	sc.ClientID = fmt.Sprintf("%s-%d-%d", txnID, os.Getpid(), txnMemberStarts.Add(1))
 	if coop {
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}
@@ -71,7 +98,7 @@ func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string, coop boo
 		TransactionalID:       txnID,
 		CommitInterval:        100 * time.Millisecond,
 		OverwriteSaramaConfig: pc,
-	}, nil)
+	}, watermill.NewStdLoggerWithOut(prefixed{sc.ClientID + " ", txnLogs}, false, false))
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +118,7 @@ func startTxnRouter(c *kafkatest.Cluster, in, out, group, txnID string, coop boo
 		outMsg.Metadata.Set(txnIDHeader, fmt.Sprintf("%d@%d", p, o))
 		return []*message.Message{outMsg}, nil
 	})
-	m := &txnRouterMember{router: router, sub: sub, pub: pub, done: make(chan error, 1)}
+	m := &txnRouterMember{router: router, sub: sub, pub: pub, done: make(chan error, 1), clientID: sc.ClientID}
 	go func() { m.done <- router.Run(context.Background()) }()
 	select {
 	case <-router.Running():
@@ -255,6 +282,14 @@ func txnRouterChaos(t *testing.T, coop bool) {
 		retried += st.Retried
 	}
 
+	admin, err := sarama.NewClusterAdmin(c.Brokers(), c.SaramaConfig())
+	require.NoError(t, err)
+	defer admin.Close()
+	// Each closed in-process member must have left the group (see
+	// requireLeft); checked beside the churn.
+	var left sync.WaitGroup
+	defer left.Wait()
+
 	kills, storms := 0, 0
 	begin := time.Now()
 	for deadline := begin.Add(churn()); time.Now().Before(deadline); {
@@ -270,8 +305,10 @@ func txnRouterChaos(t *testing.T, coop bool) {
 		case s.inner != nil:
 			collect(s.inner)
 			require.NoError(t, s.inner.stop())
-			s.inner, err = startTxnRouter(c, in, out, group, s.id, coop)
-			require.NoError(t, err)
+			left.Go(func(clientID string) func() {
+				return func() { requireLeft(t, admin, group, clientID) }
+			}(s.inner.clientID))
+			s.inner = restartTxnRouter(t, c, in, out, group, s.id, coop)
 			storms++
 		default:
 			killChild(s)
@@ -290,13 +327,18 @@ func txnRouterChaos(t *testing.T, coop bool) {
 
 	// The in-process member drains the input alone.
 	hwm := endOffsets(t, c, in, parts)
-	admin, err := sarama.NewClusterAdmin(c.Brokers(), c.SaramaConfig())
-	require.NoError(t, err)
-	defer admin.Close()
 	// What the group held when last read, for the failure message: a
 	// drain that never ends says which partition stopped where.
 	var lastHeld string
+	nextReport := time.Now().Add(30 * time.Second)
 	drained := kafkatest.Poll(5*time.Minute, 10*time.Millisecond, func() bool {
+		if time.Now().After(nextReport) {
+			// A drain this slow is worth a trace while it lasts: the group as
+			// the broker sees it and what the member holds back.
+			nextReport = time.Now().Add(30 * time.Second)
+			t.Logf("drain after %v: held/end %s; %s; in-process member unclaimed %+v",
+				time.Since(begin).Round(time.Second), lastHeld, describeTxnGroup(admin, group, in), slots[2].inner.sub.Unclaimed())
+		}
 		// Errors (a coordinator still loading after a restart) are retried.
 		resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{in: {0, 1, 2, 3}})
 		if err != nil {
@@ -311,8 +353,11 @@ func txnRouterChaos(t *testing.T, coop bool) {
 			case b == nil:
 				held = append(held, fmt.Sprintf("%d: none/%d", p, h))
 				done = false
-			case b.Err != sarama.ErrNoError || b.Offset != h:
-				held = append(held, fmt.Sprintf("%d: %d (%v)/%d", p, b.Offset, b.Err, h))
+			case b.Err != sarama.ErrNoError:
+				held = append(held, fmt.Sprintf("%d: %v/%d", p, b.Err, h))
+				done = false
+			case b.Offset != h:
+				held = append(held, fmt.Sprintf("%d: %d/%d", p, b.Offset, h))
 				done = false
 			}
 		}
@@ -320,8 +365,11 @@ func txnRouterChaos(t *testing.T, coop bool) {
 		return done
 	})
 	if !drained {
-		t.Fatalf("timed out after 5m waiting for the group's commits to reach the end of the input: held/end %s; in-process member: partitions %+v, transactions %+v",
-			lastHeld, slots[2].inner.sub.Stats(), slots[2].inner.pub.Stats())
+		if os.Getenv(envTxnChild) == "" {
+			t.Logf("the in-process members' last log lines:\n%s", txnLogs.String())
+		}
+		t.Fatalf("timed out after 5m waiting for the group's commits to reach the end of the input: held/end %s; %s; in-process member: partitions %+v, unclaimed %+v, transactions %+v",
+			lastHeld, describeTxnGroup(admin, group, in), slots[2].inner.sub.Stats(), slots[2].inner.sub.Unclaimed(), slots[2].inner.pub.Stats())
 	}
 	collect(slots[2].inner)
 	require.NoError(t, slots[2].inner.stop())
@@ -432,4 +480,71 @@ func endOffsets(t *testing.T, c *kafkatest.Cluster, topic string, parts int) map
 		return true
 	})
 	return ends
+}
+
+// describeTxnGroup says what the broker reports of group: its state and
+// each member's client and host with the partitions of topic assigned to it.
+func describeTxnGroup(admin sarama.ClusterAdmin, group, topic string) string {
+	ds, err := admin.DescribeConsumerGroups([]string{group})
+	if err != nil || len(ds) == 0 {
+		return fmt.Sprintf("(DescribeGroups failed: %v)", err)
+	}
+	d := ds[0]
+	var ms []string
+	for id, m := range d.Members {
+		parts := "?"
+		if a, err := m.GetMemberAssignment(); err == nil && a != nil {
+			ps := slices.Clone(a.Topics[topic])
+			slices.Sort(ps)
+			parts = fmt.Sprint(ps)
+		}
+		ms = append(ms, fmt.Sprintf("%s (%s %s) %s", id, m.ClientId, m.ClientHost, parts))
+	}
+	slices.Sort(ms)
+	return fmt.Sprintf("group %s (%v), %d members: %s", d.State, d.Err, len(ms), strings.Join(ms, ", "))
+}
+
+// requireLeft fails t unless the member whose client is clientID, closed,
+// is out of group within a session timeout and some: a closed Subscriber
+// that stayed in its group (its consumer group still heartbeating) would
+// keep partitions from the live members for good.
+func requireLeft(t *testing.T, admin sarama.ClusterAdmin, group, clientID string) {
+	var last string
+	gone := kafkatest.Poll(20*time.Second, 200*time.Millisecond, func() bool {
+		ds, err := admin.DescribeConsumerGroups([]string{group})
+		if err != nil || len(ds) == 0 {
+			last = fmt.Sprintf("DescribeGroups: %v", err)
+			return false
+		}
+		for id, m := range ds[0].Members {
+			if m.ClientId == clientID {
+				last = "still a member as " + id
+				return false
+			}
+		}
+		return true
+	})
+	if !gone {
+		buf := make([]byte, 1<<22)
+		buf = buf[:runtime.Stack(buf, true)]
+		t.Errorf("closed member %s did not leave group %s within 20 s (%s); goroutines:\n%s", clientID, group, last, buf)
+	}
+}
+
+// restartTxnRouter starts the in-process member again, trying for up to a
+// minute: a Subscribe that cannot reach any broker fails (as
+// watermill-kafka's does), and the broker may be restarting.
+func restartTxnRouter(t *testing.T, c *kafkatest.Cluster, in, out, group, txnID string, coop bool) *txnRouterMember {
+	var m *txnRouterMember
+	var last error
+	if !kafkatest.Poll(time.Minute, time.Second, func() bool {
+		m, last = startTxnRouter(c, in, out, group, txnID, coop)
+		if last != nil {
+			t.Logf("in-process member did not start (trying again): %v", last)
+		}
+		return last == nil
+	}) {
+		t.Fatalf("in-process member did not start within a minute: %v", last)
+	}
+	return m
 }
