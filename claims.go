@@ -228,8 +228,9 @@ func (w *claimWatch) holds(topic string, partition int32) bool {
 	stop := w.stop
 	st := w.parts[partition]
 	if stop == nil || st != nil && (st.held || st.asked || st.running) {
+		held := st != nil && st.held // read under mu: check releases claims
 		w.mu.Unlock()
-		return st != nil && st.held
+		return held
 	}
 	w.mu.Unlock()
 	_, errs := listOffsets(w.client, topic, []int32{partition}, sarama.OffsetNewest)
