@@ -3,6 +3,8 @@ package safeack_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -229,6 +231,7 @@ func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 	select {
 	case <-outputClosed:
 	case <-time.After(drainTimeout + 5*time.Second):
+		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1) // where the subscription's end waits
 		t.Fatal("cancelling the Subscribe context did not close the output channel")
 	}
 	require.Error(t, hold.all()[po{1, 5}].m.Context().Err(), "the held message's context outlived its subscription")
