@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -321,9 +320,8 @@ func txnRouterChaos(t *testing.T, coop bool) {
 		case s.inner != nil:
 			collect(s.inner)
 			require.NoError(t, s.inner.stop())
-			left.Go(func(clientID string) func() {
-				return func() { noteLeft(t, admin, group, in, clientID) }
-			}(s.inner.clientID))
+			closed := s.inner.clientID // s.inner is replaced below
+			left.Go(func() { noteLeft(t, admin, group, in, closed) })
 			s.inner = restartTxnRouter(t, c, in, out, group, s.id, coop)
 			storms++
 		default:
@@ -499,29 +497,12 @@ func endOffsets(t *testing.T, c *kafkatest.Cluster, topic string, parts int) map
 }
 
 // describeTxnGroup says what the broker reports of group: its state and
-// each member's client and host with the partitions of topic assigned to it.
+// each member's id, client and host with the partitions of topic assigned
+// to it.
 func describeTxnGroup(admin sarama.ClusterAdmin, group, topic string) string {
-	ds, err := admin.DescribeConsumerGroups([]string{group})
-	if err != nil || len(ds) == 0 {
-		return fmt.Sprintf("(DescribeGroups failed: %v)", err)
-	}
-	d := ds[0]
-	var ms []string
-	for id, m := range d.Members {
-		parts := "?"
-		if a, err := m.GetMemberAssignment(); err == nil && a != nil {
-			ps := slices.Clone(a.Topics[topic])
-			slices.Sort(ps)
-			parts = fmt.Sprint(ps)
-		}
-		ms = append(ms, fmt.Sprintf("%s (%s %s) %s", id, m.ClientId, m.ClientHost, parts))
-	}
-	slices.Sort(ms)
-	state := d.State
-	if d.Err != sarama.ErrNoError {
-		state += " (" + d.Err.Error() + ")"
-	}
-	return fmt.Sprintf("group %s, %d members: %s", state, len(ms), strings.Join(ms, ", "))
+	return describeGroupMembers(admin, group, topic, func(id string, m *sarama.GroupMemberDescription, parts string) string {
+		return fmt.Sprintf("%s (%s %s) %s", id, m.ClientId, m.ClientHost, parts)
+	})
 }
 
 // noteLeft waits until the member whose client is clientID, closed, is out

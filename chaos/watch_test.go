@@ -149,7 +149,16 @@ func unownedOf(sets [][]int32, n int) []int32 {
 // each member's client id (chaos-member-N: consumer N) with the partitions
 // assigned to it.
 func (sc *scenario) describeGroup() string {
-	ds, err := sc.sampler.admin.DescribeConsumerGroups([]string{sc.group})
+	return describeGroupMembers(sc.sampler.admin, sc.group, sc.topic, func(_ string, m *sarama.GroupMemberDescription, parts string) string {
+		return m.ClientId + " " + parts + " (" + sc.consumerState(m.ClientId) + ")"
+	})
+}
+
+// describeGroupMembers says what the broker reports of group: its state
+// and each member, as member formats it with the partitions of topic
+// assigned to it (sorted; "?" when the assignment cannot be read).
+func describeGroupMembers(admin sarama.ClusterAdmin, group, topic string, member func(id string, m *sarama.GroupMemberDescription, parts string) string) string {
+	ds, err := admin.DescribeConsumerGroups([]string{group})
 	if err != nil || len(ds) == 0 {
 		return fmt.Sprintf("(DescribeGroups failed: %v)", err)
 	}
@@ -158,14 +167,14 @@ func (sc *scenario) describeGroup() string {
 		return fmt.Sprintf("(DescribeGroups: %v)", d.Err)
 	}
 	var ms []string
-	for _, m := range d.Members {
+	for id, m := range d.Members {
 		parts := "?"
 		if a, err := m.GetMemberAssignment(); err == nil && a != nil {
-			ps := slices.Clone(a.Topics[sc.topic])
+			ps := slices.Clone(a.Topics[topic])
 			slices.Sort(ps)
 			parts = fmt.Sprint(ps)
 		}
-		ms = append(ms, m.ClientId+" "+parts+" ("+sc.consumerState(m.ClientId)+")")
+		ms = append(ms, member(id, m, parts))
 	}
 	slices.Sort(ms)
 	return fmt.Sprintf("group %s, %d members: %s", d.State, len(ms), strings.Join(ms, ", "))
