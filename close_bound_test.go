@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -34,6 +33,11 @@ const (
 	fetchesUnanswered                    // Fetch never answered; the group coordinator answers
 	brokersGone                          // the cluster is closed
 )
+
+// closeLeftGrace is how long after Close returned the goroutines of its
+// subscriber may take to end: the last steps after closing the output
+// channel (returning, running defers), on a loaded machine.
+const closeLeftGrace = time.Second
 
 // closeSlowAnswer is how late commitsSlow answers a commit.
 const closeSlowAnswer = 2 * time.Second
@@ -210,10 +214,16 @@ func testCloseBounded(t *testing.T, fault closeFault) {
 	commits := c.ObserveCommits(t)
 
 	logs := watermill.NewCaptureLogger()
-	sub := newLoggedSubscriber(t, c, group, logs, func(cfg *safeack.SubscriberConfig) {
-		userTimeouts(cfg.OverwriteSaramaConfig)
-		cfg.DrainTimeout = 0 // DefaultDrainTimeout
-		cfg.Ordering = safeack.Unordered
+	var sub *safeack.Subscriber
+	var msgs <-chan *message.Message
+	scope := newGoroutineScope(t)
+	scope.inScope(func() {
+		sub = newLoggedSubscriber(t, c, group, logs, func(cfg *safeack.SubscriberConfig) {
+			userTimeouts(cfg.OverwriteSaramaConfig)
+			cfg.DrainTimeout = 0 // DefaultDrainTimeout
+			cfg.Ordering = safeack.Unordered
+		})
+		msgs = mustSubscribe(t, sub, topic)
 	})
 	var holds []po
 	for p := range int32(partitions) {
@@ -221,7 +231,7 @@ func testCloseBounded(t *testing.T, fault closeFault) {
 	}
 	hold := newHolder(holds...)
 	acks := newAckLog()
-	outputClosed := handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+	outputClosed := handleAll(msgs, func(m *message.Message) {
 		if hold.take(m) {
 			// Finishes once Close began: the final position moves past
 			// what the group holds.
@@ -242,19 +252,21 @@ func testCloseBounded(t *testing.T, fault closeFault) {
 	commits.WaitForOffsets(t, 20*time.Second, group, topic, want)
 
 	off := injectCloseFault(t, c, group, fault)
-	// SAFEACK_CLOSE_DUMP=4s dumps the goroutines that long into Close.
+	// SAFEACK_CLOSE_DUMP=4s writes the goroutines that long into Close
+	// to a file, named in the log.
 	if at, err := time.ParseDuration(os.Getenv("SAFEACK_CLOSE_DUMP")); err == nil {
-		dump := time.AfterFunc(at, func() { _ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1) })
+		dump := time.AfterFunc(at, func() { t.Logf("goroutines %v into Close: %s", at, dumpGoroutines(t)) })
 		defer dump.Stop()
 	}
 	took := timeClose(t, sub, 3*time.Minute)
 	t.Logf("Close took %v", took.Round(time.Millisecond))
 	select {
 	case <-outputClosed:
-	case <-time.After(time.Second):
-		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
-		t.Fatal("the output channel is still open after Close returned")
+	case <-time.After(time.Second): // the reader's last receive
+		t.Fatalf("the output channel is still open after Close returned (Close took %v); goroutines: %s",
+			took.Round(time.Millisecond), dumpGoroutines(t))
 	}
+	scope.requireNoneLeft(t, closeLeftGrace, "Close returned")
 	require.Empty(t, sub.Stats())
 	require.Less(t, took, closeBound+closeSlack, "Close took longer than its bound")
 
@@ -321,11 +333,17 @@ func testTxnCloseBounded(t *testing.T, fault closeFault) {
 		userTimeouts(tc.OverwriteSaramaConfig)
 		cfg.DrainTimeout = 0
 	}
-	sub1, pub1 := r.loggedSubscriber(t, txnID, logs, users)
+	var sub1 *safeack.Subscriber
+	var pub1 *safeack.TxnPublisher
+	var stop1 func()
 	var outputs atomic.Int64
-	stop1 := runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
-		outputs.Add(1)
-		return transform(&att, 50*time.Millisecond)(msg) // still at work when Close comes
+	scope := newGoroutineScope(t)
+	scope.inScope(func() {
+		sub1, pub1 = r.loggedSubscriber(t, txnID, logs, users)
+		stop1 = runRouter(t, r, sub1, pub1, func(msg *message.Message) ([]*message.Message, error) {
+			outputs.Add(1)
+			return transform(&att, 50*time.Millisecond)(msg) // still at work when Close comes
+		})
 	})
 	kafkatest.WaitFor(t, 60*time.Second, "some transactions", func() bool {
 		return pub1.Stats().Committed > 3 && outputs.Load() > 200
@@ -352,6 +370,7 @@ func testTxnCloseBounded(t *testing.T, fault closeFault) {
 	t.Logf("Close took %v; %+v", took.Round(time.Millisecond), pub1.Stats())
 	stop1()
 	require.Less(t, took, closeBound+closeSlack, "Close took longer than its bound")
+	scope.requireNoneLeft(t, closeLeftGrace, "Close and the router's Close returned")
 	abandoned := false
 	for _, e := range logs.Captured()[watermill.ErrorLogLevel] {
 		if e.Fields["transactional_id"] == txnID+"-"+r.in && strings.Contains(e.Msg, "abandon") {

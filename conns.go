@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 )
@@ -59,7 +60,46 @@ func trackConns(cfg *sarama.Config) *connTracker {
 	}
 	cfg.Net.Proxy.Enable = true
 	cfg.Net.Proxy.Dialer = t
+	// Sarama's retry loops (a metadata refresh, a coordinator lookup, a
+	// partition consumer's restart, a transaction's steps) sleep between
+	// attempts and take no context: a background refresh or a commit
+	// loop's read-back would go on sleeping after the shutdown deadline,
+	// and client.Close waits for the refresh. Once abandoned, every
+	// attempt fails at once on the refused connections, so they retry
+	// without sleeping and end within the shutdown's bound.
+	cfg.Metadata.Retry.BackoffFunc = t.noWaitOnceAbandoned(cfg.Metadata.Retry.BackoffFunc, cfg.Metadata.Retry.Backoff)
+	cfg.Consumer.Retry.BackoffFunc = t.noWaitOnceAbandoned1(cfg.Consumer.Retry.BackoffFunc, cfg.Consumer.Retry.Backoff)
+	cfg.Producer.Retry.BackoffFunc = t.noWaitOnceAbandoned(cfg.Producer.Retry.BackoffFunc, cfg.Producer.Retry.Backoff)
+	cfg.Producer.Transaction.Retry.BackoffFunc = t.noWaitOnceAbandoned(cfg.Producer.Transaction.Retry.BackoffFunc, cfg.Producer.Transaction.Retry.Backoff)
 	return t
+}
+
+// noWaitOnceAbandoned is a Sarama retry backoff: user's (or the fixed
+// backoff when user is nil) until the tracker is abandoned, none after.
+func (t *connTracker) noWaitOnceAbandoned(user func(retries, maxRetries int) time.Duration, fixed time.Duration) func(retries, maxRetries int) time.Duration {
+	return func(retries, maxRetries int) time.Duration {
+		if t.ctx.Err() != nil {
+			return 0
+		}
+		if user != nil {
+			return user(retries, maxRetries)
+		}
+		return fixed
+	}
+}
+
+// noWaitOnceAbandoned1 is noWaitOnceAbandoned for Consumer.Retry, whose
+// backoff takes the retry count alone.
+func (t *connTracker) noWaitOnceAbandoned1(user func(retries int) time.Duration, fixed time.Duration) func(retries int) time.Duration {
+	return func(retries int) time.Duration {
+		if t.ctx.Err() != nil {
+			return 0
+		}
+		if user != nil {
+			return user(retries)
+		}
+		return fixed
+	}
 }
 
 // dialUntil runs dial and gives up when ctx ends; a connection made after

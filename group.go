@@ -29,6 +29,15 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 	go func() {
 		defer close(errsDone)
 		for err := range group.Errors() {
+			if sub.halt.isStopping() {
+				// Closing the group's connections under its last fetches
+				// and requests is how a subscription stops (see
+				// shutdown): their errors ("use of closed network
+				// connection") are the shutdown's, not a fault. A final
+				// position the group does not hold is logged on its own.
+				sub.logger.Debug("Sarama consumer group error while stopping", sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
+				continue
+			}
 			sub.logger.Error("Sarama consumer group error", err, sub.logFields)
 			if ce, ok := errors.AsType[*sarama.ConsumerError](err); ok && ce.Topic == sub.topic {
 				watch.claimError(ce.Partition, ce.Err)

@@ -14,8 +14,23 @@ import (
 // when it nacks the message instead of dead-lettering it, because the
 // message's partition assignment ended (or its subscriber cancelled its
 // context) before the handler gave up. The wrapped error is kept:
-// errors.Is still finds, say, context.Canceled.
-var ErrAssignmentEnded = errors.New("safeack: assignment ended; not dead-lettered, left to the partition's next owner")
+// errors.Is still finds, say, a driver's error.
+//
+// errors.Is(ErrAssignmentEnded, context.Canceled) reports true: the work
+// was cancelled by the subscriber, not failed by the record. Watermill's
+// Router therefore does not log it as "Handler returned error" (it skips
+// cancellations), so a clean shutdown or rebalance logs no ERROR for the
+// records it cut short; the router still nacks them.
+var ErrAssignmentEnded error = assignmentEnded{}
+
+type assignmentEnded struct{}
+
+func (assignmentEnded) Error() string {
+	return "safeack: assignment ended; not dead-lettered, left to the partition's next owner"
+}
+
+// Is makes the error a cancellation (see ErrAssignmentEnded).
+func (assignmentEnded) Is(target error) bool { return target == context.Canceled }
 
 // PoisonQueue is router middleware that dead-letters a message whose
 // handler failed, as Watermill's middleware.PoisonQueue does (it publishes

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,15 +26,19 @@ import (
 // within a bound (the drain, plus the flush's DrainTimeout + 5 s), not hang
 // on a leave that can never be answered; its goroutines end.
 func TestShareCloseBrokerGone(t *testing.T) {
+	t.Parallel()
 	c := startShareCluster(t, 0)
 	c.RequireEmbedded(t)
 	topic := c.NewTopic(t, 1)
 	group := c.NewGroup(t)
-	// Produced first: the harness's producer goroutines are not counted.
 	c.ProduceN(t, topic, 1, 3, nil)
-	before := runtime.NumGoroutine()
-	sub := newShareSub(t, c, group, nil)
-	msgs := subscribeShare(t, sub, topic)
+	var sub *safeack.ShareSubscriber
+	var msgs <-chan *message.Message
+	scope := newGoroutineScope(t)
+	scope.inScope(func() {
+		sub = newShareSub(t, c, group, nil)
+		msgs = subscribeShare(t, sub, topic)
+	})
 	held := receive(t, msgs, 20*time.Second, "no record")
 	c.Kfake().Close()
 	kafkatest.WaitFor(t, 20*time.Second, "Ready reports the lost broker", func() bool { return sub.Ready() != nil })
@@ -46,9 +49,7 @@ func TestShareCloseBrokerGone(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		buf := make([]byte, 1<<20)
-		n := runtime.Stack(buf, true)
-		t.Fatalf("Close still running after 30 s (DrainTimeout 500 ms)\n%s", buf[:n])
+		t.Fatalf("Close still running after 30 s (DrainTimeout 500 ms); goroutines: %s", dumpGoroutines(t))
 	}
 	took := time.Since(start)
 	t.Logf("Close took %v with the broker gone", took)
@@ -58,12 +59,7 @@ func TestShareCloseBrokerGone(t *testing.T) {
 	default:
 		t.Error("held message's context alive after Close")
 	}
-	ok := kafkatest.Poll(10*time.Second, 100*time.Millisecond, func() bool { return runtime.NumGoroutine() <= before+2 })
-	if !ok {
-		buf := make([]byte, 1<<20)
-		n := runtime.Stack(buf, true)
-		t.Errorf("goroutines after Close: %d, before Subscribe %d\n%s", runtime.NumGoroutine(), before, buf[:n])
-	}
+	scope.requireNoneLeft(t, closeLeftGrace, "Close returned")
 }
 
 // TestShareCloseReleasesAcrossBrokers: three brokers, partitions led by
@@ -589,16 +585,21 @@ func TestShareDeadLetterFailingAtClose(t *testing.T) {
 // usable: a new Subscribe gets the released record at once, and after
 // Close no goroutine of either subscription is left.
 func TestShareSubscribeContextEnds(t *testing.T) {
+	t.Parallel()
 	c := startShareCluster(t, 0)
 	topic := c.NewTopic(t, 1)
 	group := c.NewGroup(t)
-	// Produced first: the harness's producer goroutines are not counted.
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("held")})
-	before := runtime.NumGoroutine()
-	sub := newShareSub(t, c, group, nil)
+	var sub *safeack.ShareSubscriber
+	var msgs <-chan *message.Message
+	scope := newGoroutineScope(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	msgs, err := sub.Subscribe(ctx, topic)
-	require.NoError(t, err)
+	scope.inScope(func() {
+		sub = newShareSub(t, c, group, nil)
+		var err error
+		msgs, err = sub.Subscribe(ctx, topic)
+		require.NoError(t, err)
+	})
 	held := receive(t, msgs, 20*time.Second, "no record")
 	cancel()
 	select {
@@ -612,7 +613,8 @@ func TestShareSubscribeContextEnds(t *testing.T) {
 	default:
 		t.Error("held message's context alive after its subscription ended")
 	}
-	msgs2 := subscribeShare(t, sub, topic)
+	var msgs2 <-chan *message.Message
+	scope.inScope(func() { msgs2 = subscribeShare(t, sub, topic) })
 	start := time.Now()
 	select {
 	case m := <-msgs2:
@@ -623,10 +625,5 @@ func TestShareSubscribeContextEnds(t *testing.T) {
 		t.Fatal("the released record did not come back (the lock is 30 s)")
 	}
 	require.NoError(t, sub.Close())
-	ok := kafkatest.Poll(10*time.Second, 100*time.Millisecond, func() bool { return runtime.NumGoroutine() <= before+2 })
-	if !ok {
-		buf := make([]byte, 1<<20)
-		n := runtime.Stack(buf, true)
-		t.Errorf("goroutines after Close: %d, before %d\n%s", runtime.NumGoroutine(), before, buf[:n])
-	}
+	scope.requireNoneLeft(t, closeLeftGrace, "Close returned")
 }

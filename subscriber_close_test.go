@@ -3,8 +3,6 @@ package safeack_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -231,8 +229,8 @@ func TestSubscriberContextCancelClosesChannel(t *testing.T) {
 	select {
 	case <-outputClosed:
 	case <-time.After(drainTimeout + 5*time.Second):
-		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1) // where the subscription's end waits
-		t.Fatal("cancelling the Subscribe context did not close the output channel")
+		t.Fatalf("cancelling the Subscribe context did not close the output channel; goroutines (where the subscription's end waits): %s",
+			dumpGoroutines(t))
 	}
 	require.Error(t, hold.all()[po{1, 5}].m.Context().Err(), "the held message's context outlived its subscription")
 	for _, ps := range sub.Stats() {
