@@ -10,6 +10,7 @@ import (
 // it under mu. The answer must be read under mu too (the race detector
 // caught holds reading it after unlocking, in a CI run against Kafka 4.1.2).
 func TestClaimWatchHoldsWhileReleased(t *testing.T) {
+	t.Parallel()
 	st := &claimState{held: true, asked: true}
 	w := &claimWatch{
 		sub:   &subscription{topic: "t"},

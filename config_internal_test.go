@@ -12,6 +12,7 @@ import (
 // Rebalance.Timeout, so a Sarama config Sarama accepts is accepted; an
 // explicit one is kept (and refused when too long).
 func TestDefaultDrainTimeout(t *testing.T) {
+	t.Parallel()
 	withRebalance := func(d time.Duration) *sarama.Config {
 		c := DefaultSaramaSubscriberConfig()
 		c.Consumer.Group.Rebalance.Timeout = d
@@ -44,6 +45,7 @@ func TestDefaultDrainTimeout(t *testing.T) {
 // TestOTELEnabledSetsTracer: OTELEnabled means watermill-kafka's OTEL
 // tracer, unless a Tracer is given.
 func TestOTELEnabledSetsTracer(t *testing.T) {
+	t.Parallel()
 	if tr := (SubscriberConfig{OTELEnabled: true}).withDefaults().Tracer; tr != kafka.NewOTELSaramaTracer() {
 		t.Errorf("OTELEnabled: Tracer = %#v, want kafka.OTELSaramaTracer", tr)
 	}
@@ -65,6 +67,7 @@ type customStrategy struct{ sarama.BalanceStrategy }
 // TestCopySaramaConfigStrategies: each copy gets new instances of Sarama's
 // own balance strategies, of the same kind; other strategies are kept.
 func TestCopySaramaConfigStrategies(t *testing.T) {
+	t.Parallel()
 	own := customStrategy{sarama.NewBalanceStrategySticky()}
 	orig := sarama.NewConfig()
 	orig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{

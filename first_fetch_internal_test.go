@@ -13,6 +13,7 @@ import (
 // batches from the fetch offset on, transaction markers left out, Sarama's
 // timestamps; and nothing at all for what it does not expect.
 func TestFirstRecordsDecoding(t *testing.T) {
+	t.Parallel()
 	base := time.UnixMilli(1_700_000_000_000)
 	batch := func(first int64, n int, mod func(*sarama.RecordBatch)) *sarama.Records {
 		b := &sarama.RecordBatch{Version: 2, FirstOffset: first, FirstTimestamp: base, MaxTimestamp: base.Add(time.Hour)}

@@ -88,6 +88,7 @@ func waitLeaderLostReported(t *testing.T, sub *safeack.Subscriber, logs errorLog
 // give the added claim up after its retries, which ended the member's
 // session (and so every claim it had) once.
 func TestUnclaimedAddedByCooperativeRebalance(t *testing.T) {
+	t.Parallel()
 	for _, f := range leaderFaults {
 		t.Run(f.name, func(t *testing.T) {
 			t.Parallel()
@@ -150,6 +151,7 @@ func TestUnclaimedAddedByCooperativeRebalance(t *testing.T) {
 // bound, and consumes it again once its leader answers, which clears the
 // report.
 func TestUnclaimedLeaderLostWhileConsuming(t *testing.T) {
+	t.Parallel()
 	for _, s := range unclaimedStrategies {
 		for _, f := range leaderFaults {
 			t.Run(s.name+"/"+f.name, func(t *testing.T) {
@@ -202,6 +204,7 @@ func TestUnclaimedLeaderLostWhileConsuming(t *testing.T) {
 // (DrainTimeout + min(max(DrainTimeout, 1 s), 5 s) + 2 s), and the final
 // commit covers every acked record, that one included.
 func TestCloseWhileLeaderLost(t *testing.T) {
+	t.Parallel()
 	for _, s := range unclaimedStrategies {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
@@ -272,6 +275,7 @@ func reconnects(logs errorLog) []loggedError {
 // reported (an Error, Unclaimed with Claimed set) within the claim bound,
 // and consumed again, without a reconnect, once its leader answers.
 func TestNoGroupLeaderLostWhileConsuming(t *testing.T) {
+	t.Parallel()
 	for _, f := range leaderFaults {
 		t.Run(f.name, func(t *testing.T) {
 			t.Parallel()
@@ -312,6 +316,7 @@ func TestNoGroupLeaderLostWhileConsuming(t *testing.T) {
 // Oldest here), within seconds of its leader's return; the connection does
 // not end.
 func TestNoGroupUnclaimedAtSubscribe(t *testing.T) {
+	t.Parallel()
 	for _, f := range leaderFaults {
 		t.Run(f.name, func(t *testing.T) {
 			t.Parallel()

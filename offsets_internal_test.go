@@ -55,6 +55,7 @@ func TestListOffsets(t *testing.T) {
 // record (the leader epoch alone) holds a want without metadata, and a tail
 // that differs is a position of its own.
 func TestCommittedOffsetHolds(t *testing.T) {
+	t.Parallel()
 	epochOnly, _, err := frontier.EncodeTailEpoch(5, nil, frontier.DefaultMetadataBudget, 0)
 	require.NoError(t, err)
 	withTail, _, err := frontier.EncodeTailEpoch(5, []frontier.Range{{From: 6, To: 8}}, frontier.DefaultMetadataBudget, 0)

@@ -93,6 +93,17 @@ func (e *suiteEnv) constructors() (tests.PubSubConstructor, tests.ConsumerGroupP
 	}, withGroup
 }
 
+// fullSuite reports whether Watermill's universal suite runs at full size
+// on c (up to 10,000 messages a test, 50 subscribers): against a real
+// broker, as CI's integration runs do, or when SAFEACK_TEST_FULL is set.
+// On the embedded broker by default it runs its short mode: the same
+// tests and checks, with 100 to 1,000 messages and 10 subscribers. Full
+// size there took the default suite's longest minutes (two of its tests
+// over 50 s each under -race on two cores).
+func fullSuite(c *kafkatest.Cluster) bool {
+	return !c.Embedded() || os.Getenv("SAFEACK_TEST_FULL") != ""
+}
+
 // runGroupSuite runs Watermill's universal suite with consumer groups.
 func runGroupSuite(t *testing.T, ordering safeack.Ordering, marshaler kafka.MarshalerUnmarshaler, guaranteedOrder bool) {
 	env := newSuiteEnv(t, ordering, marshaler)
@@ -101,14 +112,17 @@ func runGroupSuite(t *testing.T, ordering safeack.Ordering, marshaler kafka.Mars
 		ConsumerGroups:  true,
 		Persistent:      true,
 		GuaranteedOrder: guaranteedOrder,
+		ForceShort:      !fullSuite(env.cluster),
 	}, pubSub, group)
 }
 
 func TestPubSubUnordered(t *testing.T) {
+	t.Parallel()
 	runGroupSuite(t, safeack.Unordered, kafka.DefaultMarshaler{}, false)
 }
 
 func TestPubSubByKey(t *testing.T) {
+	t.Parallel()
 	runGroupSuite(t, safeack.OrderByKey, kafka.DefaultMarshaler{}, false)
 }
 
@@ -117,6 +131,7 @@ func TestPubSubByKey(t *testing.T) {
 // messages on one partition: the partitioning marshaler with an empty
 // partition key puts them there, as watermill-kafka's own ordered test does.
 func TestPubSubByPartition(t *testing.T) {
+	t.Parallel()
 	runGroupSuite(t, safeack.OrderByPartition, kafka.NewWithPartitioningMarshaler(
 		func(topic string, msg *message.Message) (string, error) {
 			return msg.Metadata.Get("partition_key"), nil
@@ -124,6 +139,7 @@ func TestPubSubByPartition(t *testing.T) {
 }
 
 func TestPubSubNoConsumerGroup(t *testing.T) {
+	t.Parallel()
 	env := newSuiteEnv(t, safeack.Unordered, kafka.DefaultMarshaler{})
 	// TestConcurrentSubscribe reads 5,000 messages from 50 subscribers
 	// that each hand out all of them, then closes them one by one: each
@@ -134,6 +150,7 @@ func TestPubSubNoConsumerGroup(t *testing.T) {
 		Persistent:                       true,
 		GuaranteedOrder:                  false,
 		NewSubscriberReceivesOldMessages: true,
+		ForceShort:                       !fullSuite(env.cluster),
 	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
 		return env.publisher(t), env.subscriber(t, "")
 	}, nil)

@@ -12,6 +12,7 @@ import (
 )
 
 func TestRejoinRetry(t *testing.T) {
+	t.Parallel()
 	const window = 3 * time.Second
 	var r rejoinRetry
 	t0 := time.Unix(1000, 0)
@@ -56,6 +57,7 @@ func TestRejoinRetry(t *testing.T) {
 }
 
 func TestCoordinatorMoving(t *testing.T) {
+	t.Parallel()
 	for _, err := range []error{sarama.ErrNotCoordinatorForConsumer, sarama.ErrConsumerCoordinatorNotAvailable,
 		sarama.ErrOffsetsLoadInProgress, sarama.ErrRebalanceInProgress, fmt.Errorf("wrapped: %w", sarama.ErrOffsetsLoadInProgress)} {
 		if !coordinatorMoving(err) {

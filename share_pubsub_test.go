@@ -32,6 +32,7 @@ import (
 // after which a record is archived. The embedded broker gets a limit of
 // 1,000 for it; on a real cluster the suite runs short (5 nacks).
 func TestSharePubSub(t *testing.T) {
+	t.Parallel()
 	c := startShareCluster(t, 0, kfake.AllowAutoTopicCreation(),
 		kfake.BrokerConfigs(map[string]string{"group.share.delivery.count.limit": "1000"}))
 	env := &suiteEnv{cluster: c, marshaler: kafka.DefaultMarshaler{}}
@@ -54,7 +55,9 @@ func TestSharePubSub(t *testing.T) {
 		ConsumerGroups:  true,
 		Persistent:      true,
 		GuaranteedOrder: false,
-		ForceShort:      !c.Embedded(),
+		// Short on a real broker too: each test waits out share
+		// heartbeats and acquisition locks there.
+		ForceShort: !c.Embedded() || !fullSuite(c),
 	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
 		return env.publisher(t), sub(t, "share-"+strings.ReplaceAll(t.Name(), "/", "."))
 	}, func(t *testing.T, group string) (message.Publisher, message.Subscriber) {

@@ -28,6 +28,7 @@ import (
 // the next member resumes there: the 30 records produced afterwards
 // (offsets 10..39) all get their output, once.
 func TestTxnCommitAboveHighWaterMark(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	r := newTxnRig(t, c, 1, 10)
 	c.CommitOffset(t, r.group, r.in, 0, 30)
@@ -97,6 +98,7 @@ func without(ids []string, drop string) []string {
 // start (20..39): their outputs are there already. Record 5 is gone, and
 // with it its output.
 func TestTxnCompletedTailAboveMovedLogStart(t *testing.T) {
+	t.Parallel()
 	c, r, rd := startTxnRig(t, 1, 40)
 	var att attempts
 	txnHoldOne(t, r, rd, &att, "txn-moved-start", 5)
@@ -118,6 +120,7 @@ func TestTxnCompletedTailAboveMovedLogStart(t *testing.T) {
 // it lists: only the held record is handled again, and every output is
 // there once.
 func TestTxnCompletedTailReadWithTailDisabled(t *testing.T) {
+	t.Parallel()
 	_, r, rd := startTxnRig(t, 1, 40)
 	var att attempts
 	txnHoldOne(t, r, rd, &att, "txn-tail-disabled", 5)

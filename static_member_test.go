@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -101,9 +102,16 @@ func (l errorLog) count(target error) int {
 // from each other for as long as both run. Every commit at the broker
 // covers only acked records.
 func TestStaticMemberFenced(t *testing.T) {
-	t.Run("idle", func(t *testing.T) { testStaticMemberFenced(t, false, false) })
-	t.Run("busy", func(t *testing.T) { testStaticMemberFenced(t, true, false) })
-	t.Run("busy-cooperative", func(t *testing.T) { testStaticMemberFenced(t, true, true) })
+	t.Parallel()
+	for _, tc := range []struct {
+		name              string
+		busy, cooperative bool
+	}{{"idle", false, false}, {"busy", true, false}, {"busy-cooperative", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testStaticMemberFenced(t, tc.busy, tc.cooperative)
+		})
+	}
 }
 
 func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
@@ -196,10 +204,28 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 	// enough for A to have rejoined and taken them back if it were going
 	// to (its rejoin window is two session timeouts, then a new client
 	// joins under a new member id).
+	// When B's join reached the broker, which fences A's member from then
+	// on (on the embedded broker, where requests are observed; before B
+	// is made, elsewhere). A's commits sent before it are not refused,
+	// and on a loaded machine B takes a while to get there.
 	joinedB := time.Now()
+	var joinSeen atomic.Int64
+	if c.Embedded() {
+		kf := c.Kfake()
+		kf.ControlKey(kmsg.JoinGroup.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			kf.KeepControl()
+			if jg := req.(*kmsg.JoinGroupRequest); jg.Group == group && jg.MemberID == "" {
+				joinSeen.CompareAndSwap(0, time.Now().UnixNano())
+			}
+			return nil, nil, false
+		})
+	}
 	b := member(testLogger())
 	doneB := handleAll(mustSubscribe(t, b, topic), acks.ack)
 	require.NoError(t, b.WaitReady(t.Context()))
+	if at := joinSeen.Load(); at != 0 {
+		joinedB = time.Unix(0, at)
+	}
 	kafkatest.WaitFor(t, mwWait, "B to own the partitions", func() bool {
 		return len(ownedPartitions(b, topic)) == partitions
 	})
@@ -281,6 +307,7 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 // stop (a TxnOffsetCommit from it would be refused anyway, aborting its
 // outputs), it does not rejoin, and the outputs are exactly once.
 func TestTxnStaticMemberFenced(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	session := time.Second
 	if !c.Embedded() {
@@ -337,6 +364,7 @@ func TestTxnStaticMemberFenced(t *testing.T) {
 // fails with ErrInvalidConfig and changes nothing; once the first
 // subscription ended, the instance id is free again.
 func TestStaticMemberOneSubscriptionAtATime(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	topic1, topic2 := c.NewTopic(t, 1), c.NewTopic(t, 1)
 	group := c.NewGroup(t)

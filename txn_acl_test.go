@@ -26,6 +26,7 @@ import (
 // carried it aborted: the record was handled again and the subscription
 // never committed again.
 func TestTxnOutputTopicNotWritable(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		denied kmsg.ACLOperation

@@ -21,6 +21,7 @@ import (
 // mid-catch-up, then the first member leaves. A read_committed reader sees
 // exactly one output per input, and no transaction is aborted.
 func TestTxnCooperativeNewPartitionsHandedOverWhileCatchingUp(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	r := &txnRig{c: c, parts: 4, in: c.NewTopic(t, 1), out: c.NewTopic(t, 4), group: c.NewGroup(t)}
 	mod := func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {

@@ -39,6 +39,7 @@ type txnMember struct {
 // the group's offsets end at the input's end; no transaction is aborted
 // (an abort would end the member's whole session).
 func TestTxnCooperativeExactlyOnce(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	r := newTxnRig(t, c, 6, 600)
 	var att attempts
@@ -174,6 +175,7 @@ func produceSteadily(t *testing.T, c *kafkatest.Cluster, topic string) (stop fun
 // handled too, each output exactly once, its start committed in a
 // transaction. Before, they were skipped (the claim started at the end).
 func TestTxnCooperativeNewPartition(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	r := &txnRig{c: c, parts: 2, in: c.NewTopic(t, 1), out: c.NewTopic(t, 2), group: c.NewGroup(t)}
 	sub, pub := r.subscriber(t, "txn-coop-new", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
@@ -215,6 +217,7 @@ func TestTxnCooperativeNewPartition(t *testing.T) {
 // went to. One output per input, the moved record's from its second
 // delivery.
 func TestTxnCooperativeDeferredResolvedAfterRevoke(t *testing.T) {
+	t.Parallel()
 	c, r, rd := startTxnRig(t, 2, 200)
 	held := map[string]bool{"0@10": true, "1@10": true}
 	var att attempts

@@ -84,6 +84,7 @@ func shortSessions(sc *sarama.Config) {
 // dead one's transactions. A read_committed reader sees exactly one output
 // per input.
 func TestTxnRouterSIGKILL(t *testing.T) {
+	t.Parallel()
 	c, r, rd := startTxnRig(t, 4, 4000)
 	ids := r.inputIDs()
 	const txnID = "txn-crash"
@@ -173,7 +174,10 @@ func startTxnChildBalanced(t *testing.T, c *kafkatest.Cluster, r *txnRig, txnID 
 // and open work. Its next transactions carry its old generation and member
 // id: the coordinator rejects their offsets (KIP-447) and they abort, so a
 // read_committed reader still sees exactly one output per input.
-func TestTxnZombieFencedByGeneration(t *testing.T) { txnZombieFencedByGeneration(t, false) }
+func TestTxnZombieFencedByGeneration(t *testing.T) {
+	t.Parallel()
+	txnZombieFencedByGeneration(t, false)
+}
 
 // TestTxnZombieFencedByGenerationCooperative is
 // TestTxnZombieFencedByGeneration with cooperative-sticky balancing, where a
@@ -182,7 +186,10 @@ func TestTxnZombieFencedByGeneration(t *testing.T) { txnZombieFencedByGeneration
 // member id the group dropped, and a transaction refused for them is not
 // tried again (only one refused for a generation its own session moved
 // past is), so it aborts.
-func TestTxnZombieFencedByGenerationCooperative(t *testing.T) { txnZombieFencedByGeneration(t, true) }
+func TestTxnZombieFencedByGenerationCooperative(t *testing.T) {
+	t.Parallel()
+	txnZombieFencedByGeneration(t, true)
+}
 
 func txnZombieFencedByGeneration(t *testing.T, coop bool) {
 	c, r, rd := startTxnRig(t, 4, 4000)

@@ -108,6 +108,7 @@ func outputFor(msg *message.Message, payload string) *message.Message {
 // anything again; returned, it failed the router's Publish after the
 // middleware, which nacked the input forever.
 func TestTxnUnwritableOutputRefused(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		bad      func(out string) (topic string, payload []byte)
@@ -175,6 +176,7 @@ func TestTxnUnwritableOutputRefused(t *testing.T) {
 // inside them, drops a failed attempt's outputs. Before, they were
 // committed with the successful attempt's outputs or with the dead letter.
 func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-failed-attempt")
 	out := c.NewTopic(t, 1)
@@ -220,6 +222,7 @@ func TestTxnFailedAttemptOutputsDropped(t *testing.T) {
 // written). A read_committed reader sees each expected output exactly
 // once, none of the history's, and the group commits to the end.
 func TestTxnDefaultsHandlerShapes(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 2, "txn-shapes")
 	out, other := c.NewTopic(t, 2), c.NewTopic(t, 1)
@@ -297,6 +300,7 @@ func TestTxnDefaultsHandlerShapes(t *testing.T) {
 // record before its ack, so nothing of it enters a transaction, and the
 // group's offset stays on it for the next owner.
 func TestTxnPlainPoisonQueueAtClose(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-poison-close", func(cfg *safeack.SubscriberConfig) {
 		cfg.DrainTimeout = 300 * time.Millisecond
@@ -334,6 +338,7 @@ func TestTxnPlainPoisonQueueAtClose(t *testing.T) {
 // output, published elsewhere, is not held to this producer's size limit or
 // this cluster's topics.
 func TestTxnMiddlewareLeavesOtherPublishersOutputs(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-other-publisher")
 	elsewhere := gochannel.NewGoChannel(gochannel.Config{}, testLogger())
@@ -366,6 +371,7 @@ func TestTxnMiddlewareLeavesOtherPublishersOutputs(t *testing.T) {
 // context. Before, the ack found no delivery in the replaced context, the
 // record completed and its offset was committed without its outputs.
 func TestTxnOutputsSurviveReplacedContext(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-replaced-context")
 	out := c.NewTopic(t, 1)
@@ -400,6 +406,7 @@ func TestTxnOutputsSurviveReplacedContext(t *testing.T) {
 // the record, which was dead-lettered again (and the dead letter dropped
 // with the Nack) forever, stalling its partition.
 func TestTxnFailedAttemptReturnedOutputsDropped(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-failed-returned")
 	out := c.NewTopic(t, 1)
@@ -427,6 +434,7 @@ func TestTxnFailedAttemptReturnedOutputsDropped(t *testing.T) {
 // Done, and never when it Fails (the record is handled again, and only the
 // attempt that completed has its output committed).
 func TestTxnDeferredCompletion(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 2, "txn-deferred")
 	out := c.NewTopic(t, 2)
@@ -467,6 +475,7 @@ func TestTxnDeferredCompletion(t *testing.T) {
 // its own producer, and the two members' rebalances (each Subscribe joins
 // the group) lose and duplicate nothing.
 func TestTxnTwoSubscriptionsSharePublisher(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 2, "txn-two-subs")
 	in2, out := c.NewTopic(t, 2), c.NewTopic(t, 2)

@@ -28,6 +28,7 @@ func transform(att *attempts, delay time.Duration) message.HandlerFunc {
 // transactions are being written, then starting again: the outputs are
 // exactly once.
 func TestTxnCloseMidTransaction(t *testing.T) {
+	t.Parallel()
 	_, r, rd := startTxnRig(t, 4, 2000)
 	ids := r.inputIDs()
 	var att attempts
@@ -48,6 +49,7 @@ func TestTxnCloseMidTransaction(t *testing.T) {
 // between the two while transactions are in flight), then the first one
 // leaves: the outputs are exactly once.
 func TestTxnRebalanceSecondMember(t *testing.T) {
+	t.Parallel()
 	_, r, rd := startTxnRig(t, 4, 3000)
 	ids := r.inputIDs()
 	var att attempts
@@ -80,6 +82,7 @@ func TestTxnRebalanceSecondMember(t *testing.T) {
 // offsets. Nothing of the aborted transactions is visible, and the
 // outputs are exactly once.
 func TestTxnFencedByTransactionalID(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	if raceEnabled {
 		// Sarama v1.61.1 reads transactionManager.lastError without its
@@ -123,6 +126,7 @@ func TestTxnFencedByTransactionalID(t *testing.T) {
 // left behind): the transaction aborts, its outputs are never visible to a
 // read_committed reader, and the records are handled again.
 func TestTxnOffsetsFencedByGeneration(t *testing.T) {
+	t.Parallel()
 	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
 	sub, pub := r.subscriber(t, "txn-zombie", nil)
@@ -159,6 +163,7 @@ func TestTxnOffsetsFencedByGeneration(t *testing.T) {
 // owner skips exactly those records (their outputs are there already) and
 // handles the held one: one output each.
 func TestTxnCompletedTailHandedOver(t *testing.T) {
+	t.Parallel()
 	c, r, rd := startTxnRig(t, 1, 400)
 	ids := r.inputIDs()
 	held := ids[10]
@@ -201,6 +206,7 @@ func TestTxnCompletedTailHandedOver(t *testing.T) {
 // that): the producer's commit fails, the transaction's outputs are never
 // visible to a read_committed reader, and the records are handled again.
 func TestTxnAbortedByBrokerTimeout(t *testing.T) {
+	t.Parallel()
 	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
 	const txnTimeout = 3 * time.Second
@@ -229,6 +235,7 @@ func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 // next owner handles the record again: one output, from the second
 // delivery.
 func TestTxnDeferredResolvedAfterHandOver(t *testing.T) {
+	t.Parallel()
 	_, r, rd := startTxnRig(t, 1, 200)
 	ids := r.inputIDs()
 	held := ids[10]
@@ -271,9 +278,15 @@ func abortMidRun(t *testing.T, c *kafkatest.Cluster, r *txnRig, rd, uncommitted 
 	t.Helper()
 	ids := r.inputIDs()
 	var att attempts
-	runRouter(t, r, sub, pub, transform(&att, 2*time.Millisecond))
+	// Past the first 300 records, handlers wait for the fault: the run
+	// must still be under way when it comes (a fast run used to be over
+	// before this saw its 300th output, and no transaction was left to
+	// fail).
+	armed := make(chan struct{})
+	runRouter(t, r, sub, pub, gateAfter(300, armed, transform(&att, 2*time.Millisecond)))
 	kafkatest.WaitFor(t, 60*time.Second, "some outputs", func() bool { return rd.seen(ids) >= 300 })
 	fault()
+	close(armed)
 	kafkatest.WaitFor(t, 60*time.Second, "an aborted transaction", func() bool { return pub.Stats().Aborted > 0 })
 	r.requireExactlyOnce(t, rd, ids, 90*time.Second, 30*time.Second)
 	requireAbortedOutputs(t, c, r, uncommitted, pub, len(ids), what)

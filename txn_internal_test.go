@@ -19,6 +19,7 @@ func mustTail(t *testing.T, base int64, ranges ...frontier.Range) string {
 // What a committed position covers may only grow: the committer holds back
 // a position whose tail drops a record an earlier one listed.
 func TestCoverageWithin(t *testing.T) {
+	t.Parallel()
 	prev := coverageOf(10, mustTail(t, 10, frontier.Range{From: 12, To: 15}, frontier.Range{From: 20, To: 21}))
 	require.True(t, prev.covers(9))
 	require.False(t, prev.covers(10))
@@ -58,6 +59,7 @@ func TestCoverageWithin(t *testing.T) {
 // past 8 leaves the coverage cut. A coverage below the divergence keeps
 // its offset and loses its tail from there on.
 func TestTxnMarkerDiverge(t *testing.T) {
+	t.Parallel()
 	c := &txnCommitter{}
 	c.resetLocked()
 	m := c.newMarker(0)
@@ -109,6 +111,7 @@ func pendingOffsets(pending []pendingOutputs) []int64 {
 // other outputs go in the first round, and without such a topic there is
 // one round.
 func TestOutputRounds(t *testing.T) {
+	t.Parallel()
 	pcfg := sarama.NewConfig()
 	c := &txnCommitter{pub: &TxnPublisher{pcfg: pcfg}}
 	out := func(topic string, size int) *sarama.ProducerMessage {

@@ -22,6 +22,7 @@ import (
 // transaction that carried them aborted: the records were handled again,
 // the same batch was refused again, and the subscription never committed.
 func TestTxnOutputTopicLimit(t *testing.T) {
+	t.Parallel()
 	const topicLimit = 4096
 	c := kafkatest.Start(t)
 	d := newDefaultTxn(t, c, 1, "txn-topic-limit")

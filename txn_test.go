@@ -339,6 +339,7 @@ func (r *txnRig) waitCommittedAll(t *testing.T, timeout time.Duration) {
 // input, and the group's offsets end at the input's end, committed only in
 // transactions (the broker sees no plain OffsetCommit past the start).
 func TestTxnRouterExactlyOnce(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	r := newTxnRig(t, c, 4, 2000)
 	var plainCommits *kafkatest.CommitLog
@@ -380,6 +381,7 @@ func TestTxnRouterExactlyOnce(t *testing.T) {
 // acked, and their outputs taken for the next transaction, while one is in
 // flight.
 func TestTxnHandlersRunDuringCommit(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	r := newTxnRig(t, c, 2, 3000)
 	sub, pub := r.subscriber(t, "txn-nostop", func(_ *safeack.SubscriberConfig, tc *safeack.TxnConfig) {
@@ -403,6 +405,7 @@ func TestTxnHandlersRunDuringCommit(t *testing.T) {
 // router publish succeeds but that nacks: the outputs of those deliveries
 // never become visible; the redelivery's do, once.
 func TestTxnFailedDeliveryOutputsDiscarded(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	r := newTxnRig(t, c, 2, 300)
 	sub, pub := r.subscriber(t, "txn-fail", nil)
@@ -462,6 +465,7 @@ func headerOf(m *sarama.ConsumerMessage, key string) string {
 // An output without the context of a delivery is refused with a clear
 // error, as is one published after its delivery was answered.
 func TestTxnPublishWithoutDelivery(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	r := newTxnRig(t, c, 1, 1)
 	sub, pub := r.subscriber(t, "txn-nodelivery", nil)
@@ -484,6 +488,7 @@ func TestTxnPublishWithoutDelivery(t *testing.T) {
 // Invalid transactional configuration is an error that names the field,
 // and changes nothing: the caller's Sarama configs keep their values.
 func TestTxnConfigErrors(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	group := c.NewGroup(t)
 	mk := func(mod func(*safeack.SubscriberConfig)) safeack.SubscriberConfig {
@@ -573,6 +578,7 @@ func TestTxnConfigErrors(t *testing.T) {
 // The deprecated NewTxnPublisher still makes a plain Subscriber
 // transactional for existing users: exactly one committed output per input.
 func TestTxnPublisherDeprecatedWrapper(t *testing.T) {
+	t.Parallel()
 	c := kafkatest.Start(t)
 	r := newTxnRig(t, c, 2, 200)
 	sc := testSubscriberConfig(c, r.group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })

@@ -116,8 +116,10 @@ func groupGeneration(c *kafkatest.Cluster, group string) int32 {
 // leader's return, in the same session: the group does not rebalance.
 // Every commit covers only acked records.
 func TestUnclaimedLeaderless(t *testing.T) {
+	t.Parallel()
 	for _, s := range unclaimedStrategies {
 		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
 			c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 			acks, watch := watchCommits(t, c, group, topic)
 			c.ProduceN(t, topic, 2, 10, nil)
@@ -159,8 +161,10 @@ func TestUnclaimedLeaderless(t *testing.T) {
 // instead of failing it: the group keeps its generation, the partition is
 // reported, and it is consumed once its leader answers.
 func TestUnclaimedLeaderNotAnswering(t *testing.T) {
+	t.Parallel()
 	for _, s := range unclaimedStrategies {
 		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
 			c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 			acks, watch := watchCommits(t, c, group, topic)
 			c.ProduceN(t, topic, 2, 10, nil)
@@ -201,6 +205,7 @@ func TestUnclaimedLeaderNotAnswering(t *testing.T) {
 // waits, is reported by its member, and is consumed after its leader's
 // return.
 func TestUnclaimedLeaderlessAtRebalance(t *testing.T) {
+	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 	acks, watch := watchCommits(t, c, group, topic)
 	c.ProduceN(t, topic, 2, 4, nil)
@@ -243,6 +248,7 @@ func TestUnclaimedLeaderlessAtRebalance(t *testing.T) {
 // timeout) instead of at once. Once the leader answers, the records are
 // handled.
 func TestUnclaimedClaimGivenUp(t *testing.T) {
+	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 	acks, watch := watchCommits(t, c, group, topic)
 	c.ProduceN(t, topic, 2, 10, nil)

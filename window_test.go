@@ -17,6 +17,7 @@ import (
 // the retained window Windows draws, then that Totals keep counting across
 // a second assignment of the partition to the same Subscriber.
 func TestWindowsAndTotals(t *testing.T) {
+	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 1)
 	c.ProduceN(t, topic, 1, 10, nil)
 

@@ -325,7 +325,11 @@ func CompileBlocks(root string, pages map[string]*Page) ([]Problem, error) {
 	if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command("go", "build", "./...")
+	args := []string{"build"}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, "./...")...)
 	cmd.Dir = dir
 	// -mod=mod lets go add the requirements the blocks' imports need (all in
 	// root's build list); GOPROXY=off keeps it to the module cache.
