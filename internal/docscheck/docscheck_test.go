@@ -157,9 +157,9 @@ func startsWithName(text, name string, articles bool) bool {
 	return len(words) > 0 && (strings.TrimRight(words[0], ",.:;") == name || words[0] == "Deprecated:")
 }
 
-// publicPackageDirs lists the directories of the module's importable,
-// non-internal packages (another module's directory, such as bench/, is
-// skipped).
+// publicPackageDirs lists the directories of the repository's
+// non-internal packages, those of its nested modules (otel, metrics)
+// included; commands (package main) are skipped by the caller.
 func publicPackageDirs(t *testing.T, root string) []string {
 	t.Helper()
 	var dirs []string
@@ -173,9 +173,6 @@ func publicPackageDirs(t *testing.T, root string) []string {
 		name := d.Name()
 		if path != root {
 			if strings.HasPrefix(name, ".") || name == "testdata" || name == "internal" {
-				return filepath.SkipDir
-			}
-			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
 				return filepath.SkipDir
 			}
 		}
