@@ -47,14 +47,16 @@ func TestRepositoryDocs(t *testing.T) {
 }
 
 // TestReadme keeps the README what issue 27 made it: short (the rest
-// belongs in docs/), and holding the test command CI runs, exactly.
+// belongs in docs/), and holding the test command CI runs, exactly. The
+// bound was 250 lines until issue 38 put a complete first program (45
+// lines, examples/first/main.go) in it.
 func TestReadme(t *testing.T) {
 	src, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(src), "\n"); n > 250 {
-		t.Errorf("README.md has %d lines, more than 250: move detail to a page in docs/", n)
+	if n := strings.Count(string(src), "\n"); n > 275 {
+		t.Errorf("README.md has %d lines, more than 275: move detail to a page in docs/", n)
 	}
 	if !regexp.MustCompile(`(?m)^go test -race \./\.\.\.\s`).Match(src) {
 		t.Error("README.md lost the line starting with the test command CI runs: go test -race ./...")
