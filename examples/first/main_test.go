@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/safeack/safeack/internal/docscheck"
 	"github.com/safeack/safeack/internal/kafkatest"
+	"github.com/safeack/safeack/internal/safeacktest"
 )
 
 // runMain makes the test binary run main instead of the tests: the test
@@ -69,30 +68,12 @@ func firstDiff(a, b string) int {
 	return min(len(al), len(bl)) + 1
 }
 
-// syncBuffer collects the program's output while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestFirstProgram runs the README's program on an embedded broker with
 // the topic it reads: it bills the orders produced while it runs, and on
 // SIGTERM it closes, commits every billed order and exits with status 0.
 func TestFirstProgram(t *testing.T) {
 	c := kafkatest.Start(t, kafkatest.Embedded(), kafkatest.WithKfakeOpts(kfake.SeedTopics(2, "orders")))
-	var out syncBuffer
+	var out safeacktest.Buffer
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), runMain+"=1", "KAFKA_BROKERS="+strings.Join(c.Brokers(), ","))
 	cmd.Stdout, cmd.Stderr = &out, &out
