@@ -105,9 +105,14 @@
 //
 // ExampleNewSubscriber, Example_fromWatermillKafka (a migrated application
 // on an embedded broker), Example_routerMiddleware, ExampleDeferredCompletion,
-// ExampleSubscriber_Ready, ExampleSubscriber_Stats and ExampleNewTxnSubscriber;
-// the frontier package has the bookkeeping on its own (ExampleTracker).
-// The router_example command (go run ./router_example) runs a router on an
+// ExampleSubscriber_Ready, ExampleSubscriber_Stats, ExampleNewTxnSubscriber
+// and ExampleNewShareSubscriber; the otel package has ExampleNewObserver,
+// ExampleObserver_Outputs and ExampleRegisterShareMetrics; the frontier
+// package has the bookkeeping on its own (ExampleTracker,
+// ExampleTracker_AppendWindow, ExampleEncodeTail,
+// ExampleEncodeTail_truncated). The README's first program is
+// examples/first (a router, one handler, Close on SIGINT or SIGTERM). The
+// router_example command (go run ./router_example) runs a router on an
 // embedded broker with a live page of each partition's frontier.
 //
 // # Further documentation
@@ -129,4 +134,14 @@
 //     tables) and docs/performance-notes.md (how they got there)
 //   - docs/testing.md: the test suite, real Kafka, the chaos suite, Kafka
 //     versions
+//
+// # Modules, versions and license
+//
+// The packages otel (OpenTelemetry) and metrics (Prometheus) are modules of
+// their own, github.com/safeack/safeack/otel and
+// github.com/safeack/safeack/metrics, so that their requirements stay out
+// of the module graph of a program that imports only this package. The
+// module is at v0.x: the repository's CHANGELOG.md says what each version
+// changes and README.md which API is held stable. safeack is licensed
+// under the MIT license (the LICENSE file).
 package safeack

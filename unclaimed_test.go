@@ -7,15 +7,14 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/figures"
 	"github.com/safeack/safeack/internal/kafkatest"
-	"github.com/safeack/safeack/metrics"
 )
 
 // unclaimedDeadline bounds how long after the fault a partition's
@@ -64,26 +63,25 @@ func waitUnclaimedReported(t *testing.T, sub *safeack.Subscriber, logs errorLog,
 	require.Equal(t, []string{fmt.Sprint(partition)}, unclaimedSeries(t, sub), "safeack_unclaimed_seconds")
 }
 
-// unclaimedSeries returns the partition labels of the
-// safeack_unclaimed_seconds series sub's Prometheus collector exports.
+// unclaimedSeries returns the partitions (as labels) that have a
+// safeack_unclaimed_seconds series: the figure both exporters read
+// (internal/figures), taken as the metrics package's collector takes it.
+// The metrics and otel modules' own tests check the exposition itself; the
+// root module does not require them (issue 38: a lean dependency graph).
 func unclaimedSeries(t *testing.T, sub *safeack.Subscriber) []string {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(metrics.NewCollector(sub))
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
 	var out []string
-	for _, mf := range mfs {
-		if mf.GetName() != "safeack_unclaimed_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			require.Positive(t, m.GetGauge().GetValue())
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "partition" {
-					out = append(out, l.GetValue())
-				}
+	for _, u := range sub.Unclaimed() {
+		for _, g := range figures.UnclaimedGauges {
+			if g.Prom != "unclaimed_seconds" {
+				continue
 			}
+			v, ok := g.Value(&u)
+			if !ok {
+				continue
+			}
+			require.Positive(t, v)
+			out = append(out, fmt.Sprint(u.Partition))
 		}
 	}
 	return out

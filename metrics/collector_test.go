@@ -264,7 +264,7 @@ func compareNow(t *testing.T, sub *safeack.Subscriber, col prometheus.Collector)
 		totals := sub.Totals()
 		e := want(help, before, totals)
 		// Every partition here is consumed: none is unclaimed (its gauge
-		// is checked by the root package's TestUnclaimedLeaderless).
+		// is checked by TestCollectorUnclaimed).
 		names := slices.DeleteFunc(slices.Clone(allNames), func(n string) bool {
 			return n == "safeack_oldest_unfinished_age_seconds" || n == "safeack_paused_seconds_total" ||
 				n == "safeack_unclaimed_seconds"

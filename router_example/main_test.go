@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,30 +9,12 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/safeacktest"
 )
-
-// syncBuffer is an io.Writer safe for the progress goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -93,7 +74,7 @@ func testConfig(out io.Writer) Config {
 }
 
 func TestRunHandlesCommitsAndServes(t *testing.T) {
-	out := &syncBuffer{}
+	out := &safeacktest.Buffer{}
 	cfg := testConfig(out)
 	addrs := make(chan string, 1)
 	cfg.OnListen = func(addr string) { addrs <- addr }
@@ -213,7 +194,7 @@ func TestRunHandlesCommitsAndServes(t *testing.T) {
 }
 
 func TestRunStopsAfterDuration(t *testing.T) {
-	out := &syncBuffer{}
+	out := &safeacktest.Buffer{}
 	cfg := testConfig(out)
 	cfg.HTTPAddr = ""
 	cfg.Duration = 3 * time.Second
@@ -291,7 +272,7 @@ func TestParseFlags(t *testing.T) {
 // reads the printed spans back: deliveries linked to the records' send
 // spans, handler spans inside deliveries, and commits.
 func TestRunTracesToStdout(t *testing.T) {
-	out, traces := &syncBuffer{}, &syncBuffer{}
+	out, traces := &safeacktest.Buffer{}, &safeacktest.Buffer{}
 	cfg := testConfig(out)
 	cfg.HTTPAddr = ""
 	cfg.Rate = 20

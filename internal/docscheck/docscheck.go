@@ -314,12 +314,32 @@ func CompileBlocks(root string, pages map[string]*Page) ([]Problem, error) {
 	if len(origins) == 0 {
 		return nil, nil
 	}
-	gomod := fmt.Sprintf("module docscheck.invalid/blocks\n\ngo 1.26\n\nrequire %s v0.0.0\n\nreplace %s => %s\n", modPath, modPath, absRoot)
-	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o644); err != nil {
+	// The modules nested in root (otel, metrics ...) are replaced by their
+	// directories too, so that a block may import them; go.sum holds the
+	// sums of all of them.
+	nested, err := nestedModules(absRoot)
+	if err != nil {
 		return nil, err
 	}
-	sum, err := os.ReadFile(filepath.Join(absRoot, "go.sum"))
-	if err != nil {
+	gomod := fmt.Sprintf("module docscheck.invalid/blocks\n\ngo 1.26\n\nrequire %s v0.0.0\n\nreplace %s => %s\n", modPath, modPath, absRoot)
+	sums := map[string]bool{}
+	var sum []byte
+	for _, m := range append([]module{{modPath, absRoot}}, nested...) {
+		if m.dir != absRoot {
+			gomod += fmt.Sprintf("\nreplace %s => %s\n", m.path, m.dir)
+		}
+		src, err := os.ReadFile(filepath.Join(m.dir, "go.sum"))
+		if err != nil && !os.IsNotExist(err) {
+			return nil, err
+		}
+		for _, l := range strings.SplitAfter(string(src), "\n") {
+			if l != "" && !sums[l] {
+				sums[l] = true
+				sum = append(sum, l...)
+			}
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o644); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
@@ -356,6 +376,36 @@ func CompileBlocks(root string, pages map[string]*Page) ([]Problem, error) {
 		probs = append(probs, Problem{File: "(go build)", Msg: strings.TrimSpace(string(out))})
 	}
 	return probs, nil
+}
+
+// module is a Go module of the repository: its path and directory.
+type module struct{ path, dir string }
+
+// nestedModules returns the modules in directories below root (each with a
+// go.mod of its own), skipping hidden directories and testdata.
+func nestedModules(root string) ([]module, error) {
+	var mods []module
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() || path == root {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" {
+			return filepath.SkipDir
+		}
+		if _, err := os.Stat(filepath.Join(path, "go.mod")); err != nil {
+			return nil
+		}
+		mp, err := modulePath(path)
+		if err != nil {
+			return err
+		}
+		mods = append(mods, module{mp, path})
+		return nil
+	})
+	return mods, err
 }
 
 func modulePath(root string) (string, error) {

@@ -47,14 +47,16 @@ func TestRepositoryDocs(t *testing.T) {
 }
 
 // TestReadme keeps the README what issue 27 made it: short (the rest
-// belongs in docs/), and holding the test command CI runs, exactly.
+// belongs in docs/), and holding the test command CI runs, exactly. The
+// bound was 250 lines until issue 38 put a complete first program (45
+// lines, examples/first/main.go) in it.
 func TestReadme(t *testing.T) {
 	src, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(src), "\n"); n > 250 {
-		t.Errorf("README.md has %d lines, more than 250: move detail to a page in docs/", n)
+	if n := strings.Count(string(src), "\n"); n > 275 {
+		t.Errorf("README.md has %d lines, more than 275: move detail to a page in docs/", n)
 	}
 	if !regexp.MustCompile(`(?m)^go test -race \./\.\.\.\s`).Match(src) {
 		t.Error("README.md lost the line starting with the test command CI runs: go test -race ./...")
@@ -157,9 +159,9 @@ func startsWithName(text, name string, articles bool) bool {
 	return len(words) > 0 && (strings.TrimRight(words[0], ",.:;") == name || words[0] == "Deprecated:")
 }
 
-// publicPackageDirs lists the directories of the module's importable,
-// non-internal packages (another module's directory, such as bench/, is
-// skipped).
+// publicPackageDirs lists the directories of the repository's
+// non-internal packages, those of its nested modules (otel, metrics)
+// included; commands (package main) are skipped by the caller.
 func publicPackageDirs(t *testing.T, root string) []string {
 	t.Helper()
 	var dirs []string
@@ -173,9 +175,6 @@ func publicPackageDirs(t *testing.T, root string) []string {
 		name := d.Name()
 		if path != root {
 			if strings.HasPrefix(name, ".") || name == "testdata" || name == "internal" {
-				return filepath.SkipDir
-			}
-			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
 				return filepath.SkipDir
 			}
 		}

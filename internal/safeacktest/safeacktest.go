@@ -1,11 +1,14 @@
 // Package safeacktest builds the Subscriber that the tests of the packages
-// around safeack (metrics, otel) run on a kafkatest cluster. It is apart
+// around safeack (metrics, otel) run on a kafkatest cluster, and holds the
+// output of the programs their tests run (Buffer). It is apart
 // from kafkatest because package safeack's own internal tests import
 // kafkatest: kafkatest cannot import safeack.
 package safeacktest
 
 import (
+	"bytes"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,4 +60,26 @@ func NewSubscriber(tb testing.TB, c *kafkatest.Cluster, group string, mod func(*
 	}
 	tb.Cleanup(func() { _ = sub.Close() })
 	return sub
+}
+
+// Buffer is an io.Writer that a process's or a goroutine's output can be
+// written to while the test reads it: its methods are safe for concurrent
+// use. Its zero value is empty and ready.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
