@@ -224,17 +224,20 @@ func TestShareReadyAfterNetworkCut(t *testing.T) {
 
 // TestShareLockRenewedSequentialReader: a consumer that reads its channel
 // one message at a time (for m := range msgs { handle; Ack }), each
-// handling taking two and a half acquisition locks (1 s here). The
+// handling taking two and a half acquisition locks (4 s here: a renewal,
+// sent at half the lock, then has 2 s to reach the broker; with a 2 s
+// lock, a loaded machine lost one once). The
 // documented renewal ("a long handler keeps its record") must hold while
 // the member waits to hand out the poll's next message: neither the
 // message in work nor the ones of the same poll waiting for the reader
 // may go to another member, and every Ack must be accepted.
 func TestShareLockRenewedSequentialReader(t *testing.T) {
 	t.Parallel()
-	c := startShareCluster(t, 2*time.Second)
+	const lock = 4 * time.Second
+	c := startShareCluster(t, lock)
 	topic := c.NewTopic(t, 1)
 	group := c.NewGroup(t)
-	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": "2000"})
+	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": fmt.Sprint(lock.Milliseconds())})
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("a")}, kafkatest.Record{Value: []byte("b")}, kafkatest.Record{Value: []byte("c")})
 	slow := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, slow, topic)
@@ -246,7 +249,7 @@ func TestShareLockRenewedSequentialReader(t *testing.T) {
 	seen := answerAll(others, (*message.Message).Ack)
 	handled := newShareSeen()
 	handle := func(m *message.Message) {
-		time.Sleep(4500 * time.Millisecond)
+		time.Sleep(lock * 5 / 2)
 		handled.add(m)
 		m.Ack()
 	}
@@ -259,7 +262,7 @@ func TestShareLockRenewedSequentialReader(t *testing.T) {
 			t.Fatalf("handled %d by the slow member, %d by the other", handled.distinct(), seen.distinct())
 		}
 	}
-	time.Sleep(2500 * time.Millisecond)
+	time.Sleep(lock * 5 / 4) // past a lock of the last record, would it be lost
 	tot, _ := shareTotals(slow)
 	t.Logf("slow member: handled %d, %+v; other member got %d", handled.total(), tot, seen.total())
 	for _, v := range []string{"a", "b", "c"} {

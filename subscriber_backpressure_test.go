@@ -160,11 +160,20 @@ func TestTokensSharedAcrossPartitions(t *testing.T) {
 		cfg.MaxInFlight = maxInFlight
 		cfg.Ordering = safeack.Unordered
 	})
+	// While partition 1's records are produced and fetched, partition 0's
+	// handlers wait (holding every token): on a loaded machine the
+	// producing took longer than partition 0's 6,000 records, which were
+	// then all done before partition 1 had a record to compete with.
+	var hold atomic.Bool
+	release := make(chan struct{})
 	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
 		meter.enter()
+		p, _ := safeack.MessagePartitionFromCtx(m.Context())
+		if p == 0 && hold.Load() {
+			<-release
+		}
 		time.Sleep(work)
 		meter.leave()
-		p, _ := safeack.MessagePartitionFromCtx(m.Context())
 		m.Ack()
 		if acked[p].Add(1) == lateRecords && p == 1 {
 			lateDoneWithBusyLeft.Store(busyRecords - acked[0].Load())
@@ -174,7 +183,14 @@ func TestTokensSharedAcrossPartitions(t *testing.T) {
 	require.True(t, waitCond(30*time.Second, func() bool {
 		return acked[0].Load() >= 50 && meter.max() == maxInFlight
 	}), "partition 0 alone should fill all %d tokens (peak %d, %d acked)", maxInFlight, meter.max(), acked[0].Load())
+	hold.Store(true)
 	produceTo(1, lateRecords)
+	kafkatest.WaitFor(t, 30*time.Second, "partition 1's records seen by the subscriber", func() bool {
+		ps, ok := statsOf(sub, topic, 1)
+		return ok && ps.HighWaterMark >= lateRecords
+	})
+	hold.Store(false)
+	close(release)
 
 	require.True(t, waitCond(60*time.Second, func() bool {
 		return acked[0].Load() >= busyRecords && acked[1].Load() >= lateRecords
