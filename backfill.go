@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/internal/backoff"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -28,14 +29,14 @@ func (h *groupHandler) backfillFromStart(claim sarama.ConsumerGroupClaim) bool {
 	}
 	// A commit out of range makes Sarama fall back to Offsets.Initial
 	// too; eager sessions leave such a partition there as well.
-	held, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, claim.Topic(), []int32{p})
+	held, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, claim.Topic(), []int32{p})
 	if err != nil {
 		h.sub.logger.Error("Cannot read the group's commit on a partition added after Subscribe; it starts where Sarama started it", err,
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": p}))
 		return false
 	}
 	c, ok := held[p]
-	return !ok || c.offset < 0
+	return !ok || c.Offset < 0
 }
 
 // logStart resolves where a backfilled claim starts: its partition's log

@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -233,7 +234,7 @@ func (w *claimWatch) holds(topic string, partition int32) bool {
 		return held
 	}
 	w.mu.Unlock()
-	_, errs := listOffsets(w.client, topic, []int32{partition}, sarama.OffsetNewest)
+	_, errs := kclient.ListOffsets(w.client, topic, []int32{partition}, sarama.OffsetNewest)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stop != stop {
@@ -414,7 +415,7 @@ func (w *claimWatch) probe(held []int32) map[int32]bool {
 	if len(ask) == 0 {
 		return nil
 	}
-	offsets, _ := listOffsetsOnce(w.client, w.sub.topic, ask, sarama.OffsetNewest)
+	offsets, _ := kclient.ListOffsetsOnce(w.client, w.sub.topic, ask, sarama.OffsetNewest)
 	answered := make(map[int32]bool, len(offsets))
 	for p := range offsets {
 		answered[p] = true

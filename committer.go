@@ -5,6 +5,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -27,7 +28,7 @@ type committer interface {
 	// begin starts committing for a session whose claims start from
 	// committed (what Setup read; nil when it could not): its commit loop
 	// runs until stopLoop.
-	begin(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset)
+	begin(sess sarama.ConsumerGroupSession, committed map[int32]kclient.CommittedOffset)
 	// claim returns where the completed positions of a claim of partition
 	// go, for the claim's worker.
 	claim(sess sarama.ConsumerGroupSession, partition int32) claimCommits
@@ -61,7 +62,7 @@ type claimCommits struct {
 	startCommitted func(offset int64) bool
 	// bound is told of the claim's worker before it runs, with the
 	// group's commit it starts from (have false: none).
-	bound func(w *partition.Worker, commit committedOffset, have bool)
+	bound func(w *partition.Worker, commit kclient.CommittedOffset, have bool)
 	// ended runs once the worker returned: the claim's assignment is over,
 	// with the last position its marks reached.
 	ended func(offset int64, metadata string)
@@ -69,7 +70,7 @@ type claimCommits struct {
 	release func()
 }
 
-func (c claimCommits) bind(w *partition.Worker, commit committedOffset, have bool) {
+func (c claimCommits) bind(w *partition.Worker, commit kclient.CommittedOffset, have bool) {
 	if c.bound != nil {
 		c.bound(w, commit, have)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -262,7 +263,7 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.OverwriteSaramaConfig == nil {
 		c.OverwriteSaramaConfig = DefaultSaramaSubscriberConfig()
 	} else {
-		c.OverwriteSaramaConfig = copySaramaConfig(c.OverwriteSaramaConfig)
+		c.OverwriteSaramaConfig = kclient.CopySaramaConfig(c.OverwriteSaramaConfig)
 	}
 	if c.Unmarshaler == nil {
 		c.Unmarshaler = kafka.DefaultMarshaler{}

@@ -63,6 +63,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -89,13 +90,13 @@ type epochAnswer struct {
 // noted in unchecked, and its claim's epochWatch checks the commit while
 // consuming (see newEpochWatch). One that can never run (no client for the
 // config, a refused ACL, an unsupported request) is not tried again.
-func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset) (truncated, unchecked map[int32]bool) {
+func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, committed map[int32]kclient.CommittedOffset) (truncated, unchecked map[int32]bool) {
 	epochs := make(map[int32]int32)
 	for p, c := range committed {
-		if c.offset < 0 {
+		if c.Offset < 0 {
 			continue
 		}
-		if e, ok := frontier.LeaderEpochOf(c.metadata); ok {
+		if e, ok := frontier.LeaderEpochOf(c.Metadata); ok {
 			epochs[p] = e
 		}
 	}
@@ -112,7 +113,7 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 	for p, epoch := range epochs {
 		c := committed[p]
 		fields := h.sub.logFields.Add(watermill.LogFields{
-			"kafka_partition": p, "committed": c.offset, "committed_leader_epoch": epoch,
+			"kafka_partition": p, "committed": c.Offset, "committed_leader_epoch": epoch,
 		})
 		a, ok := answers[p]
 		switch {
@@ -131,17 +132,17 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 		case a.endOffset < 0:
 			h.sub.logger.Info("The partition leader knows no end for the committed leader epoch; trusting the committed position as it is", fields)
 			continue
-		case a.endOffset >= c.offset:
+		case a.endOffset >= c.Offset:
 			// The committed offset is in the log; the completed tail
 			// may still reach past the divergence: its entries there name
 			// records the log no longer holds, and the records now at
 			// those offsets were never handled.
-			meta, dropped := cutTail(c.offset, c.metadata, a.endOffset, h.sub.cfg.TailMetadataBudget)
+			meta, dropped := cutTail(c.Offset, c.Metadata, a.endOffset, h.sub.cfg.TailMetadataBudget)
 			if dropped == 0 {
 				continue
 			}
-			sess.ResetOffset(h.sub.topic, p, c.offset, meta) // same offset: rewrites the metadata
-			committed[p] = committedOffset{offset: c.offset, metadata: meta}
+			sess.ResetOffset(h.sub.topic, p, c.Offset, meta) // same offset: rewrites the metadata
+			committed[p] = kclient.CommittedOffset{Offset: c.Offset, Metadata: meta}
 			truncated = withPartition(truncated, p)
 			h.sub.logger.Error("The partition's log was truncated inside the group's completed tail (unclean leader election?); "+
 				"handling the records from where it diverged again",
@@ -154,9 +155,9 @@ func (h *groupHandler) checkLeaderEpochs(sess sarama.ConsumerGroupSession, commi
 		if first, err := h.client.GetOffset(h.sub.topic, p, sarama.OffsetOldest); err == nil && first > start {
 			start = first // a start below the log's would fall back to Offsets.Initial
 		}
-		tail, _ := frontier.DecodeTail(c.metadata, c.offset)
+		tail, _ := frontier.DecodeTail(c.Metadata, c.Offset)
 		sess.ResetOffset(h.sub.topic, p, start, "")
-		committed[p] = committedOffset{offset: start}
+		committed[p] = kclient.CommittedOffset{Offset: start}
 		truncated = withPartition(truncated, p)
 		h.sub.logger.Error("The partition's log was truncated under the group's commit (unclean leader election?); "+
 			"starting again where it diverged, and handling the completed tail's records again",
@@ -502,17 +503,17 @@ type epochWatch struct {
 // covers (its offset and completed tail), not against what the claim
 // took: every record the claim takes comes from the new leader. The marks
 // are held there until the answer (see run).
-func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int32, committed committedOffset, unchecked bool) *epochWatch {
+func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int32, committed kclient.CommittedOffset, unchecked bool) *epochWatch {
 	x := &epochWatch{h: h, marker: marker, topic: topic, partition: p, budget: h.sub.cfg.TailMetadataBudget,
-		diverged: -1, checking: -1, offset: committed.offset, meta: committed.metadata, stop: make(chan struct{})}
+		diverged: -1, checking: -1, offset: committed.Offset, meta: committed.Metadata, stop: make(chan struct{})}
 	x.validated.Store(frontier.NoLeaderEpoch)
-	ce, haveEpoch := frontier.LeaderEpochOf(committed.metadata)
-	haveEpoch = haveEpoch && committed.offset >= 0
+	ce, haveEpoch := frontier.LeaderEpochOf(committed.Metadata)
+	haveEpoch = haveEpoch && committed.Offset >= 0
 	_, e, err := h.client.LeaderAndEpoch(topic, p)
 	switch {
 	case unchecked && haveEpoch && (err != nil || e > ce):
 		x.validated.Store(ce)
-		x.unchecked, x.checking = true, positionEnd(committed.offset, committed.metadata)
+		x.unchecked, x.checking = true, positionEnd(committed.Offset, committed.Metadata)
 	case err == nil && e >= 0:
 		x.validated.Store(e)
 	case haveEpoch:

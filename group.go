@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/internal/backoff"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -122,7 +123,7 @@ type groupHandler struct {
 	fenced atomic.Bool
 
 	// Per session, set in Setup and read by the claims it starts.
-	committed map[int32]committedOffset
+	committed map[int32]kclient.CommittedOffset
 	// truncated lists the partitions whose log the leader-epoch check
 	// found truncated under the commit, unchecked those whose commit it
 	// could not check yet (see checkLeaderEpochs).
@@ -164,13 +165,13 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 		}))
 		maps.Copy(startErrs, noLeader)
 	})
-	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
+	committed, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
 	listing.Wait()
 	// The claims of partitions whose leaders did not answer wait for them
 	// (see claimWatch). They are left out of the checks and fetches below,
 	// which would wait for those leaders too; when they start, they read
 	// and check their commits as the claims a cooperative rebalance adds do
-	// (see committedOffset).
+	// (see kclient.CommittedOffset).
 	held := h.watch.begin(sess, claimed, startErrs)
 	if err != nil {
 		if err := h.commits.withoutCommitted("committed offsets", err); err != nil {
@@ -241,21 +242,21 @@ var closedChan = func() chan struct{} {
 
 // fetchStarts returns where Sarama's claims will fetch from, for the
 // partitions whose group commit (read or pinned by Setup) says so.
-func fetchStarts(claimed []int32, committed map[int32]committedOffset) map[int32]int64 {
+func fetchStarts(claimed []int32, committed map[int32]kclient.CommittedOffset) map[int32]int64 {
 	from := make(map[int32]int64, len(claimed))
 	for _, p := range claimed {
-		if c, ok := committed[p]; ok && c.offset >= 0 {
-			from[p] = c.offset
+		if c, ok := committed[p]; ok && c.Offset >= 0 {
+			from[p] = c.Offset
 		}
 	}
 	return from
 }
 
-// committedOffset returns what Setup read for partition. A cooperative
+// kclient.CommittedOffset returns what Setup read for partition. A cooperative
 // rebalance can add a claim to a running session without a new Setup; such
 // a partition is read on its own (fromSetup false). A failed read is
 // logged and returned.
-func (h *groupHandler) committedOffset(partition int32) (c committedOffset, ok, fromSetup bool, err error) {
+func (h *groupHandler) committedOffset(partition int32) (c kclient.CommittedOffset, ok, fromSetup bool, err error) {
 	h.mu.Lock()
 	c, ok = h.committed[partition]
 	// Setup's read serves the session's first claim of the partition only:
@@ -266,11 +267,11 @@ func (h *groupHandler) committedOffset(partition int32) (c committedOffset, ok, 
 	if ok {
 		return c, true, true, nil
 	}
-	fetched, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
+	fetched, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
 	if err != nil {
 		h.sub.logger.Error("Cannot read committed metadata; the completed tail is not skipped", err,
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition}))
-		return committedOffset{}, false, false, err
+		return kclient.CommittedOffset{}, false, false, err
 	}
 	c, ok = fetched[partition]
 	return c, ok, false, nil
@@ -283,8 +284,8 @@ func (h *groupHandler) committedOffset(partition int32) (c committedOffset, ok, 
 // instead (read back until the coordinator holds it) and it reports ended:
 // the claim returns, which ends the session, and the next one starts there.
 // unchecked: the check could not run yet (see newEpochWatch).
-func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partition int32, c committedOffset) (ended, unchecked bool) {
-	marks := map[int32]committedOffset{partition: c}
+func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partition int32, c kclient.CommittedOffset) (ended, unchecked bool) {
+	marks := map[int32]kclient.CommittedOffset{partition: c}
 	truncated, notChecked := h.checkLeaderEpochs(sess, marks)
 	if len(truncated) == 0 {
 		return false, notChecked[partition]
@@ -296,7 +297,7 @@ func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partiti
 	defer cancel()
 	h.offsets.confirm(ctx, sess, marks)
 	h.sub.logger.Info("Ending the session so that the truncated partition starts again where its log diverged",
-		h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "start": marks[partition].offset}))
+		h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "start": marks[partition].Offset}))
 	return true, false
 }
 
@@ -369,9 +370,9 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 			// closed, which waits for a Fetch in flight (Net.ReadTimeout
 			// when its leader does not answer). The coordinator's requests
 			// have connections of their own.
-			if tc, ok := h.client.(*trackedClient); ok && tc.coordConns != nil {
-				tc.Client.(*coordinatorClient).keep()
-				tc.conns.abandon()
+			if tc, ok := h.client.(*kclient.TrackedClient); ok && tc.CoordConns != nil {
+				tc.Client.(*kclient.CoordinatorClient).Keep()
+				tc.Conns.Abandon()
 			}
 		}
 	}()
@@ -431,7 +432,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	h.mu.Unlock()
 	var watch *epochWatch // the marks' epochs are checked while consuming (see epochWatch)
 	if !h.sub.cfg.DisableCompletedTail {
-		from := committedOffset{offset: -1} // no commit: the claim's start is resolved later
+		from := kclient.CommittedOffset{Offset: -1} // no commit: the claim's start is resolved later
 		if haveCommit {
 			from = commit
 		}
@@ -447,7 +448,7 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		w.CountLogTruncation()
 	}
 	if haveCommit {
-		w.StartFromCommit(commit.offset, commit.metadata)
+		w.StartFromCommit(commit.Offset, commit.Metadata)
 	}
 	if watch != nil {
 		watch.start(sess.Context(), w)

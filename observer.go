@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -187,7 +188,7 @@ type observerAdapter struct {
 	group string
 
 	mu        sync.Mutex
-	confirmed map[int32]committedOffset
+	confirmed map[int32]kclient.CommittedOffset
 }
 
 // partitionObserver returns the partition.Observer of a subscription, nil
@@ -231,7 +232,7 @@ type commitObservation struct {
 	start   time.Time
 	took    time.Duration
 	workers []*partition.Worker
-	sent    []committedOffset
+	sent    []kclient.CommittedOffset
 }
 
 // observeCommit starts observing a commit of the session's marks: call it
@@ -247,11 +248,11 @@ func (h *groupHandler) observeCommit() *commitObservation {
 	a.mu.Lock()
 	for _, w := range workers {
 		off, meta := w.MarkedPosition()
-		if prev, ok := a.confirmed[w.Partition()]; off < 0 || ok && prev.offset == off && prev.metadata == meta {
+		if prev, ok := a.confirmed[w.Partition()]; off < 0 || ok && prev.Offset == off && prev.Metadata == meta {
 			continue
 		}
 		c.workers = append(c.workers, w)
-		c.sent = append(c.sent, committedOffset{offset: off, metadata: meta})
+		c.sent = append(c.sent, kclient.CommittedOffset{Offset: off, Metadata: meta})
 	}
 	a.mu.Unlock()
 	c.start = time.Now()
@@ -274,12 +275,12 @@ func (c *commitObservation) confirmed() {
 	behind := 0
 	c.a.mu.Lock()
 	if c.a.confirmed == nil {
-		c.a.confirmed = make(map[int32]committedOffset)
+		c.a.confirmed = make(map[int32]kclient.CommittedOffset)
 	}
 	for i, w := range c.workers {
 		p, sent := w.Partition(), c.sent[i]
-		ev.Partitions[i] = committedPartition(p, sent.offset, sent.metadata)
-		if w.Stats().ConfirmedOffset < sent.offset {
+		ev.Partitions[i] = committedPartition(p, sent.Offset, sent.Metadata)
+		if w.Stats().ConfirmedOffset < sent.Offset {
 			behind++
 			continue
 		}
@@ -314,19 +315,19 @@ func (sub *subscription) observeTxn(start time.Time, took time.Duration, marks m
 // (notHeld). An Observer's spans of acked deliveries that neither covers
 // end with it: those records are the next owner's to hand out again.
 func (sub *subscription) observeFinal(start time.Time, took time.Duration, transactional bool,
-	held, notHeld map[int32]committedOffset, cause error) {
+	held, notHeld map[int32]kclient.CommittedOffset, cause error) {
 	a, ok := sub.workerCfg.Observer.(*observerAdapter)
 	if !ok {
 		return
 	}
-	event := func(positions map[int32]committedOffset, err error) {
+	event := func(positions map[int32]kclient.CommittedOffset, err error) {
 		if len(positions) == 0 {
 			return
 		}
 		ev := CommitEvent{Topic: sub.topic, Group: a.group, Transactional: transactional, Final: true,
 			Start: start, Duration: took, Err: err, Partitions: make([]CommittedPartition, 0, len(positions))}
 		for p, c := range positions {
-			ev.Partitions = append(ev.Partitions, committedPartition(p, c.offset, c.metadata))
+			ev.Partitions = append(ev.Partitions, committedPartition(p, c.Offset, c.Metadata))
 		}
 		slices.SortFunc(ev.Partitions, func(x, y CommittedPartition) int { return cmp.Compare(x.Partition, y.Partition) })
 		a.o.Committed(ev)
@@ -334,7 +335,7 @@ func (sub *subscription) observeFinal(start time.Time, took time.Duration, trans
 	if !transactional && len(held) > 0 {
 		a.mu.Lock()
 		if a.confirmed == nil {
-			a.confirmed = make(map[int32]committedOffset)
+			a.confirmed = make(map[int32]kclient.CommittedOffset)
 		}
 		for p, c := range held {
 			a.confirmed[p] = c

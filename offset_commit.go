@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/internal/backoff"
+	"github.com/safeack/safeack/internal/kclient"
 )
 
 // offsetCommitter is the committer of a subscription that commits offsets
@@ -30,7 +31,7 @@ type offsetCommitter struct {
 	mu sync.Mutex
 	// final is the last position each claim the session ended marked,
 	// for finish to confirm; nil outside a session.
-	final map[int32]committedOffset
+	final map[int32]kclient.CommittedOffset
 }
 
 var _ committer = (*offsetCommitter)(nil)
@@ -40,9 +41,9 @@ var _ committer = (*offsetCommitter)(nil)
 // nothing lost.
 func (o *offsetCommitter) withoutCommitted(string, error) error { return nil }
 
-func (o *offsetCommitter) begin(sess sarama.ConsumerGroupSession, _ map[int32]committedOffset) {
+func (o *offsetCommitter) begin(sess sarama.ConsumerGroupSession, _ map[int32]kclient.CommittedOffset) {
 	o.mu.Lock()
-	o.final = make(map[int32]committedOffset)
+	o.final = make(map[int32]kclient.CommittedOffset)
 	o.mu.Unlock()
 	o.stop, o.done = make(chan struct{}), make(chan struct{})
 	o.soon = make(chan struct{}, 1)
@@ -78,8 +79,8 @@ func (o *offsetCommitter) claim(sess sarama.ConsumerGroupSession, p int32) claim
 		marker:        sessionMarker{sess, h},
 		requestCommit: o.commitSoon,
 		startCommitted: func(offset int64) bool {
-			held, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{p})
-			return err == nil && held[p].offset == offset
+			held, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{p})
+			return err == nil && held[p].Offset == offset
 		},
 		ended: func(offset int64, meta string) { o.ended(sess, p, offset, meta) },
 	}
@@ -93,7 +94,7 @@ func (o *offsetCommitter) ended(sess sarama.ConsumerGroupSession, p int32, offse
 		// all its claims.
 		o.mu.Lock()
 		if o.final != nil {
-			o.final[p] = committedOffset{offset: offset, metadata: meta}
+			o.final[p] = kclient.CommittedOffset{Offset: offset, Metadata: meta}
 		}
 		o.mu.Unlock()
 		return
@@ -103,7 +104,7 @@ func (o *offsetCommitter) ended(sess sarama.ConsumerGroupSession, p int32, offse
 	// confirmed now.
 	ctx, cancel := h.sub.halt.within(h.sub.cfg.finalCommitWait())
 	defer cancel()
-	h.offsets.confirm(ctx, sess, map[int32]committedOffset{p: {offset: offset, metadata: meta}})
+	h.offsets.confirm(ctx, sess, map[int32]kclient.CommittedOffset{p: {Offset: offset, Metadata: meta}})
 }
 
 // commitSoon asks the commit loop to commit without waiting for the next
@@ -222,18 +223,18 @@ func (o *offsetCommitter) confirm(sent map[int32]int64) (behind bool) {
 	for _, w := range workers {
 		parts = append(parts, w.Partition())
 	}
-	committed, err := fetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
+	committed, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
 	if err != nil {
 		h.sub.logger.Debug("Cannot read back committed offsets", h.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 		return len(sent) > 0
 	}
 	for _, w := range workers {
 		if c, ok := committed[w.Partition()]; ok {
-			w.SetConfirmed(c.offset)
+			w.SetConfirmed(c.Offset)
 		}
 	}
 	for p, c := range committed {
-		if off, ok := sent[p]; ok && c.offset < off {
+		if off, ok := sent[p]; ok && c.Offset < off {
 			behind = true
 		}
 	}
@@ -282,11 +283,11 @@ type sessionOffsets struct {
 // commit is sent in the background, beside the claims' first fetches, and
 // the returned channel closes once the coordinator holds it (see
 // commitPinned). ConsumeClaim hands nothing out before that.
-func (s sessionOffsets) pinStarts(sess sarama.ConsumerGroupSession, claimed []int32, committed map[int32]committedOffset,
+func (s sessionOffsets) pinStarts(sess sarama.ConsumerGroupSession, claimed []int32, committed map[int32]kclient.CommittedOffset,
 	starts map[int32]int64, startErrs map[int32]error) <-chan struct{} {
 	pinned := make(map[int32]int64)
 	for _, p := range claimed {
-		if c, ok := committed[p]; !ok || c.offset >= 0 {
+		if c, ok := committed[p]; !ok || c.Offset >= 0 {
 			continue
 		}
 		start, ok := starts[p]
@@ -300,7 +301,7 @@ func (s sessionOffsets) pinStarts(sess sarama.ConsumerGroupSession, claimed []in
 			continue
 		}
 		sess.MarkOffset(s.sub.topic, p, start, "")
-		committed[p] = committedOffset{offset: start}
+		committed[p] = kclient.CommittedOffset{Offset: start}
 		pinned[p] = start
 	}
 	if len(pinned) == 0 {
@@ -320,9 +321,9 @@ func (s sessionOffsets) pinStarts(sess sarama.ConsumerGroupSession, claimed []in
 // skipped by the next owner at OffsetNewest if this member dies before it
 // is committed.
 func (s sessionOffsets) commitPinned(sess sarama.ConsumerGroupSession, starts map[int32]int64) {
-	want := make(map[int32]committedOffset, len(starts))
+	want := make(map[int32]kclient.CommittedOffset, len(starts))
 	for p, start := range starts {
-		want[p] = committedOffset{offset: start}
+		want[p] = kclient.CommittedOffset{Offset: start}
 	}
 	missing, _, err := s.commitUntilHeld(sess.Context(), sess, want, func(missing map[int32]int64, err error, retryIn time.Duration) {
 		fields := watermill.LogFields{"partitions": len(missing), "retry_in": retryIn.String()}
@@ -341,21 +342,21 @@ func (s sessionOffsets) commitPinned(sess sarama.ConsumerGroupSession, starts ma
 // commitUntilHeld commits the session's marks and reads back what the
 // coordinator holds for the partitions of want, committing again (paced
 // by backoff.Doubling) until it holds each one's position, or a later one
-// (see committedOffset.holds), or until ctx ends or the session is fenced.
+// (see kclient.CommittedOffset.holds), or until ctx ends or the session is fenced.
 // Sarama does not report a refused commit (a coordinator loading or moving
 // the group refuses it), so only a read-back tells. One read each round,
-// given up with ctx: fetchCommitted's own retries, and a coordinator that
+// given up with ctx: kclient.FetchCommitted's own retries, and a coordinator that
 // does not answer, would overrun a caller's bound. waiting, when not nil,
 // is told of each round that found positions missing. It returns the
 // positions still missing (none when all are held), what the coordinator
 // last answered, and the last read's error (ErrInstanceFenced when the
 // session was fenced: its positions are not this member's to commit any
 // more).
-func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.ConsumerGroupSession, want map[int32]committedOffset,
-	waiting func(missing map[int32]int64, err error, retryIn time.Duration)) (missing map[int32]int64, lastHeld map[int32]committedOffset, err error) {
+func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.ConsumerGroupSession, want map[int32]kclient.CommittedOffset,
+	waiting func(missing map[int32]int64, err error, retryIn time.Duration)) (missing map[int32]int64, lastHeld map[int32]kclient.CommittedOffset, err error) {
 	parts := make([]int32, 0, len(want))
 	for p, w := range want {
-		if w.offset >= 0 {
+		if w.Offset >= 0 {
 			parts = append(parts, p)
 		}
 	}
@@ -365,7 +366,7 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.Consume
 	var pace backoff.Doubling
 	for !sessionFenced(sess.Context()) {
 		callWithin(ctx, sess.Commit)
-		var held map[int32]committedOffset
+		var held map[int32]kclient.CommittedOffset
 		held, err = fetchCommittedWithin(ctx, s.client, s.sub.cfg.ConsumerGroup, s.sub.topic, parts)
 		if err == nil {
 			lastHeld = held
@@ -373,8 +374,8 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.Consume
 		missing = make(map[int32]int64)
 		for _, p := range parts {
 			w := want[p]
-			if c, ok := held[p]; err != nil || !ok || !c.holds(w) {
-				missing[p] = w.offset
+			if c, ok := held[p]; err != nil || !ok || !c.Holds(w) {
+				missing[p] = w.Offset
 			}
 		}
 		if len(missing) == 0 {
@@ -399,7 +400,7 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.Consume
 // coordinator does not hold when ctx ends is logged as an Error, partition
 // by partition. The assignments of marks are over: an Observer is told of
 // their final positions (see subscription.observeFinal).
-func (s sessionOffsets) confirm(ctx context.Context, sess sarama.ConsumerGroupSession, marks map[int32]committedOffset) {
+func (s sessionOffsets) confirm(ctx context.Context, sess sarama.ConsumerGroupSession, marks map[int32]kclient.CommittedOffset) {
 	start := time.Now()
 	missing, held, err := s.commitUntilHeld(ctx, sess, marks, nil)
 	fenced := errors.Is(err, ErrInstanceFenced)
@@ -412,11 +413,11 @@ func (s sessionOffsets) confirm(ctx context.Context, sess sarama.ConsumerGroupSe
 	// A partition that never marked (-1: no record fixed its start) had
 	// nothing handed out: no final position to report.
 	took := time.Since(start)
-	finalHeld := make(map[int32]committedOffset, len(marks))
-	notHeld := make(map[int32]committedOffset)
+	finalHeld := make(map[int32]kclient.CommittedOffset, len(marks))
+	notHeld := make(map[int32]kclient.CommittedOffset)
 	for p, m := range marks {
 		switch _, miss := missing[p]; {
-		case m.offset < 0:
+		case m.Offset < 0:
 		case miss || fenced: // a fenced session's positions are the fencing member's
 			notHeld[p] = m
 		default:
@@ -429,13 +430,13 @@ func (s sessionOffsets) confirm(ctx context.Context, sess sarama.ConsumerGroupSe
 // logUncommitted reports final positions the group coordinator does not
 // hold: partition and offset of each ("uncommitted"), and what the
 // coordinator held when last read ("held", when it answered).
-func (s sessionOffsets) logUncommitted(missing map[int32]int64, held map[int32]committedOffset, err error) {
+func (s sessionOffsets) logUncommitted(missing map[int32]int64, held map[int32]kclient.CommittedOffset, err error) {
 	fields := watermill.LogFields{"uncommitted": positions(missing), "partitions": len(missing)}
 	if held != nil {
 		offs := make(map[int32]int64, len(missing))
 		for p := range missing {
 			if c, ok := held[p]; ok {
-				offs[p] = c.offset
+				offs[p] = c.Offset
 			}
 		}
 		fields["held"] = positions(offs)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/safeack/safeack/internal/kclient"
 )
 
 // closeGrace is what the end of a subscription (leaving the group, closing
@@ -150,15 +151,15 @@ func callWithin(ctx context.Context, f func()) bool {
 	return waitOr(ctx, done)
 }
 
-// fetchCommittedWithin is fetchCommittedOnce, given up when ctx ends.
-func fetchCommittedWithin(ctx context.Context, client sarama.Client, group, topic string, partitions []int32) (map[int32]committedOffset, error) {
+// fetchCommittedWithin is kclient.FetchCommittedOnce, given up when ctx ends.
+func fetchCommittedWithin(ctx context.Context, client sarama.Client, group, topic string, partitions []int32) (map[int32]kclient.CommittedOffset, error) {
 	type result struct {
-		held map[int32]committedOffset
+		held map[int32]kclient.CommittedOffset
 		err  error
 	}
 	ch := make(chan result, 1)
 	go func() {
-		held, err := fetchCommittedOnce(client, group, topic, partitions)
+		held, err := kclient.FetchCommittedOnce(client, group, topic, partitions)
 		ch <- result{held, err}
 	}()
 	select {

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/safeack/safeack/internal/backoff"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -61,7 +62,7 @@ func (sub *subscription) initialOffset(partition int32) int64 {
 }
 
 // initialStarts resolves initialOffset for the given partitions, with
-// one listOffsets per position asked for.
+// one kclient.ListOffsets per position asked for.
 func (sub *subscription) initialStarts(client sarama.Client, partitions []int32) (map[int32]int64, map[int32]error) {
 	byInitial := make(map[int64][]int32, 1)
 	for _, p := range partitions {
@@ -70,7 +71,7 @@ func (sub *subscription) initialStarts(client sarama.Client, partitions []int32)
 	}
 	starts, errs := make(map[int32]int64, len(partitions)), make(map[int32]error)
 	for at, ps := range byInitial {
-		s, e := listOffsets(client, sub.topic, ps, at)
+		s, e := kclient.ListOffsets(client, sub.topic, ps, at)
 		maps.Copy(starts, s)
 		maps.Copy(errs, e)
 	}
@@ -173,8 +174,8 @@ func (sub *subscription) consumeOnce(parent context.Context, client sarama.Clien
 	go func() {
 		select {
 		case <-sub.halt.abandoned:
-			if tc, ok := client.(*trackedClient); ok {
-				tc.abandon()
+			if tc, ok := client.(*kclient.TrackedClient); ok {
+				tc.Abandon()
 			}
 			go closeClient()
 		case <-ended:

@@ -208,7 +208,7 @@ func newTxnPublisher(sub *Subscriber, config TxnConfig, pcfg *sarama.Config, log
 // also fetches committed offsets with RequireStable: it waits for a
 // transaction of the partition's previous owner still in flight instead of
 // starting below it (Sarama's offset manager does this for ReadCommitted,
-// and so does fetchCommitted). Inputs that are themselves transactional
+// and so does kclient.FetchCommitted). Inputs that are themselves transactional
 // outputs are read committed too.
 func readCommitted(sc *sarama.Config) *sarama.Config {
 	c := *sc

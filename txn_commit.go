@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -59,7 +60,7 @@ type txnCommitter struct {
 	// client is the producer's connection, and answers Publish's
 	// question whether an output's topic exists.
 	client sarama.Client
-	conns  *connTracker                   // client's connections
+	conns  *kclient.ConnTracker           // client's connections
 	topics lockedMap[string, outputTopic] // what the cluster says of each output topic
 	// sem holds one transaction at a time, and guards producer. A
 	// transaction abandoned at the shutdown deadline keeps it until the
@@ -76,13 +77,13 @@ type txnCommitter struct {
 
 	mu          sync.Mutex
 	epoch       uint64
-	pending     map[int32][]pendingOutputs  // of acked deliveries, not yet covered by a committed position
-	marks       map[int32]txnMark           // latest position per partition since the last snapshot
-	covered     map[int32]coverage          // what the group's committed position covers, per partition
-	held        map[int32]committedOffset   // the position the group holds for each current assignment: its start or last transaction
-	sess        sarama.ConsumerGroupSession // the current session: its generation and member id fence the offsets
-	owners      map[int32]*txnMarker        // the marker of each partition's current assignment
-	endSession  func()                      // ends the current session's assignments
+	pending     map[int32][]pendingOutputs        // of acked deliveries, not yet covered by a committed position
+	marks       map[int32]txnMark                 // latest position per partition since the last snapshot
+	covered     map[int32]coverage                // what the group's committed position covers, per partition
+	held        map[int32]kclient.CommittedOffset // the position the group holds for each current assignment: its start or last transaction
+	sess        sarama.ConsumerGroupSession       // the current session: its generation and member id fence the offsets
+	owners      map[int32]*txnMarker              // the marker of each partition's current assignment
+	endSession  func()                            // ends the current session's assignments
 	committing  bool
 	ackedInTxn  uint64 // deliveries taken while committing, for TxnStats
 	sessionOpen bool
@@ -176,7 +177,7 @@ func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error
 	}
 	cfg := *pub.pcfg
 	cfg.Producer.Transaction.ID = c.id
-	c.conns = trackConns(&cfg)
+	c.conns = kclient.TrackConns(&cfg)
 	client, err := sarama.NewClient(pub.cfg.Brokers, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("safeack: connecting the transactional producer %q: %w", c.id, err)
@@ -288,11 +289,11 @@ func (c *txnCommitter) closeClient() {
 // once a rebalance has moved their partitions on (KIP-447). committed is
 // what the group had committed when the session started; end ends the
 // session's assignments.
-func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset, end func()) {
+func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed map[int32]kclient.CommittedOffset, end func()) {
 	covered := make(map[int32]coverage, len(committed))
-	held := make(map[int32]committedOffset, len(committed))
+	held := make(map[int32]kclient.CommittedOffset, len(committed))
 	for p, co := range committed {
-		covered[p] = coverageOf(co.offset, co.metadata)
+		covered[p] = coverageOf(co.Offset, co.Metadata)
 		held[p] = co
 	}
 	c.mu.Lock()
@@ -320,7 +321,7 @@ func (c *txnCommitter) groupMetadataLocked() *sarama.ConsumerGroupMetadata {
 // resetLocked drops what the epoch buffered. Callers hold mu.
 func (c *txnCommitter) resetLocked() {
 	c.pending, c.marks, c.covered = make(map[int32][]pendingOutputs), make(map[int32]txnMark), make(map[int32]coverage)
-	c.held = make(map[int32]committedOffset)
+	c.held = make(map[int32]kclient.CommittedOffset)
 	c.owners = make(map[int32]*txnMarker)
 }
 
@@ -342,8 +343,8 @@ func (c *txnCommitter) finishSession() {
 
 // endAssignmentsLocked returns the final positions of the current
 // assignments, which end (see finalLocked). Callers hold mu.
-func (c *txnCommitter) endAssignmentsLocked(failed map[int32]txnMark) (held, notHeld map[int32]committedOffset) {
-	held, notHeld = make(map[int32]committedOffset), make(map[int32]committedOffset)
+func (c *txnCommitter) endAssignmentsLocked(failed map[int32]txnMark) (held, notHeld map[int32]kclient.CommittedOffset) {
+	held, notHeld = make(map[int32]kclient.CommittedOffset), make(map[int32]kclient.CommittedOffset)
 	for p := range c.owners {
 		c.finalLocked(p, failed, held, notHeld)
 	}
@@ -355,12 +356,12 @@ func (c *txnCommitter) endAssignmentsLocked(failed map[int32]txnMark) (held, not
 // transaction that failed (failed) or of a mark no transaction took yet
 // is not held; otherwise the group holds the assignment's last committed
 // position, or the one it started from. Callers hold mu.
-func (c *txnCommitter) finalLocked(p int32, failed map[int32]txnMark, held, notHeld map[int32]committedOffset) {
+func (c *txnCommitter) finalLocked(p int32, failed map[int32]txnMark, held, notHeld map[int32]kclient.CommittedOffset) {
 	if mk, ok := failed[p]; ok {
-		notHeld[p] = committedOffset{offset: mk.offset, metadata: mk.metadata}
+		notHeld[p] = kclient.CommittedOffset{Offset: mk.offset, Metadata: mk.metadata}
 	} else if mk, ok := c.marks[p]; ok {
-		notHeld[p] = committedOffset{offset: mk.offset, metadata: mk.metadata}
-	} else if co, ok := c.held[p]; ok && co.offset >= 0 {
+		notHeld[p] = kclient.CommittedOffset{Offset: mk.offset, Metadata: mk.metadata}
+	} else if co, ok := c.held[p]; ok && co.Offset >= 0 {
 		held[p] = co
 	}
 }
@@ -434,7 +435,7 @@ func (c *txnCommitter) abandonTxn(done <-chan error, marks map[int32]txnMark, ou
 		c.release()
 	}()
 	// Its requests fail at once, and so the producer's retries soon.
-	c.conns.abandon()
+	c.conns.Abandon()
 	go c.closeClient()
 }
 
@@ -460,12 +461,12 @@ func (c *txnCommitter) reportUncommitted() {
 // takeCoveredLocked). Setup read it for the session's first assignments; a
 // partition a cooperative rebalance adds, or gives back, is read on its
 // own, and a previous owner may have committed further since.
-func (m *txnMarker) startFrom(co committedOffset) {
+func (m *txnMarker) startFrom(co kclient.CommittedOffset) {
 	c := m.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m.liveLocked() {
-		c.covered[m.partition] = coverageOf(co.offset, co.metadata)
+		c.covered[m.partition] = coverageOf(co.Offset, co.Metadata)
 		c.held[m.partition] = co
 	}
 }
@@ -485,7 +486,7 @@ func (m *txnMarker) release() {
 		return
 	}
 	p := m.partition
-	held, notHeld := make(map[int32]committedOffset, 1), make(map[int32]committedOffset, 1)
+	held, notHeld := make(map[int32]kclient.CommittedOffset, 1), make(map[int32]kclient.CommittedOffset, 1)
 	c.finalLocked(p, nil, held, notHeld)
 	delete(c.owners, p)
 	delete(c.marks, p)
@@ -753,7 +754,7 @@ func (c *txnCommitter) commit() {
 	for p, cov := range next {
 		if mk := marks[p]; mk.m != nil && mk.m.liveLocked() {
 			c.covered[p] = mk.m.coverageLocked(cov) // an assignment ended meanwhile starts from the group's commit when it comes back
-			c.held[p] = committedOffset{offset: mk.offset, metadata: mk.metadata}
+			c.held[p] = kclient.CommittedOffset{Offset: mk.offset, Metadata: mk.metadata}
 		}
 	}
 	c.mu.Unlock()
@@ -954,7 +955,7 @@ func (c *txnCommitter) abortOpen() {
 func (c *txnCommitter) abort(epoch uint64, marks map[int32]txnMark, cause error) {
 	c.mu.Lock()
 	var end func()
-	var held, notHeld map[int32]committedOffset
+	var held, notHeld map[int32]kclient.CommittedOffset
 	if c.epoch == epoch {
 		held, notHeld = c.endAssignmentsLocked(marks)
 		c.epoch++
@@ -996,7 +997,7 @@ func (t *txnSessionCommitter) withoutCommitted(what string, err error) error {
 // begin starts the session's epoch (see txnCommitter.beginSession); a
 // transaction that fails ends every assignment of the session, whose next
 // one fetches from the committed offsets.
-func (t *txnSessionCommitter) begin(sess sarama.ConsumerGroupSession, committed map[int32]committedOffset) {
+func (t *txnSessionCommitter) begin(sess sarama.ConsumerGroupSession, committed map[int32]kclient.CommittedOffset) {
 	t.c.beginSession(sess, committed, t.h.workers.endAll)
 	t.stop, t.done = make(chan struct{}), make(chan struct{})
 	go t.commitLoop(t.stop, t.done)
@@ -1025,7 +1026,7 @@ func (t *txnSessionCommitter) claim(_ sarama.ConsumerGroupSession, p int32) clai
 	return claimCommits{
 		marker:     m,
 		deliveries: m,
-		bound: func(w *partition.Worker, commit committedOffset, have bool) {
+		bound: func(w *partition.Worker, commit kclient.CommittedOffset, have bool) {
 			m.bind(w)
 			if have {
 				m.startFrom(commit)

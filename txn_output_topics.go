@@ -7,6 +7,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/safeack/safeack/internal/kclient"
 )
 
 // What a transaction's output topics allow.
@@ -35,7 +36,7 @@ func (c *txnCommitter) outputTopic(topic string) outputTopic {
 	if ot, ok := c.topics.get(topic); ok {
 		return ot
 	}
-	limit, err := describeIntConfig(c.client, sarama.TopicResource, topic, maxMessageBytesConfig)
+	limit, err := kclient.DescribeIntConfig(c.client, sarama.TopicResource, topic, maxMessageBytesConfig)
 	if err != nil {
 		c.sub.logger.Info("Cannot read an output topic's "+maxMessageBytesConfig+"; its outputs are batched up to Producer.MaxMessageBytes",
 			c.sub.logFields.Add(watermill.LogFields{"output_topic": topic, "err": err.Error()}))

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -81,7 +82,7 @@ func (s *workerSet) setHighWaterMarks(client sarama.Client, topic string) (liste
 	}
 	// One request per leader and no retry: the next interval tries again,
 	// and the caller is not held up by a leader that is away.
-	hwms, failed := listOffsetsOnce(client, topic, parts, sarama.OffsetNewest)
+	hwms, failed := kclient.ListOffsetsOnce(client, topic, parts, sarama.OffsetNewest)
 	for p, off := range hwms {
 		byPartition[p].SetHighWaterMark(off)
 	}

@@ -1,4 +1,4 @@
-package safeack
+package kclient
 
 import (
 	"testing"
@@ -35,7 +35,7 @@ func TestListOffsets(t *testing.T) {
 		t.Logf("all partitions led by one broker: the per-leader split is not exercised")
 	}
 	for _, at := range []int64{sarama.OffsetNewest, sarama.OffsetOldest} {
-		got, errs := listOffsets(client, topic, parts, at)
+		got, errs := ListOffsets(client, topic, parts, at)
 		require.Empty(t, errs)
 		for _, p := range parts {
 			want, err := client.GetOffset(topic, p, at)
@@ -44,7 +44,7 @@ func TestListOffsets(t *testing.T) {
 		}
 	}
 
-	got, errs := listOffsets(client, topic, []int32{0, partitions + 3}, sarama.OffsetNewest)
+	got, errs := ListOffsets(client, topic, []int32{0, partitions + 3}, sarama.OffsetNewest)
 	require.Contains(t, got, int32(0))
 	require.NotContains(t, got, int32(partitions+3))
 	require.Error(t, errs[partitions+3])
@@ -61,12 +61,12 @@ func TestCommittedOffsetHolds(t *testing.T) {
 	require.NoError(t, err)
 	otherTail, _, err := frontier.EncodeTailEpoch(5, []frontier.Range{{From: 6, To: 9}}, frontier.DefaultMetadataBudget, 0)
 	require.NoError(t, err)
-	at := func(offset int64, meta string) committedOffset {
-		return committedOffset{offset: offset, metadata: meta}
+	at := func(offset int64, meta string) CommittedOffset {
+		return CommittedOffset{Offset: offset, Metadata: meta}
 	}
 	for _, tc := range []struct {
 		name       string
-		held, want committedOffset
+		held, want CommittedOffset
 		holds      bool
 	}{
 		{"same", at(5, withTail), at(5, withTail), true},
@@ -79,6 +79,6 @@ func TestCommittedOffsetHolds(t *testing.T) {
 		{"other tail", at(5, otherTail), at(5, withTail), false},
 		{"a tail for no metadata", at(5, withTail), at(5, ""), false},
 	} {
-		require.Equal(t, tc.holds, tc.held.holds(tc.want), tc.name)
+		require.Equal(t, tc.holds, tc.held.Holds(tc.want), tc.name)
 	}
 }

@@ -1,4 +1,4 @@
-package safeack
+package kclient
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// coordinatorClient is a sarama.Client whose group coordinator is reached
+// CoordinatorClient is a sarama.Client whose group coordinator is reached
 // over a connection of its own instead of the one the client shares with
 // every other request to that broker.
 //
@@ -25,11 +25,11 @@ import (
 // coordinator connections and then the wrapped client. The Broker that
 // Coordinator returns is made from the coordinator's address and has no
 // broker id (ID is -1): ask the wrapped client for the id.
-type coordinatorClient struct {
+type CoordinatorClient struct {
 	sarama.Client
 
-	// cfg opens the coordinator connections; nil: the wrapped client's.
-	cfg *sarama.Config
+	// OwnConfig opens the coordinator connections; nil: the wrapped client's.
+	OwnConfig *sarama.Config
 
 	mu     sync.Mutex
 	closed bool
@@ -38,8 +38,8 @@ type coordinatorClient struct {
 	own  map[string]*sarama.Broker // by coordinator address: the current one
 }
 
-func newCoordinatorClient(c sarama.Client) *coordinatorClient {
-	return &coordinatorClient{Client: c, own: make(map[string]*sarama.Broker)}
+func NewCoordinatorClient(c sarama.Client) *CoordinatorClient {
+	return &CoordinatorClient{Client: c, own: make(map[string]*sarama.Broker)}
 }
 
 // Coordinator returns the group coordinator the wrapped client knows (it
@@ -47,7 +47,7 @@ func newCoordinatorClient(c sarama.Client) *coordinatorClient {
 // when needed: Sarama closes a coordinator connection after a failed
 // request and expects the next Coordinator call to reopen it, as the
 // client's own cached brokers do.
-func (c *coordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
+func (c *CoordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
 	c.mu.Lock()
 	closed, kept := c.closed, c.kept
 	var known string
@@ -85,7 +85,7 @@ func (c *coordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
 		b = sarama.NewBroker(addr)
 		c.own[addr] = b
 	}
-	conf := c.cfg
+	conf := c.OwnConfig
 	if conf == nil {
 		conf = c.Client.Config()
 	}
@@ -96,7 +96,7 @@ func (c *coordinatorClient) Coordinator(group string) (*sarama.Broker, error) {
 }
 
 // RefreshCoordinator looks the coordinator up again, unless it is kept.
-func (c *coordinatorClient) RefreshCoordinator(group string) error {
+func (c *CoordinatorClient) RefreshCoordinator(group string) error {
 	c.mu.Lock()
 	kept := c.kept && len(c.own) > 0
 	c.mu.Unlock()
@@ -110,22 +110,22 @@ func (c *coordinatorClient) RefreshCoordinator(group string) error {
 // without looking it up through the wrapped client, whose connections
 // were closed (see ConsumeClaim): the subscription is stopping, and its
 // last requests go to the coordinator it knows.
-func (c *coordinatorClient) keep() {
+func (c *CoordinatorClient) Keep() {
 	c.mu.Lock()
 	c.kept = true
 	c.mu.Unlock()
 }
 
 // refuse makes Coordinator fail from now on: the subscription's
-// connections were abandoned (see connTracker).
-func (c *coordinatorClient) refuse() {
+// connections were abandoned (see ConnTracker).
+func (c *CoordinatorClient) Refuse() {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
 }
 
 // Close closes the coordinator connections, then the wrapped client.
-func (c *coordinatorClient) Close() error {
+func (c *CoordinatorClient) Close() error {
 	c.mu.Lock()
 	own := c.own
 	c.own, c.closed = nil, true

@@ -1,4 +1,4 @@
-package safeack
+package kclient
 
 import (
 	"errors"
@@ -12,10 +12,10 @@ import (
 	"github.com/safeack/safeack/internal/backoff"
 )
 
-// committedOffset is what the group coordinator holds for one partition.
-type committedOffset struct {
-	offset   int64 // -1: nothing committed
-	metadata string
+// CommittedOffset is what the group coordinator holds for one partition.
+type CommittedOffset struct {
+	Offset   int64 // -1: nothing committed
+	Metadata string
 }
 
 // holds reports whether c, what the coordinator holds, is want or a later
@@ -26,27 +26,27 @@ type committedOffset struct {
 // nothing past the commit it started from wants "" (its worker marked no
 // metadata), while the coordinator keeps the earlier owner's epoch-only
 // metadata, which Sarama never sends again for an unmarked partition.
-func (c committedOffset) holds(want committedOffset) bool {
-	if c.offset != want.offset {
-		return c.offset > want.offset
+func (c CommittedOffset) Holds(want CommittedOffset) bool {
+	if c.Offset != want.Offset {
+		return c.Offset > want.Offset
 	}
-	if c.metadata == want.metadata {
+	if c.Metadata == want.Metadata {
 		return true
 	}
-	return want.metadata == "" && !hasTail(c)
+	return want.Metadata == "" && !HasTail(c)
 }
 
-// hasTail reports whether c's metadata lists completed records above its
+// HasTail reports whether c's metadata lists completed records above its
 // offset; metadata that does not decode lists none the next owner trusts.
-func hasTail(c committedOffset) bool {
-	t, err := frontier.DecodeTail(c.metadata, max(c.offset, 0))
+func HasTail(c CommittedOffset) bool {
+	t, err := frontier.DecodeTail(c.Metadata, max(c.Offset, 0))
 	return err == nil && len(t.Ranges) > 0
 }
 
-// fetchCommitted reads the group's committed offsets and metadata for the
+// FetchCommitted reads the group's committed offsets and metadata for the
 // given partitions of topic with one OffsetFetch request. A Sarama session
 // offers no way to read commit metadata back, hence the request of our own.
-func fetchCommitted(client sarama.Client, group, topic string, partitions []int32) (map[int32]committedOffset, error) {
+func FetchCommitted(client sarama.Client, group, topic string, partitions []int32) (map[int32]CommittedOffset, error) {
 	if len(partitions) == 0 {
 		return nil, nil
 	}
@@ -54,7 +54,7 @@ func fetchCommitted(client sarama.Client, group, topic string, partitions []int3
 	var lastErr error
 	var pace backoff.Doubling
 	for attempt := 0; attempt <= conf.Metadata.Retry.Max; attempt++ {
-		out, err := fetchCommittedOnce(client, group, topic, partitions)
+		out, err := FetchCommittedOnce(client, group, topic, partitions)
 		if err == nil {
 			return out, nil
 		}
@@ -74,7 +74,7 @@ func fetchCommitted(client sarama.Client, group, topic string, partitions []int3
 	return nil, lastErr
 }
 
-func fetchCommittedOnce(client sarama.Client, group, topic string, partitions []int32) (map[int32]committedOffset, error) {
+func FetchCommittedOnce(client sarama.Client, group, topic string, partitions []int32) (map[int32]CommittedOffset, error) {
 	coordinator, err := client.Coordinator(group)
 	if err != nil {
 		return nil, fmt.Errorf("finding the coordinator of group %q: %w", group, err)
@@ -94,7 +94,7 @@ func fetchCommittedOnce(client sarama.Client, group, topic string, partitions []
 	if resp.Err != sarama.ErrNoError {
 		return nil, fmt.Errorf("fetching committed offsets: %w", resp.Err)
 	}
-	out := make(map[int32]committedOffset, len(partitions))
+	out := make(map[int32]CommittedOffset, len(partitions))
 	for _, p := range partitions {
 		block := resp.GetBlock(topic, p)
 		if block == nil {
@@ -103,20 +103,20 @@ func fetchCommittedOnce(client sarama.Client, group, topic string, partitions []
 		if block.Err != sarama.ErrNoError {
 			return nil, fmt.Errorf("fetching committed offset of %s/%d: %w", topic, p, block.Err)
 		}
-		out[p] = committedOffset{offset: block.Offset, metadata: block.Metadata}
+		out[p] = CommittedOffset{Offset: block.Offset, Metadata: block.Metadata}
 	}
 	return out, nil
 }
 
-// listOffsets resolves at (sarama.OffsetNewest or sarama.OffsetOldest) for
+// ListOffsets resolves at (sarama.OffsetNewest or sarama.OffsetOldest) for
 // partitions of topic with one ListOffsets request per partition leader,
 // the leaders asked at once: what client.GetOffset, one partition and one
 // round trip at a time, would answer. A partition without an answer here
 // (its leader unknown, a failed request, an error in its block) is asked
 // again through client.GetOffset, which refreshes the metadata first; one
 // that fails there too is left out of the result, with its error in errs.
-func listOffsets(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, errs map[int32]error) {
-	offsets, failed := listOffsetsOnce(client, topic, partitions, at)
+func ListOffsets(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, errs map[int32]error) {
+	offsets, failed := ListOffsetsOnce(client, topic, partitions, at)
 	errs = make(map[int32]error)
 	for p := range failed {
 		off, err := client.GetOffset(topic, p, at)
@@ -129,9 +129,9 @@ func listOffsets(client sarama.Client, topic string, partitions []int32, at int6
 	return offsets, errs
 }
 
-// listOffsetsOnce is listOffsets without the second try: the partitions
+// ListOffsetsOnce is ListOffsets without the second try: the partitions
 // without an answer are returned in failed, each with why.
-func listOffsetsOnce(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, failed map[int32]error) {
+func ListOffsetsOnce(client sarama.Client, topic string, partitions []int32, at int64) (offsets map[int32]int64, failed map[int32]error) {
 	offsets = make(map[int32]int64, len(partitions))
 	failed = make(map[int32]error)
 	byLeader := make(map[*sarama.Broker][]int32)

@@ -1,4 +1,4 @@
-package safeack
+package kclient
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 // fails with.
 var errConnsAbandoned = errors.New("safeack: the subscription stopped; its connections were closed")
 
-// connTracker dials the connections of one Sarama client and can close
+// ConnTracker dials the connections of one Sarama client and can close
 // them all at once (abandon). Closing a sarama.Broker does not end a
 // request waiting for its answer: Broker.Close waits for the broker's
 // lock, which a synchronous request (a heartbeat, an OffsetFetch, an
@@ -21,7 +21,7 @@ var errConnsAbandoned = errors.New("safeack: the subscription stopped; its conne
 // default, and Sarama retries). Closing the socket under it fails that
 // request at once. Once abandoned, no new connection is made: the client
 // fails fast instead of dialing a broker again.
-type connTracker struct {
+type ConnTracker struct {
 	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	ctx    context.Context // cancelled by abandon: dials in progress end
 	cancel context.CancelFunc
@@ -36,13 +36,13 @@ type contextDialer interface {
 	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
-// trackConns makes cfg, a copy of the caller's that only one client uses,
-// dial through a new connTracker: through cfg's own Net.Proxy.Dialer when
+// TrackConns makes cfg, a copy of the caller's that only one client uses,
+// dial through a new ConnTracker: through cfg's own Net.Proxy.Dialer when
 // it has one, otherwise as Sarama does (Net.DialTimeout, Net.KeepAlive,
 // Net.LocalAddr). TLS and SASL still apply on top, as Sarama does them
 // after the dial.
-func trackConns(cfg *sarama.Config) *connTracker {
-	t := &connTracker{conns: make(map[*trackedConn]struct{})}
+func TrackConns(cfg *sarama.Config) *ConnTracker {
+	t := &ConnTracker{conns: make(map[*trackedConn]struct{})}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	switch user := cfg.Net.Proxy.Dialer; {
 	case cfg.Net.Proxy.Enable && user != nil:
@@ -88,7 +88,7 @@ func dialUntil(ctx context.Context, dial func() (net.Conn, error)) (net.Conn, er
 }
 
 // Dial is what Sarama calls (Net.Proxy.Dialer).
-func (t *connTracker) Dial(network, addr string) (net.Conn, error) {
+func (t *ConnTracker) Dial(network, addr string) (net.Conn, error) {
 	if t.ctx.Err() != nil {
 		return nil, errConnsAbandoned
 	}
@@ -112,7 +112,7 @@ func (t *connTracker) Dial(network, addr string) (net.Conn, error) {
 }
 
 // abandon closes every connection and refuses new ones.
-func (t *connTracker) abandon() {
+func (t *ConnTracker) Abandon() {
 	t.cancel()
 	t.mu.Lock()
 	conns := t.conns
@@ -123,29 +123,29 @@ func (t *connTracker) abandon() {
 	}
 }
 
-// trackedClient is a subscription's client with the tracker of its
+// TrackedClient is a subscription's client with the tracker of its
 // connections (see consumeOnce).
-type trackedClient struct {
+type TrackedClient struct {
 	sarama.Client
-	conns      *connTracker // the client's own
-	coordConns *connTracker // its coordinatorClient's, if it has one
+	Conns      *ConnTracker // the client's own
+	CoordConns *ConnTracker // its CoordinatorClient's, if it has one
 }
 
 // abandon closes every connection of the client and refuses new ones.
-func (c *trackedClient) abandon() {
-	if cc, ok := c.Client.(*coordinatorClient); ok {
-		cc.refuse()
+func (c *TrackedClient) Abandon() {
+	if cc, ok := c.Client.(*CoordinatorClient); ok {
+		cc.Refuse()
 	}
-	c.conns.abandon()
-	if c.coordConns != nil {
-		c.coordConns.abandon()
+	c.Conns.Abandon()
+	if c.CoordConns != nil {
+		c.CoordConns.Abandon()
 	}
 }
 
 // trackedConn leaves its tracker when closed.
 type trackedConn struct {
 	net.Conn
-	t *connTracker
+	t *ConnTracker
 }
 
 func (c *trackedConn) Close() error {

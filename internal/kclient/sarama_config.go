@@ -1,4 +1,4 @@
-package safeack
+package kclient
 
 import (
 	"reflect"
@@ -34,10 +34,10 @@ func freshStrategy(s sarama.BalanceStrategy) sarama.BalanceStrategy {
 	return fresh
 }
 
-// copySaramaConfig returns a copy of sc that shares nothing stateful with
+// CopySaramaConfig returns a copy of sc that shares nothing stateful with
 // it: the caller may hand the same *sarama.Config to several subscribers,
 // and one subscriber runs a consumer group per Subscribe call.
-func copySaramaConfig(sc *sarama.Config) *sarama.Config {
+func CopySaramaConfig(sc *sarama.Config) *sarama.Config {
 	c := *sc
 	r := &c.Consumer.Group.Rebalance
 	r.Strategy = freshStrategy(r.Strategy)

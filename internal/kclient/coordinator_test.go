@@ -1,4 +1,4 @@
-package safeack
+package kclient
 
 import (
 	"errors"
@@ -20,7 +20,7 @@ func TestCoordinatorClient(t *testing.T) {
 	group := c.NewGroup(t)
 	inner, err := sarama.NewClient(c.Brokers(), c.SaramaConfig())
 	require.NoError(t, err)
-	cc := newCoordinatorClient(inner)
+	cc := NewCoordinatorClient(inner)
 
 	shared, err := inner.Coordinator(group)
 	require.NoError(t, err)
