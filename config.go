@@ -2,7 +2,6 @@ package safeack
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/maphash"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // NoSleep can be set to SubscriberConfig.NackResendSleep and
@@ -306,10 +306,10 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 
 // ErrInvalidConfig is wrapped by every error NewSubscriber returns for a
 // configuration it refuses.
-var ErrInvalidConfig = errors.New("safeack: invalid subscriber config")
+var ErrInvalidConfig = sentinel.InvalidConfig
 
 func fieldError(field, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	return sentinel.Field(field, format, args...)
 }
 
 // Validate reports the first invalid field of c, after defaults are

@@ -7,6 +7,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/safeack/safeack/internal/ready"
 )
 
 // ErrInstanceFenced is wrapped by what Ready and WaitReady report, and by
@@ -44,7 +45,7 @@ func (sub *subscription) fenced() error {
 	sub.logger.Error("Fenced: another consumer joined the group with this Consumer.Group.InstanceId and took its partitions; "+
 		"this subscription stops (no more messages, no more commits, no rejoin) and its channel closes", err,
 		sub.logFields.Add(watermill.LogFields{"instance_id": id}))
-	sub.subscriber.ready.set(sub, phaseFenced, err)
+	sub.setPhase(ready.Fenced, err)
 	return err
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/ready"
 )
 
 func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client) error {
@@ -87,7 +88,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		} else {
 			sub.logger.Info("Cannot rejoin the consumer group; retrying with the same member", fields.Add(watermill.LogFields{"err": err.Error()}))
 		}
-		sub.subscriber.ready.set(sub, phaseConnecting, err)
+		sub.setPhase(ready.Connecting, err)
 		if !backoff.Sleep(ctx, wait) {
 			return nil
 		}
@@ -216,7 +217,7 @@ func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.first = first
 	h.mu.Unlock()
 	h.commits.begin(sess, committed)
-	h.sub.subscriber.ready.set(h.sub, phaseConsuming, nil)
+	h.sub.setPhase(ready.Consuming, nil)
 	return nil
 }
 
@@ -317,7 +318,7 @@ func withPartition(m map[int32]bool, partition int32) map[int32]bool {
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	sess = guardSession(sess)
 	h.watch.end(sess)
-	h.sub.subscriber.ready.set(h.sub, phaseJoining, nil) // the session is over: rejoining, or stopping
+	h.sub.setPhase(ready.Joining, nil) // the session is over: rejoining, or stopping
 	wait := h.sub.cfg.finalCommitWait()
 	closing := h.sub.halt.isStopping()
 	if closing {

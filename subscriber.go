@@ -11,10 +11,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/ready"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
-var ErrSubscriberClosed = errors.New("safeack: subscriber closed")
+var ErrSubscriberClosed = sentinel.SubscriberClosed
 
 // Subscriber consumes Kafka topics through a Sarama consumer group and
 // implements message.Subscriber and message.SubscribeInitializer.
@@ -51,8 +53,8 @@ type Subscriber struct {
 	subscribed bool
 
 	registry  registry
-	unclaimed unclaimedSet // for Unclaimed
-	ready     readiness    // for Ready and WaitReady
+	unclaimed unclaimedSet  // for Unclaimed
+	ready     ready.Tracker // for Ready and WaitReady
 }
 
 var (
@@ -185,9 +187,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 
 	if s.cfg.ConsumerGroup == "" {
-		s.ready.set(sub, phaseConsuming, nil)
+		sub.setPhase(ready.Consuming, nil)
 	} else {
-		s.ready.set(sub, phaseJoining, nil)
+		sub.setPhase(ready.Joining, nil)
 	}
 	held = false // released when the subscription ends
 	go func() {
@@ -208,7 +210,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		if sub.txn != nil {
 			sub.txn.close()
 		}
-		s.ready.remove(sub)
+		s.ready.Remove(sub)
 		close(sub.output)
 	}()
 	return sub.output, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/ready"
 )
 
 // subscription is one Subscribe call: one output channel, one in-flight
@@ -96,7 +97,7 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 					return
 				}
 				sub.logger.Error("Cannot connect to Kafka; retrying", err, sub.logFields)
-				sub.subscriber.ready.set(sub, phaseConnecting, err)
+				sub.setPhase(ready.Connecting, err)
 				if !sub.pause(ctx) {
 					return
 				}
@@ -105,9 +106,9 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 			client = c
 		}
 		if sub.cfg.ConsumerGroup == "" {
-			sub.subscriber.ready.set(sub, phaseConsuming, nil)
+			sub.setPhase(ready.Consuming, nil)
 		} else {
-			sub.subscriber.ready.set(sub, phaseJoining, nil)
+			sub.setPhase(ready.Joining, nil)
 		}
 		err := sub.consumeOnce(ctx, client)
 		client = nil
@@ -122,7 +123,7 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 		} else {
 			sub.logger.Info("Consumer stopped; reconnecting", sub.logFields)
 		}
-		sub.subscriber.ready.set(sub, phaseConnecting, err)
+		sub.setPhase(ready.Connecting, err)
 		if !sub.pause(ctx) {
 			return
 		}
@@ -196,4 +197,9 @@ func (sub *subscription) consumeOnce(parent context.Context, client sarama.Clien
 		return sub.consumePartitions(ctx, client)
 	}
 	return sub.consumeGroup(ctx, client)
+}
+
+// setPhase reports where the subscription stands, for Ready.
+func (sub *subscription) setPhase(p ready.Phase, err error) {
+	sub.subscriber.ready.Set(sub, sub.topic, sub.cfg.ConsumerGroup, "consumer group", p, err)
 }
