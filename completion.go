@@ -6,6 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // ErrNotSafeackMessage is returned for a message that was not delivered by
@@ -14,7 +15,7 @@ var ErrNotSafeackMessage = errors.New("safeack: message was not delivered by a s
 
 // ErrAlreadyAnswered is returned by Defer for a message already acked or
 // nacked: its fate is decided.
-var ErrAlreadyAnswered = errors.New("safeack: message already acked or nacked")
+var ErrAlreadyAnswered = sentinel.AlreadyAnswered
 
 // Completion is the handle of a record whose completion was deferred with
 // Defer (or taken with CompletionFromCtx). The record's offset is not

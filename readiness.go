@@ -66,3 +66,16 @@ func (s *Subscriber) WaitReady(ctx context.Context) error {
 		}
 	}
 }
+
+// ErrInstanceFenced is wrapped by what Ready and WaitReady report, and by
+// the Error logged, for a subscription whose consumer group member was
+// fenced: another consumer joined the group with the same
+// Consumer.Group.InstanceId (static membership), so the group coordinator
+// gave it this member and its partitions and answers this one
+// FENCED_INSTANCE_ID. The subscription stops for good: it hands nothing
+// more out and commits nothing more (acks of the messages it handed out
+// change nothing; the new member handles those records again), its channel
+// closes, and it does not rejoin, since a rejoin would fence the other
+// consumer in turn and the two would take the partitions from each other
+// for as long as both run. Give each live consumer its own InstanceId.
+var ErrInstanceFenced = sentinel.InstanceFenced

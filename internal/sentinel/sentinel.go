@@ -19,3 +19,9 @@ var (
 func Field(field, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: %s", InvalidConfig, field, fmt.Sprintf(format, args...))
 }
+
+var (
+	InstanceFenced     = errors.New("safeack: consumer group member fenced by another consumer with the same Consumer.Group.InstanceId")
+	CommitNotConfirmed = errors.New("safeack: commit not confirmed by the group coordinator")
+	AlreadyAnswered    = errors.New("safeack: message already acked or nacked")
+)

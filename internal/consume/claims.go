@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"context"
@@ -260,7 +260,7 @@ func (w *claimWatch) claimStarted(partition int32) {
 	st.overdue, st.err = false, nil
 	w.mu.Unlock()
 	if overdue {
-		w.sub.subscriber.unclaimed.remove(w.sub, partition)
+		w.sub.host.RemoveUnclaimed(w.sub, partition)
 		w.sub.logger.Info("The partition's claim started; it is consumed again",
 			w.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "waited": waited.Round(time.Millisecond).String()}))
 	}
@@ -380,7 +380,7 @@ func (w *claimWatch) check(sess sarama.ConsumerGroupSession, stop <-chan struct{
 		if reason == nil && w.client.PartitionNotReadable(w.sub.topic, p) {
 			reason = errNoLeader
 		}
-		w.sub.subscriber.unclaimed.add(w.sub, UnclaimedPartition{
+		w.sub.host.AddUnclaimed(w.sub, Unclaimed{
 			TopicPartition: TopicPartition{Topic: w.sub.topic, Partition: p},
 			AssignedAt:     st.since,
 			Since:          st.since,
@@ -427,7 +427,7 @@ func (w *claimWatch) probe(held []int32) map[int32]bool {
 // Callers hold mu.
 func (w *claimWatch) forgetLocked(partition int32) {
 	if st := w.parts[partition]; st != nil && st.overdue {
-		w.sub.subscriber.unclaimed.remove(w.sub, partition)
+		w.sub.host.RemoveUnclaimed(w.sub, partition)
 	}
 	delete(w.parts, partition)
 }
@@ -512,7 +512,7 @@ func (w *claimWatch) rejoinDelayLocked() time.Duration {
 // all while the leader it names refuses the fetch. The claim runs on, and
 // Stats kept the last high-water mark listed: a lag of 0 while records
 // waited, and nothing said that the partition was not consumed. The
-// listing of high-water marks (workerSet.setHighWaterMarks, once per
+// listing of high-water marks (WorkerSet.setHighWaterMarks, once per
 // commit interval) asks each running partition's leader: a partition
 // whose leader has not answered for claimOverdueAfter is reported as a
 // claim that cannot start is (an Error log, Subscriber.Unclaimed with
@@ -555,7 +555,7 @@ func (l *leaderLoss) ended(w *partition.Worker) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if st := l.parts[w]; st != nil && st.reported {
-		l.sub.subscriber.unclaimed.remove(l.sub, w.Partition())
+		l.sub.host.RemoveUnclaimed(l.sub, w.Partition())
 	}
 	delete(l.parts, w)
 }
@@ -575,7 +575,7 @@ func (l *leaderLoss) listed(workers []*partition.Worker, failed map[int32]error)
 		err, lost := failed[p]
 		if !lost {
 			if st.reported {
-				l.sub.subscriber.unclaimed.remove(l.sub, p)
+				l.sub.host.RemoveUnclaimed(l.sub, p)
 				l.sub.logger.Info("The partition's leader answers again; it is consumed again",
 					l.sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "waited": now.Sub(st.since).Round(time.Millisecond).String()}))
 			}
@@ -590,7 +590,7 @@ func (l *leaderLoss) listed(workers []*partition.Worker, failed map[int32]error)
 			continue
 		}
 		st.reported = true
-		l.sub.subscriber.unclaimed.add(l.sub, UnclaimedPartition{
+		l.sub.host.AddUnclaimed(l.sub, Unclaimed{
 			TopicPartition: TopicPartition{Topic: l.sub.topic, Partition: p},
 			AssignedAt:     st.assignedAt,
 			Since:          st.since,
@@ -600,91 +600,4 @@ func (l *leaderLoss) listed(workers []*partition.Worker, failed map[int32]error)
 		l.sub.logger.Error("A partition consumed by this member lost its leader: nothing more is fetched from it; waiting for its leader", err,
 			l.sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "waited": now.Sub(st.since).Round(time.Millisecond).String()}))
 	}
-}
-
-// UnclaimedPartition is a partition assigned to the Subscriber (without a
-// consumer group: a partition of a topic it subscribed to) that it does
-// not consume: its claim has not started within a bound after the
-// assignment (the partition has no leader, or its leader does not
-// answer), or its claim runs but its leader stopped answering for it
-// (Claimed). See Subscriber.Unclaimed.
-type UnclaimedPartition struct {
-	TopicPartition
-	// AssignedAt is when the member got the partition (without a consumer
-	// group: when the connection tried to start it).
-	AssignedAt time.Time
-	// Since is when the partition stopped being consumed: when it was
-	// assigned, or when its last claim ended, for a claim that has not
-	// started; the first time its leader did not answer, for one that
-	// runs (Claimed).
-	Since time.Time
-	// Claimed reports a partition whose claim started and whose leader
-	// then stopped answering for it: it is in Stats, with the records it
-	// took (their handlers run and their acks are committed), but nothing
-	// more is fetched, and its high-water mark and lag there are the last
-	// ones listed. False: its claim has not started, and it is not in
-	// Stats.
-	Claimed bool
-	// Err is why it is not consumed, as last seen: the cluster names no
-	// leader, the leader's answer, or the error Sarama reported for the
-	// claim. Nil when not known.
-	Err error
-}
-
-func (u UnclaimedPartition) topicPartition() TopicPartition { return u.TopicPartition }
-
-// Unclaimed returns the partitions assigned to the Subscriber's consumer
-// group members (without a consumer group: the partitions of the topics
-// it subscribed to) that they do not consume, ordered by topic and
-// partition: those whose claim has not started within a few seconds of
-// the assignment (Sarama's Metadata.Retry budget plus 6 s), and those
-// whose claim runs but whose leader has not answered for them for as
-// long (Claimed). Their records wait; each is logged as an Error when it
-// is listed here. The Subscriber keeps the partition (the group has no
-// other member to give it to that could do better) and asks for fresh
-// metadata every second: a claim that has not started starts within
-// about 5 seconds of its leader answering again (without a consumer
-// group, within a second), one that runs fetches again once Sarama finds
-// the leader (it asks every Consumer.Retry.Backoff). A partition leaves
-// the list when it is consumed again, or when it is revoked.
-func (s *Subscriber) Unclaimed() []UnclaimedPartition {
-	return s.unclaimed.list()
-}
-
-// unclaimedSet holds the partitions that Subscriber.Unclaimed lists, by
-// subscription (two subscriptions are two members of the group).
-type unclaimedSet struct {
-	mu    sync.Mutex
-	parts map[unclaimedKey]UnclaimedPartition
-}
-
-type unclaimedKey struct {
-	sub       *subscription
-	partition int32
-}
-
-func (u *unclaimedSet) add(sub *subscription, p UnclaimedPartition) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.parts == nil {
-		u.parts = make(map[unclaimedKey]UnclaimedPartition)
-	}
-	u.parts[unclaimedKey{sub, p.Partition}] = p
-}
-
-func (u *unclaimedSet) remove(sub *subscription, partition int32) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	delete(u.parts, unclaimedKey{sub, partition})
-}
-
-func (u *unclaimedSet) list() []UnclaimedPartition {
-	u.mu.Lock()
-	out := make([]UnclaimedPartition, 0, len(u.parts))
-	for _, p := range u.parts {
-		out = append(out, p)
-	}
-	u.mu.Unlock()
-	sortByTopicPartition(out)
-	return out
 }

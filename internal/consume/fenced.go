@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"context"
@@ -8,20 +8,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/safeack/safeack/internal/ready"
+	"github.com/safeack/safeack/internal/sentinel"
 )
-
-// ErrInstanceFenced is wrapped by what Ready and WaitReady report, and by
-// the Error logged, for a subscription whose consumer group member was
-// fenced: another consumer joined the group with the same
-// Consumer.Group.InstanceId (static membership), so the group coordinator
-// gave it this member and its partitions and answers this one
-// FENCED_INSTANCE_ID. The subscription stops for good: it hands nothing
-// more out and commits nothing more (acks of the messages it handed out
-// change nothing; the new member handles those records again), its channel
-// closes, and it does not rejoin, since a rejoin would fence the other
-// consumer in turn and the two would take the partitions from each other
-// for as long as both run. Give each live consumer its own InstanceId.
-var ErrInstanceFenced = errors.New("safeack: consumer group member fenced by another consumer with the same Consumer.Group.InstanceId")
 
 // fencedCause tells whether a session ended, or a join failed, because
 // the coordinator fenced this member's instance id.
@@ -38,10 +26,10 @@ func sessionFenced(ctx context.Context) bool {
 
 // fenced ends a subscription whose member was fenced: logged once as an
 // Error, and reported by Ready until Close. The returned error wraps
-// ErrInstanceFenced and Sarama's ErrFencedInstancedId.
+// sentinel.InstanceFenced and Sarama's ErrFencedInstancedId.
 func (sub *subscription) fenced() error {
 	id := sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId
-	err := fmt.Errorf("%w: consumer group %q, instance id %q: %w", ErrInstanceFenced, sub.cfg.ConsumerGroup, id, sarama.ErrFencedInstancedId)
+	err := fmt.Errorf("%w: consumer group %q, instance id %q: %w", sentinel.InstanceFenced, sub.cfg.ConsumerGroup, id, sarama.ErrFencedInstancedId)
 	sub.logger.Error("Fenced: another consumer joined the group with this Consumer.Group.InstanceId and took its partitions; "+
 		"this subscription stops (no more messages, no more commits, no rejoin) and its channel closes", err,
 		sub.logFields.Add(watermill.LogFields{"instance_id": id}))

@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"sync"
@@ -9,20 +9,20 @@ import (
 	"github.com/safeack/safeack/internal/partition"
 )
 
-// workerSet is a set of running partition workers, safe for concurrent
+// WorkerSet is a set of running partition workers, safe for concurrent
 // use. One type serves every place that needs to know which workers run:
 // a group handler's (its session's claims), a subscription's without a
 // group (noGroupConsumer), and the Subscriber's registry (every
 // subscription's, for Stats, Totals and Windows). The methods that act on
 // the workers take a snapshot and act outside the set's lock, so a worker
 // that answers slowly never holds up adding or removing another.
-type workerSet struct {
+type WorkerSet struct {
 	mu      sync.Mutex
 	workers map[*partition.Worker]time.Time // each worker, and when it was added
 }
 
-// add puts w in the set.
-func (s *workerSet) add(w *partition.Worker) {
+// Add puts w in the set.
+func (s *WorkerSet) Add(w *partition.Worker) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.workers == nil {
@@ -31,8 +31,8 @@ func (s *workerSet) add(w *partition.Worker) {
 	s.workers[w] = time.Now()
 }
 
-// remove takes w out of the set and reports whether it was there.
-func (s *workerSet) remove(w *partition.Worker) bool {
+// Remove takes w out of the set and reports whether it was there.
+func (s *WorkerSet) Remove(w *partition.Worker) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.workers[w]
@@ -41,7 +41,7 @@ func (s *workerSet) remove(w *partition.Worker) bool {
 }
 
 // list returns the workers in the set now, in no order.
-func (s *workerSet) list() []*partition.Worker {
+func (s *WorkerSet) list() []*partition.Worker {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]*partition.Worker, 0, len(s.workers))
@@ -51,9 +51,9 @@ func (s *workerSet) list() []*partition.Worker {
 	return out
 }
 
-// each calls f with every worker and when it was added, under the set's
+// Each calls f with every worker and when it was added, under the set's
 // lock: f must be quick and must not use the set.
-func (s *workerSet) each(f func(w *partition.Worker, added time.Time)) {
+func (s *WorkerSet) Each(f func(w *partition.Worker, added time.Time)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for w, at := range s.workers {
@@ -69,7 +69,7 @@ func (s *workerSet) each(f func(w *partition.Worker, added time.Time)) {
 // holds the workers of one subscription: one per partition. It returns
 // the workers listed, and the partitions whose leader did not answer,
 // with why.
-func (s *workerSet) setHighWaterMarks(client sarama.Client, topic string) (listed []*partition.Worker, failed map[int32]error) {
+func (s *WorkerSet) setHighWaterMarks(client sarama.Client, topic string) (listed []*partition.Worker, failed map[int32]error) {
 	workers := s.list()
 	if len(workers) == 0 {
 		return nil, nil
@@ -91,7 +91,7 @@ func (s *workerSet) setHighWaterMarks(client sarama.Client, topic string) (liste
 
 // marked returns the offset each worker last handed to its Marker, by
 // partition: the set holds one subscription's workers.
-func (s *workerSet) marked() map[int32]int64 {
+func (s *WorkerSet) marked() map[int32]int64 {
 	workers := s.list()
 	out := make(map[int32]int64, len(workers))
 	for _, w := range workers {
@@ -101,14 +101,14 @@ func (s *workerSet) marked() map[int32]int64 {
 }
 
 // markTails marks every worker's completed prefix with its tail.
-func (s *workerSet) markTails() {
+func (s *WorkerSet) markTails() {
 	for _, w := range s.list() {
 		w.MarkTail()
 	}
 }
 
 // endAll ends every worker's assignment.
-func (s *workerSet) endAll() {
+func (s *WorkerSet) endAll() {
 	for _, w := range s.list() {
 		w.End()
 	}

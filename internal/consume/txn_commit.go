@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"context"
@@ -52,7 +52,7 @@ import (
 // they are when the transaction adds them: a cooperative session keeps
 // its member id across rebalances, and its generation moves on with each.
 type txnCommitter struct {
-	pub      *TxnPublisher
+	pub      *Txn
 	sub      *subscription
 	id       string // the producer's transactional id
 	interval time.Duration
@@ -165,12 +165,12 @@ func (c coverage) coversRange(from, to int64) bool {
 	return false
 }
 
-func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error) {
+func newTxnCommitter(pub *Txn, sub *subscription) (*txnCommitter, error) {
 	c := &txnCommitter{
 		pub:         pub,
 		sub:         sub,
-		id:          pub.cfg.TransactionalID + "-" + sub.topic,
-		interval:    pub.cfg.CommitInterval,
+		id:          pub.TransactionalID + "-" + sub.topic,
+		interval:    pub.CommitInterval,
 		cooperative: usesCooperative(sub.cfg.OverwriteSaramaConfig),
 		sem:         make(chan struct{}, 1),
 		gaveUp:      make(chan struct{}),
@@ -178,7 +178,7 @@ func newTxnCommitter(pub *TxnPublisher, sub *subscription) (*txnCommitter, error
 	cfg := *pub.pcfg
 	cfg.Producer.Transaction.ID = c.id
 	c.conns = kclient.TrackConns(&cfg)
-	client, err := sarama.NewClient(pub.cfg.Brokers, &cfg)
+	client, err := sarama.NewClient(pub.Brokers, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("safeack: connecting the transactional producer %q: %w", c.id, err)
 	}
@@ -637,14 +637,14 @@ func (m *txnMarker) stale() {
 // worker hands the buffer back to Acked and Nacked: msg's own context may
 // have been replaced by then.
 func (m *txnMarker) Started(ctx context.Context, msg *message.Message) (context.Context, any) {
-	d := &txnDelivery{committer: m.c, msg: msg}
+	d := &TxnDelivery{committer: m.c, msg: msg}
 	return context.WithValue(ctx, txnDeliveryKey{}, d), d
 }
 
 // Acked moves the outputs of rec's acked delivery msg into the next
 // transaction. The worker calls it before the record completes.
 func (m *txnMarker) Acked(rec *sarama.ConsumerMessage, _ *message.Message, state any) {
-	d, ok := state.(*txnDelivery)
+	d, ok := state.(*TxnDelivery)
 	if !ok {
 		return
 	}
@@ -668,7 +668,7 @@ func (m *txnMarker) Acked(rec *sarama.ConsumerMessage, _ *message.Message, state
 
 // Nacked drops the outputs of a nacked delivery.
 func (m *txnMarker) Nacked(_ *message.Message, state any) {
-	if d, ok := state.(*txnDelivery); ok {
+	if d, ok := state.(*TxnDelivery); ok {
 		d.take()
 	}
 }
@@ -1059,7 +1059,7 @@ func (t *txnSessionCommitter) commitLoop(stop, done chan struct{}) {
 var errTxnNeedsGroup = errors.New("safeack: transactional mode needs a consumer group")
 
 // startTxn gives the subscription its transactional commit path.
-func (sub *subscription) startTxn(pub *TxnPublisher) error {
+func (sub *subscription) startTxn(pub *Txn) error {
 	if sub.cfg.ConsumerGroup == "" {
 		return errTxnNeedsGroup
 	}

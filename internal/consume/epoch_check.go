@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 // The leader-epoch check of committed positions (KIP-320, as Kafka's own
 // consumer does it).

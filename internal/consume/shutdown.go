@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"context"
@@ -13,11 +13,11 @@ import (
 	"github.com/safeack/safeack/internal/kclient"
 )
 
-// closeGrace is what the end of a subscription (leaving the group, closing
+// CloseGrace is what the end of a subscription (leaving the group, closing
 // connections) may take after its final commit before the connections
 // still waiting for a broker are closed under it; and then what Close
 // waits for the subscription's last steps (see Subscriber.Close).
-const closeGrace = time.Second
+const CloseGrace = time.Second
 
 // Bounds of closeCommitWait.
 const (
@@ -31,22 +31,22 @@ const (
 // does not apply: the member is leaving.) A broker that has not answered
 // by then is not waited for: Sarama's own timeouts (Net.ReadTimeout, 30 s,
 // for each of its attempts) would hold Close for minutes.
-func (c *SubscriberConfig) closeCommitWait() time.Duration {
+func (c *Options) closeCommitWait() time.Duration {
 	return min(max(c.DrainTimeout, minCloseCommitWait), maxCloseCommitWait)
 }
 
-// closeBudget is the most a subscription takes to stop once Close is
+// CloseBudget is the most a subscription takes to stop once Close is
 // called (or its Subscribe context ends): the drain, the final commit,
-// then closeGrace to leave. Whatever still waits for a broker then is
+// then CloseGrace to leave. Whatever still waits for a broker then is
 // abandoned.
-func (c *SubscriberConfig) closeBudget() time.Duration {
-	return c.DrainTimeout + c.closeCommitWait() + closeGrace
+func (c *Options) CloseBudget() time.Duration {
+	return c.DrainTimeout + c.closeCommitWait() + CloseGrace
 }
 
 // shutdown bounds the end of one subscription whatever the brokers do:
 // gone, refusing, or not answering at all (Sarama then waits out
 // Net.ReadTimeout on each request, and retries). Once the subscription
-// stops, a deadline runs (closeBudget, brought forward by the steps that
+// stops, a deadline runs (CloseBudget, brought forward by the steps that
 // finish early, see arm); when it passes, abandoned closes: the
 // connections still waiting for a broker are closed under their callers,
 // an open transaction is given up, and nothing waits for a broker again.

@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"fmt"

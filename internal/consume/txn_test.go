@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"testing"
@@ -110,7 +110,7 @@ func pendingOffsets(pending []pendingOutputs) []int64 {
 // one round.
 func TestOutputRounds(t *testing.T) {
 	pcfg := sarama.NewConfig()
-	c := &txnCommitter{pub: &TxnPublisher{pcfg: pcfg}}
+	c := &txnCommitter{pub: &Txn{pcfg: pcfg}}
 	out := func(topic string, size int) *sarama.ProducerMessage {
 		return &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(make([]byte, size))}
 	}

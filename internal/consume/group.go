@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"context"
@@ -57,7 +57,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		err := group.Consume(ctx, []string{sub.topic}, handler)
 		if fencedCause(err) || gh.fenced.Load() {
 			// Another consumer has this member's instance id: rejoining
-			// would fence it in turn (see ErrInstanceFenced).
+			// would fence it in turn (see sentinel.InstanceFenced).
 			return sub.fenced()
 		}
 		if err == nil {
@@ -120,7 +120,7 @@ type groupHandler struct {
 	hwmListedAt atomic.Int64
 
 	// fenced is set by Cleanup when the coordinator fenced the session's
-	// member (see ErrInstanceFenced).
+	// member (see sentinel.InstanceFenced).
 	fenced atomic.Bool
 
 	// Per session, set in Setup and read by the claims it starts.
@@ -136,7 +136,7 @@ type groupHandler struct {
 	// first holds the session's early fetches (see subscription.fetchFirstRecords).
 	first   map[int32]*firstFetch
 	mu      sync.Mutex
-	workers workerSet // the running claims'
+	workers WorkerSet // the running claims'
 	// claims counts the ConsumeClaims running (see ConsumeClaim).
 	claims atomic.Int32
 }
@@ -314,7 +314,7 @@ func withPartition(m map[int32]bool, partition int32) map[int32]bool {
 // Cleanup stops the commit loop and commits what the claims ended with. When
 // the subscription stops, this final commit may wait closeCommitWait for
 // the brokers (finalCommitWait at a rebalance); the shutdown deadline then
-// leaves closeGrace to leave the group.
+// leaves CloseGrace to leave the group.
 func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	sess = guardSession(sess)
 	h.watch.end(sess)
@@ -323,7 +323,7 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	closing := h.sub.halt.isStopping()
 	if closing {
 		wait = h.sub.cfg.closeCommitWait()
-		h.sub.halt.arm(wait + closeGrace)
+		h.sub.halt.arm(wait + CloseGrace)
 	}
 	ctx, cancel := h.sub.halt.within(wait)
 	defer cancel()
@@ -339,7 +339,7 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 	}
 	h.commits.finish(ctx, sess)
 	if closing {
-		h.sub.halt.arm(closeGrace)
+		h.sub.halt.arm(CloseGrace)
 	}
 	return nil
 }
@@ -455,15 +455,15 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 		watch.start(sess.Context(), w)
 		defer watch.close()
 	}
-	h.workers.add(w)
+	h.workers.Add(w)
 	h.sub.leaders.started(w)
-	h.sub.subscriber.registry.attach(w)
+	h.sub.host.Attach(w)
 	defer func() {
-		h.sub.subscriber.registry.detach(w)
+		h.sub.host.Detach(w)
 		h.sub.leaders.ended(w)
-		h.workers.remove(w)
+		h.workers.Remove(w)
 	}()
-	w.Run(messages, h.sub.subscriber.closing)
+	w.Run(messages, h.sub.host.Closing())
 	commits.end(w, watch)
 	return nil
 }
@@ -493,7 +493,7 @@ func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) partition.Start 
 const hwmListEvery = time.Second
 
 // listHighWaterMarks lists the high-water marks of the session's
-// partitions, for Stats (see workerSet.setHighWaterMarks), on a goroutine of its own
+// partitions, for Stats (see WorkerSet.setHighWaterMarks), on a goroutine of its own
 // so that a broker slow to answer never holds a commit up, at most one
 // listing at a time and one per hwmListEvery. The commit loops call it.
 func (h *groupHandler) listHighWaterMarks() {

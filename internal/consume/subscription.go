@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"context"
@@ -13,16 +13,17 @@ import (
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 	"github.com/safeack/safeack/internal/ready"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // subscription is one Subscribe call: one output channel, one in-flight
 // budget, one consumer (group) connection at a time.
 type subscription struct {
-	subscriber *Subscriber
-	cfg        *SubscriberConfig
-	logger     watermill.LoggerAdapter
-	topic      string
-	output     chan *message.Message
+	host   Host
+	cfg    *Options
+	logger watermill.LoggerAdapter
+	topic  string
+	output chan *message.Message
 	// pool is the output and the MaxInFlight tokens the subscription's
 	// partition workers share; workerCfg is their configuration.
 	pool      *partition.Pool
@@ -31,6 +32,8 @@ type subscription struct {
 	// txn is where completed offsets go in transactional mode (with the
 	// outputs of acked deliveries); nil: the group session's marks.
 	txn *txnCommitter
+	// commits tells the host of every commit; nil when it does not ask.
+	commits *commitReports
 	// resume is, without a consumer group, where each partition's
 	// completed prefix ended when a connection ended: the next connection
 	// starts there (see consumePartitions).
@@ -112,7 +115,7 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 		}
 		err := sub.consumeOnce(ctx, client)
 		client = nil
-		if errors.Is(err, ErrInstanceFenced) {
+		if errors.Is(err, sentinel.InstanceFenced) {
 			return // logged and reported by fenced; a reconnect would rejoin
 		}
 		if sub.stopping(ctx) {
@@ -133,12 +136,12 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 // pause waits ReconnectRetrySleep before a reconnect. It reports false
 // when ctx ended or the Subscriber closed meanwhile.
 func (sub *subscription) pause(ctx context.Context) bool {
-	return backoff.Wait(ctx, sub.cfg.retrySleep(), sub.subscriber.closing)
+	return backoff.Wait(ctx, sub.cfg.retrySleep(), sub.host.Closing())
 }
 
 func (sub *subscription) stopping(ctx context.Context) bool {
 	select {
-	case <-sub.subscriber.closing:
+	case <-sub.host.Closing():
 		return true
 	case <-ctx.Done():
 		return true
@@ -187,7 +190,7 @@ func (sub *subscription) consumeOnce(parent context.Context, client sarama.Clien
 	defer cancel()
 	go func() {
 		select {
-		case <-sub.subscriber.closing:
+		case <-sub.host.Closing():
 			cancel()
 		case <-ctx.Done():
 		}
@@ -201,5 +204,5 @@ func (sub *subscription) consumeOnce(parent context.Context, client sarama.Clien
 
 // setPhase reports where the subscription stands, for Ready.
 func (sub *subscription) setPhase(p ready.Phase, err error) {
-	sub.subscriber.ready.Set(sub, sub.topic, sub.cfg.ConsumerGroup, "consumer group", p, err)
+	sub.host.SetPhase(sub, sub.topic, p, err)
 }

@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"context"
@@ -6,12 +6,13 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/safeack/safeack/internal/kclient"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // connect makes a Sarama client for the subscription and checks that it
 // reached the cluster, within the time the Sarama config allows
 // (Net.DialTimeout, Metadata.Retry, Metadata.Timeout). It returns early,
-// with ctx's error or ErrSubscriberClosed, when ctx ends or the Subscriber
+// with ctx's error or sentinel.SubscriberClosed, when ctx ends or the Subscriber
 // closes first; a client that connects after that is closed.
 func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 	type result struct {
@@ -49,9 +50,9 @@ func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 	case <-ctx.Done():
 		abandon()
 		return nil, ctx.Err()
-	case <-sub.subscriber.closing:
+	case <-sub.host.Closing():
 		abandon()
-		return nil, ErrSubscriberClosed
+		return nil, sentinel.SubscriberClosed
 	}
 }
 
@@ -74,12 +75,12 @@ func (sub *subscription) checkTailBudget(client sarama.Client) error {
 	budget := sub.cfg.TailMetadataBudget
 	switch {
 	case budget <= limit:
-	case sub.subscriber.defaultTailBudget:
+	case sub.cfg.DefaultTailBudget:
 		sub.workerCfg.TailBudget = limit
 		sub.logger.Info("The group coordinator's "+kclient.BrokerMetadataMaxBytes+" is below the default TailMetadataBudget; the completed tail is kept within it",
 			sub.logFields.Add(watermill.LogFields{kclient.BrokerMetadataMaxBytes: limit, "default_tail_metadata_budget": budget}))
 	default:
-		return fieldError("TailMetadataBudget", "%d bytes is above the group coordinator's %s (%d): it would reject every commit; lower TailMetadataBudget or raise the broker setting",
+		return sentinel.Field("TailMetadataBudget", "%d bytes is above the group coordinator's %s (%d): it would reject every commit; lower TailMetadataBudget or raise the broker setting",
 			budget, kclient.BrokerMetadataMaxBytes, limit)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"context"
@@ -199,7 +199,7 @@ type noGroupConsumer struct {
 	wg     sync.WaitGroup // the workers' goroutines and the consumer's own
 	// workers are the running ones, whose high-water marks are listed
 	// once per commit interval as in a group session.
-	workers workerSet
+	workers WorkerSet
 
 	errsMu sync.Mutex
 	errs   []error // ended the connection, for consumePartitions to return
@@ -234,13 +234,13 @@ func (c *noGroupConsumer) start(s started, firstRecords <-chan []*sarama.Consume
 		}
 	})
 	c.wg.Go(func() {
-		sub.subscriber.registry.attach(w)
-		defer sub.subscriber.registry.detach(w)
-		c.workers.add(w)
+		sub.host.Attach(w)
+		defer sub.host.Detach(w)
+		c.workers.Add(w)
 		sub.leaders.started(w)
-		w.Run(pc.Messages(), sub.subscriber.closing)
+		w.Run(pc.Messages(), sub.host.Closing())
 		sub.leaders.ended(w)
-		c.workers.remove(w)
+		c.workers.Remove(w)
 		sub.resume.set(p, w.Stats().SafeOffset)
 		if err := pc.Close(); err != nil {
 			c.fail(err)
@@ -253,7 +253,7 @@ func (c *noGroupConsumer) start(s started, firstRecords <-chan []*sarama.Consume
 // listHighWaterMarks lists the running workers' high-water marks once per
 // commit interval, for Stats, until the connection ends.
 func (c *noGroupConsumer) listHighWaterMarks() {
-	t := time.NewTicker(c.sub.subscriber.commitEvery)
+	t := time.NewTicker(c.sub.cfg.CommitEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -296,7 +296,7 @@ func (c *noGroupConsumer) watchPartitions(every time.Duration, running map[int32
 	defer func() {
 		for p, h := range held {
 			if h.reported {
-				sub.subscriber.unclaimed.remove(sub, p)
+				sub.host.RemoveUnclaimed(sub, p)
 			}
 		}
 	}()
@@ -345,7 +345,7 @@ func (c *noGroupConsumer) watchPartitions(every time.Duration, running map[int32
 			running[p] = true
 			fields := sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "kafka_initial_offset": start})
 			if h.reported {
-				sub.subscriber.unclaimed.remove(sub, p)
+				sub.host.RemoveUnclaimed(sub, p)
 			}
 			if h.added {
 				sub.logger.Info("Consuming a partition added to the topic", fields)
@@ -387,7 +387,7 @@ func (c *noGroupConsumer) stillHeld(p int32, h *heldPartition, err error, overdu
 		return
 	}
 	h.reported = true
-	sub.subscriber.unclaimed.add(sub, UnclaimedPartition{
+	sub.host.AddUnclaimed(sub, Unclaimed{
 		TopicPartition: TopicPartition{Topic: sub.topic, Partition: p},
 		AssignedAt:     h.since,
 		Since:          h.since,

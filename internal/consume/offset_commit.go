@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/kclient"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // offsetCommitter is the committer of a subscription that commits offsets
@@ -138,7 +139,7 @@ const maxEarlyCommitGap = 100 * time.Millisecond
 func (o *offsetCommitter) commitLoop(sess sarama.ConsumerGroupSession, stop, done, soon chan struct{}) {
 	defer close(done)
 	h := o.h
-	interval := h.sub.subscriber.commitEvery
+	interval := h.sub.cfg.CommitEvery
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var early *time.Timer
@@ -349,7 +350,7 @@ func (s sessionOffsets) commitPinned(sess sarama.ConsumerGroupSession, starts ma
 // does not answer, would overrun a caller's bound. waiting, when not nil,
 // is told of each round that found positions missing. It returns the
 // positions still missing (none when all are held), what the coordinator
-// last answered, and the last read's error (ErrInstanceFenced when the
+// last answered, and the last read's error (sentinel.InstanceFenced when the
 // session was fenced: its positions are not this member's to commit any
 // more).
 func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.ConsumerGroupSession, want map[int32]kclient.CommittedOffset,
@@ -389,7 +390,7 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.Consume
 			return missing, lastHeld, err
 		}
 	}
-	return missing, lastHeld, ErrInstanceFenced
+	return missing, lastHeld, sentinel.InstanceFenced
 }
 
 // confirm commits and reads back until the coordinator holds each
@@ -403,7 +404,7 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.Consume
 func (s sessionOffsets) confirm(ctx context.Context, sess sarama.ConsumerGroupSession, marks map[int32]kclient.CommittedOffset) {
 	start := time.Now()
 	missing, held, err := s.commitUntilHeld(ctx, sess, marks, nil)
-	fenced := errors.Is(err, ErrInstanceFenced)
+	fenced := errors.Is(err, sentinel.InstanceFenced)
 	if len(missing) > 0 && !fenced {
 		s.logUncommitted(missing, held, err)
 	}
@@ -452,7 +453,7 @@ func (s sessionOffsets) logUncommitted(missing map[int32]int64, held map[int32]k
 // at most half of what a full drain leaves of Rebalance.Timeout, so that
 // the member still rejoins (eager), or gives the partition up
 // (cooperative), in time.
-func (c *SubscriberConfig) finalCommitWait() time.Duration {
+func (c *Options) finalCommitWait() time.Duration {
 	left := c.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout - c.DrainTimeout
 	return min(c.DrainTimeout, left/2)
 }

@@ -1,4 +1,4 @@
-package safeack
+package consume
 
 import (
 	"errors"
@@ -96,17 +96,6 @@ func (c *txnCommitter) forgetRefusedTopics(err error) {
 			c.topics.delete(pe.Msg.Topic)
 		}
 	}
-}
-
-// outputLimit is the most bytes a record batch holding one output to
-// topic ot may take: the producer's Producer.MaxMessageBytes, or the
-// topic's max.message.bytes when that is lower.
-func (p *TxnPublisher) outputLimit(ot outputTopic) int {
-	limit := p.pcfg.Producer.MaxMessageBytes
-	if tl := ot.maxMessageBytes; tl > 0 && tl < limit {
-		limit = tl
-	}
-	return limit
 }
 
 // outputRounds splits a transaction's outputs into rounds, each sent once
