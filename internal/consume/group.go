@@ -241,18 +241,6 @@ var closedChan = func() chan struct{} {
 	return c
 }()
 
-// fetchStarts returns where Sarama's claims will fetch from, for the
-// partitions whose group commit (read or pinned by Setup) says so.
-func fetchStarts(claimed []int32, committed map[int32]kclient.CommittedOffset) map[int32]int64 {
-	from := make(map[int32]int64, len(claimed))
-	for _, p := range claimed {
-		if c, ok := committed[p]; ok && c.Offset >= 0 {
-			from[p] = c.Offset
-		}
-	}
-	return from
-}
-
 // kclient.CommittedOffset returns what Setup read for partition. A cooperative
 // rebalance can add a claim to a running session without a new Setup; such
 // a partition is read on its own (fromSetup false). A failed read is
@@ -466,26 +454,6 @@ func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 	w.Run(messages, h.sub.host.Closing())
 	commits.end(w, watch)
 	return nil
-}
-
-// startOf tells where a claim starts. InitialOffset is the committed
-// offset when Sarama fetches from it; it is the Consumer.Offsets.Initial
-// sentinel when the group has no commit, or when its commit was out of range
-// and Sarama fell back (Consumer.Group.ResetInvalidOffsets). Sarama does not
-// expose the offset it then resolved, so the first record fixes the start
-// (see fixStart) and, until one arrives, Stats shows the broker's current
-// answer for the sentinel.
-func (h *groupHandler) startOf(claim sarama.ConsumerGroupClaim) partition.Start {
-	if off := claim.InitialOffset(); off >= 0 {
-		return partition.Start{Offset: off, Resolved: true}
-	}
-	estimate, err := h.client.GetOffset(claim.Topic(), claim.Partition(), claim.InitialOffset())
-	if err != nil {
-		h.sub.logger.Debug("Cannot read the partition's start offset; Stats shows 0 until the first record",
-			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": claim.Partition(), "err": err.Error()}))
-		estimate = 0
-	}
-	return partition.Start{Offset: estimate}
 }
 
 // hwmListEvery is the least time between two listings of a session's

@@ -3,7 +3,6 @@ package consume
 import (
 	"context"
 	"errors"
-	"maps"
 	"sync"
 
 	"github.com/IBM/sarama"
@@ -50,36 +49,6 @@ type subscription struct {
 	// leaders follows whether the running partitions' leaders answer
 	// (see leaderLoss).
 	leaders *leaderLoss
-}
-
-// initialOffset is where a partition without a commit (or a resume
-// position) starts: Consumer.Offsets.Initial, or the log start for a
-// partition added to the topic after Subscribe. At OffsetNewest (Sarama's
-// default) such a partition's records would otherwise be skipped until the
-// subscription noticed it (a consumer group rebalances on the next metadata
-// refresh, Metadata.RefreshFrequency, 10 minutes by default).
-func (sub *subscription) initialOffset(partition int32) int64 {
-	if n := sub.firstPartitions; n > 0 && partition >= n {
-		return sarama.OffsetOldest
-	}
-	return sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
-}
-
-// initialStarts resolves initialOffset for the given partitions, with
-// one kclient.ListOffsets per position asked for.
-func (sub *subscription) initialStarts(client sarama.Client, partitions []int32) (map[int32]int64, map[int32]error) {
-	byInitial := make(map[int64][]int32, 1)
-	for _, p := range partitions {
-		at := sub.initialOffset(p)
-		byInitial[at] = append(byInitial[at], p)
-	}
-	starts, errs := make(map[int32]int64, len(partitions)), make(map[int32]error)
-	for at, ps := range byInitial {
-		s, e := kclient.ListOffsets(client, sub.topic, ps, at)
-		maps.Copy(starts, s)
-		maps.Copy(errs, e)
-	}
-	return starts, errs
 }
 
 // newWorker returns the worker of one assigned partition. Its context,
