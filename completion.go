@@ -4,8 +4,11 @@ import (
 	"errors"
 	"sync/atomic"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/safeack/safeack/internal/partition"
+
+	"github.com/safeack/safeack/internal/delivery"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // ErrNotSafeackMessage is returned for a message that was not delivered by
@@ -14,7 +17,7 @@ var ErrNotSafeackMessage = errors.New("safeack: message was not delivered by a s
 
 // ErrAlreadyAnswered is returned by Defer for a message already acked or
 // nacked: its fate is decided.
-var ErrAlreadyAnswered = errors.New("safeack: message already acked or nacked")
+var ErrAlreadyAnswered = sentinel.AlreadyAnswered
 
 // Completion is the handle of a record whose completion was deferred with
 // Defer (or taken with CompletionFromCtx). The record's offset is not
@@ -34,8 +37,8 @@ var ErrAlreadyAnswered = errors.New("safeack: message already acked or nacked")
 // meanwhile; after that they change nothing, and the partition's next
 // owner handles their records again.
 type Completion struct {
-	d  *partition.Deferral // of the deferred delivery; nil for a message of another subscriber
-	sd *shareDeferral      // of a ShareSubscriber's deferred delivery
+	d   delivery.Deferral       // of the deferred delivery; nil for a message of another subscriber
+	rec *sarama.ConsumerMessage // the deferred record
 	// resolved and result serve a message of another subscriber:
 	// DeferredCompletion waits on result before returning.
 	resolved atomic.Bool
@@ -61,14 +64,12 @@ var errFailedWithoutReason = errors.New("safeack: deferred completion failed")
 // message counts as in flight and its member does not poll again (see
 // ShareSubscriberConfig.MaxInFlight), its acquisition lock renewed.
 func Defer(msg *message.Message) (*Completion, error) {
-	r, ok := partition.FromContext(msg.Context())
+	dl, ok := delivery.FromContext(msg.Context())
 	if !ok {
-		if sd, ok := shareFromContext(msg.Context()); ok {
-			return deferShare(sd, msg)
-		}
 		return nil, ErrNotSafeackMessage
 	}
-	d, ok := r.Defer(msg, func(d *partition.Deferral) any { return &Completion{d: d} })
+	rec := dl.Message()
+	d, ok := dl.Defer(msg, func(d delivery.Deferral) any { return &Completion{d: d, rec: rec} })
 	if !ok {
 		return nil, ErrAlreadyAnswered
 	}
@@ -96,8 +97,6 @@ func (c *Completion) resolve(err error) {
 	case c == nil:
 	case c.d != nil:
 		c.d.Resolve(err)
-	case c.sd != nil:
-		c.sd.resolve(err)
 	case c.resolved.CompareAndSwap(false, true):
 		c.result <- err // capacity 1, sent once
 	}
@@ -106,25 +105,19 @@ func (c *Completion) resolve(err error) {
 // Offset returns the Kafka offset of the deferred record, or -1 for a
 // message of another subscriber.
 func (c *Completion) Offset() int64 {
-	if c.sd != nil {
-		return c.sd.d.rec.Offset
-	}
 	if c.d == nil {
 		return -1
 	}
-	return c.d.Record().Message().Offset
+	return c.rec.Offset
 }
 
 // Partition returns the Kafka partition of the deferred record, or -1 for
 // a message of another subscriber.
 func (c *Completion) Partition() int32 {
-	if c.sd != nil {
-		return c.sd.d.rec.Partition
-	}
 	if c.d == nil {
 		return -1
 	}
-	return c.d.Record().Message().Partition
+	return c.rec.Partition
 }
 
 // AssignmentEnded reports whether the partition assignment that delivered
@@ -134,20 +127,14 @@ func (c *Completion) Partition() int32 {
 // until the drain gives up (DrainTimeout), and an ack before then still
 // counts. It is false for messages not delivered by a safeack Subscriber.
 func AssignmentEnded(msg *message.Message) bool {
-	if d, ok := shareFromContext(msg.Context()); ok {
-		return d.ended()
-	}
-	r, ok := partition.FromContext(msg.Context())
-	return ok && r.AssignmentEnded()
+	d, ok := delivery.FromContext(msg.Context())
+	return ok && d.AssignmentEnded()
 }
 
 // skipIfRevoked nacks msg without redelivery when its assignment ended
 // before its handler started, so that the partition's next owner handles
 // it and nothing is acked for it here. It reports whether it did.
 func skipIfRevoked(msg *message.Message) bool {
-	if d, ok := shareFromContext(msg.Context()); ok {
-		return d.skipIfClosing(msg)
-	}
-	r, ok := partition.FromContext(msg.Context())
-	return ok && r.SkipIfEnded(msg)
+	d, ok := delivery.FromContext(msg.Context())
+	return ok && d.SkipIfEnded(msg)
 }

@@ -2,9 +2,7 @@ package safeack
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"hash/maphash"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -12,7 +10,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/consume"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // NoSleep can be set to SubscriberConfig.NackResendSleep and
@@ -262,7 +263,7 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	if c.OverwriteSaramaConfig == nil {
 		c.OverwriteSaramaConfig = DefaultSaramaSubscriberConfig()
 	} else {
-		c.OverwriteSaramaConfig = copySaramaConfig(c.OverwriteSaramaConfig)
+		c.OverwriteSaramaConfig = kclient.CopySaramaConfig(c.OverwriteSaramaConfig)
 	}
 	if c.Unmarshaler == nil {
 		c.Unmarshaler = kafka.DefaultMarshaler{}
@@ -305,10 +306,10 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 
 // ErrInvalidConfig is wrapped by every error NewSubscriber returns for a
 // configuration it refuses.
-var ErrInvalidConfig = errors.New("safeack: invalid subscriber config")
+var ErrInvalidConfig = sentinel.InvalidConfig
 
 func fieldError(field, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	return sentinel.Field(field, format, args...)
 }
 
 // Validate reports the first invalid field of c, after defaults are
@@ -395,9 +396,14 @@ func (c *SubscriberConfig) commitInterval() time.Duration {
 	return c.CommitInterval
 }
 
-// workerConfig is what the partition workers of one subscription share:
-// the parts of c they act on, with a fresh seed for ordering keys.
-func (c *SubscriberConfig) workerConfig(logger watermill.LoggerAdapter, fields watermill.LogFields) partition.Config {
+// options is what the subscriptions need of c, whose defaults are
+// applied, built once for a Subscriber (Uber's kafka-client calls it
+// buildOptions): the partition workers' configuration among it (each
+// subscription adds its log fields and a fresh seed for ordering keys).
+// commitEvery is the commit interval, read before Sarama's auto-commit was
+// turned off in c's copy; defaultTailBudget says TailMetadataBudget was
+// left zero.
+func (c *SubscriberConfig) options(logger watermill.LoggerAdapter, commitEvery time.Duration, defaultTailBudget bool) consume.Options {
 	ordering := partition.ByKey
 	switch c.Ordering {
 	case OrderByPartition:
@@ -405,27 +411,34 @@ func (c *SubscriberConfig) workerConfig(logger watermill.LoggerAdapter, fields w
 	case Unordered:
 		ordering = partition.Unordered
 	}
-	return partition.Config{
-		Ordering:         ordering,
-		OrderingKey:      c.OrderingKey,
-		Seed:             maphash.MakeSeed(),
-		Unmarshaler:      c.Unmarshaler,
-		OnUnmarshalError: c.OnUnmarshalError,
-		UnmarshalRetry:   c.retrySleep(),
-		MaxPending:       c.MaxPendingPerPartition,
-		NackResendSleep:  c.NackResendSleep,
-		DrainTimeout:     c.DrainTimeout,
-		CompletedTail:    !c.DisableCompletedTail,
-		TailBudget:       c.TailMetadataBudget,
-		PauseAtTailUsage: c.PauseAtTailUsage,
-		Logger:           logger,
-		LogFields:        fields,
-		Observer:         partitionObserver(c.Observer, c.ConsumerGroup),
+	return consume.Options{
+		Brokers:               c.Brokers,
+		OverwriteSaramaConfig: c.OverwriteSaramaConfig,
+		ConsumerGroup:         c.ConsumerGroup,
+		Tracer:                c.Tracer,
+		MaxInFlight:           c.MaxInFlight,
+		DrainTimeout:          c.DrainTimeout,
+		ReconnectRetrySleep:   c.ReconnectRetrySleep,
+		TailMetadataBudget:    c.TailMetadataBudget,
+		DisableCompletedTail:  c.DisableCompletedTail,
+		CommitEvery:           commitEvery,
+		DefaultTailBudget:     defaultTailBudget,
+		ReportCommits:         c.Observer != nil,
+		Logger:                logger,
+		Worker: partition.Config{
+			Ordering:         ordering,
+			OrderingKey:      c.OrderingKey,
+			Unmarshaler:      c.Unmarshaler,
+			OnUnmarshalError: c.OnUnmarshalError,
+			UnmarshalRetry:   max(c.ReconnectRetrySleep, 0),
+			MaxPending:       c.MaxPendingPerPartition,
+			NackResendSleep:  c.NackResendSleep,
+			DrainTimeout:     c.DrainTimeout,
+			CompletedTail:    !c.DisableCompletedTail,
+			TailBudget:       c.TailMetadataBudget,
+			PauseAtTailUsage: c.PauseAtTailUsage,
+			Logger:           logger,
+			Observer:         partitionObserver(c.Observer, c.ConsumerGroup),
+		},
 	}
-}
-
-// retrySleep is the wait before reconnecting and before retrying a record
-// the Unmarshaler rejected: ReconnectRetrySleep, or none for NoSleep.
-func (c *SubscriberConfig) retrySleep() time.Duration {
-	return max(c.ReconnectRetrySleep, 0)
 }

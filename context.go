@@ -5,20 +5,18 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/safeack/safeack/internal/partition"
+
+	"github.com/safeack/safeack/internal/delivery"
 )
 
 // recordFromCtx returns the Kafka record of a message delivered by a
 // Subscriber or a ShareSubscriber.
 func recordFromCtx(ctx context.Context) (*sarama.ConsumerMessage, bool) {
-	r, ok := partition.FromContext(ctx)
+	d, ok := delivery.FromContext(ctx)
 	if !ok {
-		if d, ok := shareFromContext(ctx); ok {
-			return d.cm, true
-		}
 		return nil, false
 	}
-	return r.Message(), true
+	return d.Message(), true
 }
 
 // MessagePartitionFromCtx returns the Kafka partition of a message

@@ -15,7 +15,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/delivery"
 )
 
 // ErrHandlerPanicked is CompletionEvent.Err for a handler that panicked
@@ -81,19 +81,13 @@ func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
 				UUID:      msg.UUID,
 				Handler:   message.HandlerNameFromCtx(msg.Context()),
 			}
-			r, ours := partition.FromContext(msg.Context())
+			d, ours := delivery.FromContext(msg.Context())
 			if ours {
-				rec := r.Message()
+				rec := d.Message()
 				ev.FromSafeack = true
 				ev.Topic, ev.Partition, ev.Offset = rec.Topic, rec.Partition, rec.Offset
-				at := r.DeliveredAt()
+				at := d.DeliveredAt()
 				ev.DeliveredAt, ev.Wait = at, max(start.Sub(at), 0)
-			}
-			sd, shared := shareFromContext(msg.Context())
-			if shared {
-				ev.FromSafeack = true
-				ev.Topic, ev.Partition, ev.Offset = sd.rec.Topic, sd.rec.Partition, sd.rec.Offset
-				ev.DeliveredAt, ev.Wait = sd.handedAt, max(start.Sub(sd.handedAt), 0)
 			}
 			returned := false
 			defer func() {
@@ -103,13 +97,13 @@ func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
 					// Panicking: report, and let the panic go on to the
 					// Recoverer or router that handles it.
 					ev.Outcome, ev.Err = OutcomeNack, ErrHandlerPanicked
-				case (ours && r.Skipped() || shared && sd.skipped.Load()) && answered(msg.Nacked()):
+				case ours && d.Skipped() && answered(msg.Nacked()):
 					ev.Outcome = OutcomeSkipped
 				case err != nil:
 					ev.Outcome, ev.Err = OutcomeNack, err
 				case answered(msg.Nacked()):
 					ev.Outcome = OutcomeNack
-				case ours && r.Deferred(msg) || shared && sd.deferredFor(msg):
+				case ours && d.Deferred(msg):
 					ev.Outcome = OutcomeDeferred
 				default:
 					ev.Outcome = OutcomeAck

@@ -1,12 +1,8 @@
 package safeack
 
 import (
-	"cmp"
 	"context"
-	"errors"
-	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -14,6 +10,7 @@ import (
 
 	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // Observer is told of a Subscriber's deliveries and commits, for tracing:
@@ -172,22 +169,18 @@ func (p CommittedPartition) Covers(offset int64) bool {
 
 // ErrCommitNotConfirmed is wrapped by CommitEvent.Err when reading the
 // committed positions back did not find what the commit sent.
-var ErrCommitNotConfirmed = errors.New("safeack: commit not confirmed by the group coordinator")
+var ErrCommitNotConfirmed = sentinel.CommitNotConfirmed
 
 // ConsumerGroup returns the consumer group the Subscriber was configured
 // with, empty without one.
 func (s *Subscriber) ConsumerGroup() string { return s.cfg.ConsumerGroup }
 
-// observerAdapter is a subscription's partition.Observer over the
-// configured Observer. It remembers, per partition, the last position the
-// coordinator confirmed, so that a commit that sends nothing new (Sarama
-// then sends no request) is not reported.
+// observerAdapter is the partition.Observer of a subscription over the
+// configured Observer. (Commits reach the Observer through the host, see
+// host.Committed.)
 type observerAdapter struct {
 	o     Observer
 	group string
-
-	mu        sync.Mutex
-	confirmed map[int32]committedOffset
 }
 
 // partitionObserver returns the partition.Observer of a subscription, nil
@@ -222,161 +215,3 @@ func (a *observerAdapter) Answered(state any, o partition.Outcome, err error) {
 		d.Answered(OutcomeAbandoned, nil)
 	}
 }
-
-// commitObservation is one commit of the commit loop, observed: nil
-// without an Observer (its methods then do nothing).
-type commitObservation struct {
-	a       *observerAdapter
-	topic   string
-	start   time.Time
-	took    time.Duration
-	workers []*partition.Worker
-	sent    []committedOffset
-}
-
-// observeCommit starts observing a commit of the session's marks: call it
-// just before sess.Commit, then sent after it and confirmed after the
-// positions were read back.
-func (h *groupHandler) observeCommit() *commitObservation {
-	a, ok := h.sub.workerCfg.Observer.(*observerAdapter)
-	if !ok {
-		return nil
-	}
-	workers := h.workers.list()
-	c := &commitObservation{a: a, topic: h.sub.topic}
-	a.mu.Lock()
-	for _, w := range workers {
-		off, meta := w.MarkedPosition()
-		if prev, ok := a.confirmed[w.Partition()]; off < 0 || ok && prev.offset == off && prev.metadata == meta {
-			continue
-		}
-		c.workers = append(c.workers, w)
-		c.sent = append(c.sent, committedOffset{offset: off, metadata: meta})
-	}
-	a.mu.Unlock()
-	c.start = time.Now()
-	return c
-}
-
-func (c *commitObservation) sentNow() {
-	if c != nil {
-		c.took = time.Since(c.start)
-	}
-}
-
-// confirmed reports the commit, with the positions read back since.
-func (c *commitObservation) confirmed() {
-	if c == nil || len(c.workers) == 0 {
-		return
-	}
-	ev := CommitEvent{Topic: c.topic, Group: c.a.group, Start: c.start, Duration: c.took,
-		Partitions: make([]CommittedPartition, len(c.workers))}
-	behind := 0
-	c.a.mu.Lock()
-	if c.a.confirmed == nil {
-		c.a.confirmed = make(map[int32]committedOffset)
-	}
-	for i, w := range c.workers {
-		p, sent := w.Partition(), c.sent[i]
-		ev.Partitions[i] = committedPartition(p, sent.offset, sent.metadata)
-		if w.Stats().ConfirmedOffset < sent.offset {
-			behind++
-			continue
-		}
-		c.a.confirmed[p] = sent
-	}
-	c.a.mu.Unlock()
-	if behind > 0 {
-		ev.Err = &commitBehindError{partitions: behind}
-	}
-	c.a.o.Committed(ev)
-}
-
-// observeTxn reports a transaction of the transactional commit path.
-func (sub *subscription) observeTxn(start time.Time, took time.Duration, marks map[int32]txnMark, outputs int, err error) {
-	a, ok := sub.workerCfg.Observer.(*observerAdapter)
-	if !ok {
-		return
-	}
-	ev := CommitEvent{Topic: sub.topic, Group: a.group, Transactional: true, Outputs: outputs,
-		Start: start, Duration: took, Err: err, Partitions: make([]CommittedPartition, 0, len(marks))}
-	for p, mk := range marks {
-		ev.Partitions = append(ev.Partitions, committedPartition(p, mk.offset, mk.metadata))
-	}
-	slices.SortFunc(ev.Partitions, func(x, y CommittedPartition) int { return cmp.Compare(x.Partition, y.Partition) })
-	a.o.Committed(ev)
-}
-
-// observeFinal reports the final commit of assignments that ended, with
-// the last position each one tried: one CommitEvent with Final set for
-// the positions the group holds (held), and one whose Err wraps
-// ErrCommitNotConfirmed (and cause, when not nil) for those it does not
-// (notHeld). An Observer's spans of acked deliveries that neither covers
-// end with it: those records are the next owner's to hand out again.
-func (sub *subscription) observeFinal(start time.Time, took time.Duration, transactional bool,
-	held, notHeld map[int32]committedOffset, cause error) {
-	a, ok := sub.workerCfg.Observer.(*observerAdapter)
-	if !ok {
-		return
-	}
-	event := func(positions map[int32]committedOffset, err error) {
-		if len(positions) == 0 {
-			return
-		}
-		ev := CommitEvent{Topic: sub.topic, Group: a.group, Transactional: transactional, Final: true,
-			Start: start, Duration: took, Err: err, Partitions: make([]CommittedPartition, 0, len(positions))}
-		for p, c := range positions {
-			ev.Partitions = append(ev.Partitions, committedPartition(p, c.offset, c.metadata))
-		}
-		slices.SortFunc(ev.Partitions, func(x, y CommittedPartition) int { return cmp.Compare(x.Partition, y.Partition) })
-		a.o.Committed(ev)
-	}
-	if !transactional && len(held) > 0 {
-		a.mu.Lock()
-		if a.confirmed == nil {
-			a.confirmed = make(map[int32]committedOffset)
-		}
-		for p, c := range held {
-			a.confirmed[p] = c
-		}
-		a.mu.Unlock()
-	}
-	event(held, nil)
-	event(notHeld, &finalNotCommittedError{partitions: len(notHeld), cause: cause})
-}
-
-// finalNotCommittedError is CommitEvent.Err of a final commit the group
-// does not hold.
-type finalNotCommittedError struct {
-	partitions int
-	cause      error // why, when known (nil: the read-back found an earlier position)
-}
-
-func (e *finalNotCommittedError) Error() string {
-	msg := ErrCommitNotConfirmed.Error() + ": the final position of " + strconv.Itoa(e.partitions) + " partition(s) is not held"
-	if e.cause != nil {
-		msg += ": " + e.cause.Error()
-	}
-	return msg
-}
-
-func (e *finalNotCommittedError) Unwrap() []error {
-	if e.cause == nil {
-		return []error{ErrCommitNotConfirmed}
-	}
-	return []error{ErrCommitNotConfirmed, e.cause}
-}
-
-func committedPartition(partition int32, offset int64, metadata string) CommittedPartition {
-	return CommittedPartition{Partition: partition, Offset: offset, TailBytes: len(metadata), tail: coverageOf(offset, metadata).tail}
-}
-
-// commitBehindError is CommitEvent.Err for a commit the read-back did not
-// find.
-type commitBehindError struct{ partitions int }
-
-func (e *commitBehindError) Error() string {
-	return ErrCommitNotConfirmed.Error() + ": " + strconv.Itoa(e.partitions) + " partition(s) held below the position sent"
-}
-
-func (e *commitBehindError) Unwrap() error { return ErrCommitNotConfirmed }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/safeack/safeack/internal/kclient"
 )
 
 // PartitionOffset returns, per partition of topic, the offset the next
@@ -13,7 +14,7 @@ import (
 // client of its own for the call. It says nothing about what a consumer
 // group committed: see Stats for that.
 func (s *Subscriber) PartitionOffset(topic string) (kafka.PartitionOffset, error) {
-	client, err := sarama.NewClient(s.cfg.Brokers, copySaramaConfig(s.cfg.OverwriteSaramaConfig))
+	client, err := sarama.NewClient(s.cfg.Brokers, kclient.CopySaramaConfig(s.cfg.OverwriteSaramaConfig))
 	if err != nil {
 		return nil, fmt.Errorf("cannot create new Sarama client: %w", err)
 	}

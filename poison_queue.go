@@ -7,7 +7,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/safeack/safeack/internal/partition"
+
+	"github.com/safeack/safeack/internal/delivery"
 )
 
 // ErrAssignmentEnded is wrapped around a handler's error by PoisonQueue
@@ -110,11 +111,8 @@ func PoisonQueueWithFilter(pub message.Publisher, topic string, shouldGoToPoison
 // drain gives up), so a context that ended alone was ended by middleware
 // outside PoisonQueue, which must not count.
 func endedBySubscriber(ctx context.Context) bool {
-	if r, ok := partition.FromContext(ctx); ok {
-		return r.AssignmentEnded()
-	}
-	if d, ok := shareFromContext(ctx); ok {
-		return d.ended() // a ShareSubscriber closing (or its Subscribe context ended)
+	if d, ok := delivery.FromContext(ctx); ok {
+		return d.AssignmentEnded() // for a ShareSubscriber: closing, or its Subscribe context ended
 	}
 	return ctx.Err() != nil
 }

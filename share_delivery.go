@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/safeack/safeack/internal/backoff"
+	"github.com/safeack/safeack/internal/delivery"
 )
 
 // outcome says why a delivery ended as it did, for Stats and logs.
@@ -32,8 +33,6 @@ const (
 	outcomeSkipped // SkipRevoked: the subscriber was closing
 )
 
-type shareDeliveryCtxKey struct{}
-
 // deliveryCtx is a message's context: its own cancellation (Context) and
 // the delivery for the context helpers. It lives inside the delivery, so
 // a message costs no allocation of its own for it.
@@ -43,7 +42,7 @@ type deliveryCtx struct {
 }
 
 func (c *deliveryCtx) Value(key any) any {
-	if _, ok := key.(shareDeliveryCtxKey); ok {
+	if _, ok := key.(delivery.ContextKey); ok {
 		return c.d
 	}
 	return c.Context.Value(key)
@@ -275,11 +274,28 @@ func (d *shareDelivery) finish(status kgo.AckStatus, why outcome) {
 // ShareSubscriber is closing or Subscribe's context ended.
 func (d *shareDelivery) ended() bool { return d.sub.stop.Err() != nil }
 
+// The delivery contract (package delivery), for the public helpers.
+var _ delivery.Delivery = (*shareDelivery)(nil)
+
+func (d *shareDelivery) Message() *sarama.ConsumerMessage { return d.cm }
+
+func (d *shareDelivery) DeliveredAt() time.Time { return d.handedAt }
+
+// AssignmentEnded: a share delivery's work ends when its subscription stops
+// handing out.
+func (d *shareDelivery) AssignmentEnded() bool { return d.ended() }
+
+func (d *shareDelivery) SkipIfEnded(msg *message.Message) bool { return d.skipIfClosing(msg) }
+
+func (d *shareDelivery) Skipped() bool { return d.skipped.Load() }
+
+func (d *shareDelivery) Deferred(msg *message.Message) bool { return d.deferredFor(msg) }
+
 func shareFromContext(ctx context.Context) (*shareDelivery, bool) {
 	if ctx == nil {
 		return nil, false
 	}
-	d, ok := ctx.Value(shareDeliveryCtxKey{}).(*shareDelivery)
+	d, ok := ctx.Value(delivery.ContextKey{}).(*shareDelivery)
 	return d, ok
 }
 
@@ -297,7 +313,7 @@ func MessageDeliveryCountFromCtx(ctx context.Context) (int32, bool) {
 // shareDeferral is the deferred completion of a share delivery.
 type shareDeferral struct {
 	d      *shareDelivery
-	handle *Completion
+	handle any
 
 	mu        sync.Mutex
 	resolved  bool
@@ -305,29 +321,35 @@ type shareDeferral struct {
 	routerAck bool
 }
 
-// deferShare is Defer for a message of a ShareSubscriber.
-func deferShare(d *shareDelivery, msg *message.Message) (*Completion, error) {
+// Defer detaches the completion of delivery msg from its ack: Done
+// accepts the record, Fail releases it (see the delivery contract).
+func (d *shareDelivery) Defer(msg *message.Message, newHandle func(delivery.Deferral) any) (delivery.Deferral, bool) {
 	d.deferMu.Lock()
 	if d.deferral != nil {
 		d.deferMu.Unlock()
-		return d.deferral.handle, nil
+		return d.deferral, true
 	}
 	if d.answered || d.msg != msg || d.status.Load() != 0 {
 		d.deferMu.Unlock()
-		return nil, ErrAlreadyAnswered
+		return nil, false
 	}
 	df := &shareDeferral{d: d}
-	df.handle = &Completion{sd: df}
+	df.handle = newHandle(df)
 	d.deferral = df
 	d.deferMu.Unlock()
 	d.sub.s.stats.update(d.ctr, func(c *ShareCounters) { c.Deferred++ })
 	if d.obs != nil {
 		d.obs.Answered(OutcomeDeferred, nil)
 	}
-	return df.handle, nil
+	return df, true
 }
 
-func (df *shareDeferral) resolve(err error) {
+// Handle returns what Defer's newHandle made for the deferral.
+func (df *shareDeferral) Handle() any { return df.handle }
+
+// Resolve accepts the record (err nil) or releases it, once the router
+// acked the delivery; the first call wins.
+func (df *shareDeferral) Resolve(err error) {
 	df.mu.Lock()
 	if df.resolved {
 		df.mu.Unlock()

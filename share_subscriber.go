@@ -13,6 +13,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/safeack/safeack/internal/ready"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -69,7 +70,7 @@ type ShareSubscriber struct {
 	lifecycle sync.Mutex // orders a subscription's start against Close
 	subs      sync.WaitGroup
 
-	ready readiness
+	ready ready.Tracker
 	stats shareRegistry
 }
 
@@ -169,7 +170,7 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		stopCancel()
 		sub.msgCancel()
 		for _, m := range sub.members {
-			s.ready.removeKey(m)
+			s.ready.Remove(m)
 		}
 		for _, m := range sub.members {
 			m.client.Close()
@@ -192,7 +193,7 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		defer stopCancel()
 		sub.run()
 		for _, m := range sub.members {
-			s.ready.removeKey(m)
+			s.ready.Remove(m)
 		}
 		s.stats.detach(sub)
 		close(sub.output)
@@ -249,7 +250,7 @@ func (sub *shareSubscription) connect(ctx context.Context) error {
 		}
 		m.client = client
 		sub.members = append(sub.members, m)
-		sub.s.ready.setKey(m, sub.topic, cfg.ShareGroup, "share group", phaseJoining, nil)
+		sub.s.ready.Set(m, sub.topic, cfg.ShareGroup, "share group", ready.Joining, nil)
 	}
 	return nil
 }
@@ -624,7 +625,7 @@ func (s *ShareSubscriber) Ready() error {
 	if s.closed.Load() {
 		return ErrSubscriberClosed
 	}
-	_, err := s.ready.check()
+	_, err := s.ready.Check()
 	return err
 }
 
@@ -635,7 +636,7 @@ func (s *ShareSubscriber) WaitReady(ctx context.Context) error {
 		if s.closed.Load() {
 			return ErrSubscriberClosed
 		}
-		changed, err := s.ready.check()
+		changed, err := s.ready.Check()
 		if err == nil {
 			return nil
 		}
@@ -706,11 +707,11 @@ func (h shareReadyHook) set(err error) {
 	if sub.stop.Err() != nil {
 		return
 	}
-	p := phaseConsuming
+	p := ready.Consuming
 	if err != nil {
-		p = phaseConnecting
+		p = ready.Connecting
 	}
-	sub.s.ready.setKey(h.m, sub.topic, sub.cfg.ShareGroup, "share group", p, err)
+	sub.s.ready.Set(h.m, sub.topic, sub.cfg.ShareGroup, "share group", p, err)
 }
 
 // kgoLogger passes kgo's warnings and errors to the Watermill logger.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/safeack/safeack/frontier"
+	"github.com/safeack/safeack/internal/consume"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -145,7 +146,7 @@ func (s *Subscriber) Stats() []PartitionStats {
 // registry tracks the partitions a Subscriber owns, for Stats, Totals and
 // Windows: the workers of all its subscriptions.
 type registry struct {
-	workers workerSet
+	workers consume.WorkerSet
 	// mu orders attach and detach with Totals, which reads ended and
 	// workers together: an ending assignment's counters are in one of
 	// them, never both or neither.
@@ -156,21 +157,21 @@ type registry struct {
 func (r *registry) attach(w *partition.Worker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.workers.add(w)
+	r.workers.Add(w)
 	r.assigned(w)
 }
 
 func (r *registry) detach(w *partition.Worker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.workers.remove(w) {
+	if r.workers.Remove(w) {
 		r.retire(w)
 	}
 }
 
 func (r *registry) snapshot() []PartitionStats {
 	out := []PartitionStats{}
-	r.workers.each(func(w *partition.Worker, at time.Time) {
+	r.workers.Each(func(w *partition.Worker, at time.Time) {
 		ps := partitionStats(w)
 		ps.AssignedAt = at
 		out = append(out, ps)
@@ -235,7 +236,7 @@ func (s *Subscriber) Totals() []PartitionTotals {
 	for tp, t := range r.ended {
 		sums[tp] = *t
 	}
-	r.workers.each(func(w *partition.Worker, _ time.Time) {
+	r.workers.Each(func(w *partition.Worker, _ time.Time) {
 		tp := TopicPartition{Topic: w.Topic(), Partition: w.Partition()}
 		t := sums[tp]
 		t.add(partitionStats(w).PartitionCounters)
@@ -311,7 +312,7 @@ type WindowRun = frontier.WindowRun
 // polling a few times a second should pass a bound of a few thousand.
 func (s *Subscriber) Windows(maxEntries int) []PartitionWindow {
 	out := []PartitionWindow{}
-	s.registry.workers.each(func(w *partition.Worker, _ time.Time) {
+	s.registry.workers.Each(func(w *partition.Worker, _ time.Time) {
 		out = append(out, partitionWindow(w, maxEntries))
 	})
 	sortByTopicPartition(out)

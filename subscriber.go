@@ -10,24 +10,22 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/consume"
+	"github.com/safeack/safeack/internal/ready"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
-var ErrSubscriberClosed = errors.New("safeack: subscriber closed")
+var ErrSubscriberClosed = sentinel.SubscriberClosed
 
 // Subscriber consumes Kafka topics through a Sarama consumer group and
 // implements message.Subscriber and message.SubscribeInitializer.
 type Subscriber struct {
 	cfg    SubscriberConfig
 	logger watermill.LoggerAdapter
-	// commitEvery is the commit interval: Sarama's AutoCommit.Interval when
-	// the caller enabled auto-commit, CommitInterval otherwise.
-	commitEvery time.Duration
-
-	// defaultTailBudget: TailMetadataBudget was left zero, so a lower
-	// offset.metadata.max.bytes lowers it (see checkTailBudget).
-	defaultTailBudget bool
+	// opts is what the subscriptions need of cfg (see
+	// SubscriberConfig.options).
+	opts consume.Options
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -51,8 +49,8 @@ type Subscriber struct {
 	subscribed bool
 
 	registry  registry
-	unclaimed unclaimedSet // for Unclaimed
-	ready     readiness    // for Ready and WaitReady
+	unclaimed unclaimedSet  // for Unclaimed
+	ready     ready.Tracker // for Ready and WaitReady
 }
 
 var (
@@ -78,12 +76,12 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 	// once (see offsetCommitter.commitLoop). The copy is safeack's own.
 	commitEvery := cfg.commitInterval()
 	cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+	logger = logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()})
 	return &Subscriber{
-		cfg:               cfg,
-		commitEvery:       commitEvery,
-		defaultTailBudget: config.TailMetadataBudget == 0,
-		logger:            logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
-		closing:           make(chan struct{}),
+		cfg:     cfg,
+		opts:    cfg.options(logger, commitEvery, config.TailMetadataBudget == 0),
+		logger:  logger,
+		closing: make(chan struct{}),
 	}, nil
 }
 
@@ -125,93 +123,30 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			s.releaseInstance()
 		}
 	}()
-	output := make(chan *message.Message)
-	sub := &subscription{
-		subscriber: s,
-		cfg:        &s.cfg,
-		logger:     s.logger,
-		topic:      topic,
-		output:     output,
-		pool:       partition.NewPool(output, s.cfg.MaxInFlight),
-		halt:       newShutdown(),
-		logFields: watermill.LogFields{
-			"provider":            "safeack",
-			"topic":               topic,
-			"consumer_group":      s.cfg.ConsumerGroup,
-			"kafka_consumer_uuid": watermill.NewShortUUID(),
-		},
-	}
-	sub.leaders = newLeaderLoss(sub)
-	sub.workerCfg = s.cfg.workerConfig(s.logger, sub.logFields)
-	s.logger.Info("Subscribing to Kafka topic", sub.logFields)
+	var txn *consume.Txn
 	if pub != nil {
-		if err := sub.startTxn(pub); err != nil {
-			return nil, err
-		}
+		txn = pub.txn
 	}
-
-	// The first connection is made here, so that a cluster that cannot be
-	// reached is an error, not a silent retry loop.
-	client, err := sub.connect(ctx)
-	if err == nil {
-		err = sub.checkTailBudget(client)
-	}
-	if err == nil {
-		if s.cfg.ConsumerGroup == "" {
-			sub.resolveFirstStarts(client)
-		} else if partitions, perr := client.Partitions(topic); perr == nil {
-			sub.firstPartitions = int32(len(partitions)) // see initialOffset
-		}
+	sub, err := consume.Start(ctx, &s.opts, (*host)(s), topic, txn)
+	if err != nil {
+		return nil, err
 	}
 	s.lifecycle.Lock()
-	if err == nil && s.closed.Load() {
-		err = ErrSubscriberClosed
-	}
-	if err == nil {
+	closed := s.closed.Load()
+	if !closed {
 		s.subs.Add(1) // before Close can Wait
 	}
 	s.lifecycle.Unlock()
-	if err != nil {
-		if client != nil {
-			_ = client.Close()
-		}
-		if sub.txn != nil {
-			sub.txn.close()
-		}
-		if errors.Is(err, ErrSubscriberClosed) || errors.Is(err, ErrInvalidConfig) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("safeack: subscribing to %q: %w", topic, err)
-	}
-
-	if s.cfg.ConsumerGroup == "" {
-		s.ready.set(sub, phaseConsuming, nil)
-	} else {
-		s.ready.set(sub, phaseJoining, nil)
+	if closed {
+		sub.Abort()
+		return nil, ErrSubscriberClosed
 	}
 	held = false // released when the subscription ends
-	go func() {
-		defer s.subs.Done()
-		defer s.releaseInstance()
-		ended := make(chan struct{})
-		defer close(ended)
-		go func() {
-			select {
-			case <-s.closing:
-			case <-ctx.Done():
-			case <-ended:
-				return
-			}
-			sub.halt.stop(s.cfg.closeBudget())
-		}()
-		sub.run(ctx, client)
-		if sub.txn != nil {
-			sub.txn.close()
-		}
-		s.ready.remove(sub)
-		close(sub.output)
-	}()
-	return sub.output, nil
+	sub.Run(ctx, func() {
+		s.releaseInstance()
+		s.subs.Done()
+	})
+	return sub.Output(), nil
 }
 
 // holdInstance reserves the static member for a subscription to topic, when
@@ -284,7 +219,7 @@ func (s *Subscriber) Close() error {
 	// Each subscription abandons what still waits for a broker within
 	// closeBudget (see shutdown); this is the last resort, should a call
 	// outlive its connection.
-	limit := s.cfg.closeBudget() + closeGrace
+	limit := s.opts.CloseBudget() + consume.CloseGrace
 	t := time.NewTimer(limit)
 	defer t.Stop()
 	select {

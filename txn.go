@@ -1,17 +1,16 @@
 package safeack
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/safeack/safeack/internal/consume"
 )
 
 // DefaultTxnCommitInterval is how often the open transaction commits when
@@ -23,14 +22,6 @@ const DefaultTxnCommitInterval = 100 * time.Millisecond
 // returned by a handler get it from TxnPublisher.Middleware; a handler that
 // publishes itself sets it with out.SetContext(msg.Context()).
 var ErrNoDelivery = errors.New("safeack: output message does not carry the context of a delivery of the transactional subscriber (use TxnPublisher.Middleware, or out.SetContext(msg.Context()))")
-
-// recordBatchVersion is the record format of the producer's Kafka versions
-// (0.11 and later; transactional mode needs 2.5.0).
-const recordBatchVersion = 2
-
-// recordBatchHeader is the size of a record batch's header (base offset,
-// length, and the rest), which a broker's max.message.bytes counts.
-const recordBatchHeader = 61
 
 // TxnConfig configures exactly-once routing: see NewTxnSubscriber.
 type TxnConfig struct {
@@ -108,12 +99,10 @@ type TxnConfig struct {
 type TxnPublisher struct {
 	sub    *Subscriber
 	cfg    TxnConfig
-	pcfg   *sarama.Config // the producer's, with the transactional settings
 	logger watermill.LoggerAdapter
-
-	mu     sync.Mutex
-	topics map[string]bool // subscribed topics: one transactional id each
-	stats  TxnStats
+	// txn is what the Subscriber's transactional committers share with it:
+	// the producer's config, the topics subscribed, the counters.
+	txn *consume.Txn
 }
 
 var _ message.Publisher = (*TxnPublisher)(nil)
@@ -184,6 +173,7 @@ func NewTxnPublisher(sub *Subscriber, config TxnConfig, logger watermill.LoggerA
 	pub := newTxnPublisher(sub, config, pcfg, logger)
 	sub.txn = pub
 	sub.cfg.OverwriteSaramaConfig = readCommitted(sub.cfg.OverwriteSaramaConfig)
+	sub.opts.OverwriteSaramaConfig = sub.cfg.OverwriteSaramaConfig
 	return pub, nil
 }
 
@@ -200,7 +190,8 @@ func newTxnPublisher(sub *Subscriber, config TxnConfig, pcfg *sarama.Config, log
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &TxnPublisher{sub: sub, cfg: config, pcfg: pcfg, logger: logger, topics: make(map[string]bool)}
+	return &TxnPublisher{sub: sub, cfg: config, logger: logger,
+		txn: consume.NewTxn(config.TransactionalID, config.CommitInterval, config.Brokers, config.Marshaler, pcfg)}
 }
 
 // readCommitted returns a copy of a transactional subscriber's Sarama
@@ -208,7 +199,7 @@ func newTxnPublisher(sub *Subscriber, config TxnConfig, pcfg *sarama.Config, log
 // also fetches committed offsets with RequireStable: it waits for a
 // transaction of the partition's previous owner still in flight instead of
 // starting below it (Sarama's offset manager does this for ReadCommitted,
-// and so does fetchCommitted). Inputs that are themselves transactional
+// and so does kclient.FetchCommitted). Inputs that are themselves transactional
 // outputs are read committed too.
 func readCommitted(sc *sarama.Config) *sarama.Config {
 	c := *sc
@@ -298,19 +289,6 @@ func producerConfig(base *sarama.Config, id, field string) (*sarama.Config, erro
 	return &pcfg, nil
 }
 
-func usesCooperative(sc *sarama.Config) bool {
-	r := sc.Consumer.Group.Rebalance
-	if r.Strategy != nil && r.Strategy.Name() == sarama.CooperativeStickyBalanceStrategyName {
-		return true
-	}
-	for _, s := range r.GroupStrategies {
-		if s.Name() == sarama.CooperativeStickyBalanceStrategyName {
-			return true
-		}
-	}
-	return false
-}
-
 // Publish buffers msgs as outputs of the delivery each one's context comes
 // from (see ErrNoDelivery): they enter a transaction once that delivery is
 // acked, and are dropped if it is nacked. It fails with ErrAlreadyAnswered
@@ -329,59 +307,28 @@ func (p *TxnPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		return errors.New("safeack: empty topic")
 	}
-	deliveries := make([]*txnDelivery, len(msgs))
+	deliveries := make([]*consume.TxnDelivery, len(msgs))
 	records := make([]*sarama.ProducerMessage, len(msgs))
 	for i, m := range msgs {
-		d, ok := deliveryFromCtx(m.Context())
+		d, ok := consume.TxnDeliveryFromCtx(m.Context())
 		if !ok {
 			return ErrNoDelivery
 		}
-		if d.committer.pub != p {
+		if d.Publisher() != p.txn {
 			return fmt.Errorf("%w: the delivery belongs to another TxnPublisher", ErrNoDelivery)
 		}
-		pm, err := p.writable(d, topic, m)
+		pm, err := p.txn.Writable(d, topic, m)
 		if err != nil {
 			return err
 		}
 		deliveries[i], records[i] = d, pm
 	}
 	for i, d := range deliveries {
-		if err := d.add(records[i]); err != nil {
+		if err := d.Add(records[i]); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// writable marshals m as an output to topic of delivery d, and refuses it
-// if no transaction could ever write it: a record batch of it alone above
-// the producer's Producer.MaxMessageBytes or the topic's max.message.bytes,
-// or a topic the cluster neither has nor creates, or the producer may not
-// write to.
-func (p *TxnPublisher) writable(d *txnDelivery, topic string, m *message.Message) (*sarama.ProducerMessage, error) {
-	pm, err := p.cfg.Marshaler.Marshal(topic, m)
-	if err != nil {
-		return nil, fmt.Errorf("safeack: marshaling output %s: %w", m.UUID, err)
-	}
-	ot, err := d.committer.checkTopic(topic)
-	if err != nil {
-		return nil, err
-	}
-	// A record alone in its batch must fit the broker's limit too, which
-	// counts the batch header: Sarama's own check does not.
-	if size, limit := recordBatchHeader+pm.ByteSize(recordBatchVersion), p.outputLimit(ot); size > limit {
-		return nil, fmt.Errorf("safeack: output %s to %q takes up to %d bytes in a record batch, above %s (%d): %w",
-			m.UUID, topic, size, p.limitName(limit), limit, sarama.ErrMessageSizeTooLarge)
-	}
-	return pm, nil
-}
-
-// limitName names the setting an output limit comes from.
-func (p *TxnPublisher) limitName(limit int) string {
-	if limit < p.pcfg.Producer.MaxMessageBytes {
-		return "the topic's " + maxMessageBytesConfig
-	}
-	return "Producer.MaxMessageBytes"
 }
 
 // Middleware gives the messages a handler returns the context of the
@@ -404,15 +351,15 @@ func (p *TxnPublisher) limitName(limit int) string {
 // own). A returned message that already carries a delivery keeps it.
 func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		d, ok := deliveryFromCtx(msg.Context())
-		if !ok || d.committer.pub != p {
+		d, ok := consume.TxnDeliveryFromCtx(msg.Context())
+		if !ok || d.Publisher() != p.txn {
 			d = nil
 		}
-		kept := d.count()
+		kept := d.Count()
 		succeeded := false
 		defer func() {
 			if !succeeded {
-				d.truncate(kept)
+				d.Truncate(kept)
 			}
 		}()
 		out, err := h(msg)
@@ -428,15 +375,15 @@ func (p *TxnPublisher) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		topic := message.PublishTopicFromCtx(msg.Context())
 		check := topic != "" && message.PublisherNameFromCtx(msg.Context()) == txnPublisherName
 		for _, m := range out {
-			od, ok := deliveryFromCtx(m.Context())
+			od, ok := consume.TxnDeliveryFromCtx(m.Context())
 			if !ok {
 				m.SetContext(msg.Context())
 				od = d
 			}
-			if !check || od == nil || od.committer.pub != p {
+			if !check || od == nil || od.Publisher() != p.txn {
 				continue // another publisher has it, or Publish refuses it
 			}
-			if _, err := p.writable(od, topic, m); err != nil {
+			if _, err := p.txn.Writable(od, topic, m); err != nil {
 				return nil, err
 			}
 		}
@@ -483,105 +430,5 @@ type TxnStats struct {
 
 // Stats returns the transaction counters so far.
 func (p *TxnPublisher) Stats() TxnStats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stats
-}
-
-func (p *TxnPublisher) count(f func(*TxnStats)) {
-	p.mu.Lock()
-	f(&p.stats)
-	p.mu.Unlock()
-}
-
-// claimTopic reserves topic's transactional id for one subscription.
-func (p *TxnPublisher) claimTopic(topic string) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.topics[topic] {
-		return fmt.Errorf("%w: topic %q is already subscribed in transactional mode (one transactional id per topic)", ErrInvalidConfig, topic)
-	}
-	p.topics[topic] = true
-	return nil
-}
-
-func (p *TxnPublisher) releaseTopic(topic string) {
-	p.mu.Lock()
-	delete(p.topics, topic)
-	p.mu.Unlock()
-}
-
-// txnDeliveryKey is the context key of a delivery's *txnDelivery.
-type txnDeliveryKey struct{}
-
-func deliveryFromCtx(ctx context.Context) (*txnDelivery, bool) {
-	if ctx == nil {
-		return nil, false
-	}
-	d, ok := ctx.Value(txnDeliveryKey{}).(*txnDelivery)
-	return d, ok
-}
-
-// txnDelivery buffers the outputs of one delivery of a record until it is
-// answered. A redelivery gets a new one, so outputs of a nacked delivery
-// can never be taken for the next.
-type txnDelivery struct {
-	committer *txnCommitter
-	msg       *message.Message // the delivery
-	mu        sync.Mutex
-	outputs   []*sarama.ProducerMessage
-	answered  bool
-}
-
-func (d *txnDelivery) add(pm *sarama.ProducerMessage) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.answered {
-		return ErrAlreadyAnswered
-	}
-	// The router's answer reaches the partition asynchronously: an output
-	// published after it must fail even before then.
-	select {
-	case <-d.msg.Acked():
-		return ErrAlreadyAnswered
-	case <-d.msg.Nacked():
-		return ErrAlreadyAnswered
-	default:
-	}
-	d.outputs = append(d.outputs, pm)
-	return nil
-}
-
-// count returns how many outputs d holds; zero for a nil d.
-func (d *txnDelivery) count() int {
-	if d == nil {
-		return 0
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.outputs)
-}
-
-// truncate drops the outputs added after the first n, unless d was
-// answered meanwhile. A nil d has none.
-func (d *txnDelivery) truncate(n int) {
-	if d == nil {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.answered && len(d.outputs) > n {
-		clear(d.outputs[n:])
-		d.outputs = d.outputs[:n]
-	}
-}
-
-// take closes the delivery to more outputs and returns those it holds.
-func (d *txnDelivery) take() []*sarama.ProducerMessage {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.answered = true
-	out := d.outputs
-	d.outputs = nil
-	return out
+	return TxnStats(p.txn.Stats())
 }

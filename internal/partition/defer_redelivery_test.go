@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	contract "github.com/safeack/safeack/internal/delivery"
+
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -206,7 +208,7 @@ func TestWorkerDeferralOfNackedDelivery(t *testing.T) {
 			require.False(t, ok, "a nacked delivery cannot be deferred")
 			require.False(t, rec.Deferred(wm2), "the redelivery inherits no deferral")
 			d1.Resolve(nil) // changes nothing: wm1 was nacked
-			var d2 *Deferral
+			var d2 contract.Deferral
 			if deferAgain {
 				d2, ok = rec.Defer(wm2, nil)
 				require.True(t, ok)

@@ -3,6 +3,8 @@ package partition
 import (
 	"sync/atomic"
 
+	contract "github.com/safeack/safeack/internal/delivery"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -22,7 +24,7 @@ type Deferral struct {
 // nil, makes the Deferral's Handle (the caller's type for it), once per
 // Deferral. It returns false when msg was acked or nacked already: its fate
 // is decided, or msg is not a delivery of r.
-func (r *Record) Defer(msg *message.Message, newHandle func(*Deferral) any) (*Deferral, bool) {
+func (r *Record) Defer(msg *message.Message, newHandle func(contract.Deferral) any) (contract.Deferral, bool) {
 	// deferMu makes the answered check and the store one step against the
 	// ack's check (deferredAtAck): a Defer racing the router's Ack either
 	// is seen by it or fails, never completes the record a second time.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"runtime"
 	"time"
+
+	contract "github.com/safeack/safeack/internal/delivery"
 )
 
 // maxReadyAhead bounds the records kept ready to hand out per partition. A
@@ -111,7 +113,7 @@ func (w *Worker) startDelivery(r *Record) *delivery {
 		dv = &delivery{} // a redelivery: the earlier one's waiter may still hold its own
 	}
 	dv.r, dv.msg = r, r.wm
-	ctx := context.WithValue(w.parentCtx, recordKey{}, r)
+	ctx := context.WithValue(w.parentCtx, contract.ContextKey{}, r)
 	if obs := w.cfg.Observer; obs != nil {
 		ctx, dv.obsState = obs.Started(ctx, r.msg, dv.msg)
 	}

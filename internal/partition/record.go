@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	contract "github.com/safeack/safeack/internal/delivery"
+
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -65,9 +67,10 @@ func (dv *delivery) deferredAtAck() bool {
 	return dv.deferred.Load() != nil
 }
 
-// recordKey is the context key of a message's *Record. One key for all
-// record facts keeps message creation to a single context.WithValue.
-type recordKey struct{}
+// A message's context carries its *Record under the delivery contract's
+// key (contract.ContextKey). One key for all record facts keeps message
+// creation to a single context.WithValue.
+var _ contract.Delivery = (*Record)(nil)
 
 // FromContext returns the Record of the message whose context is ctx (or
 // is derived from it), and false for a message no worker handed out.
@@ -75,7 +78,7 @@ func FromContext(ctx context.Context) (*Record, bool) {
 	if ctx == nil {
 		return nil, false
 	}
-	r, ok := ctx.Value(recordKey{}).(*Record)
+	r, ok := ctx.Value(contract.ContextKey{}).(*Record)
 	return r, ok
 }
 

@@ -1,0 +1,27 @@
+// Package sentinel declares the sentinel errors that safeack's public API
+// re-exports: the internal packages return these very values, so that
+// errors.Is holds for the names the root package gives them.
+package sentinel
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	SubscriberClosed = errors.New("safeack: subscriber closed")
+	InvalidConfig    = errors.New("safeack: invalid subscriber config")
+	NotReady         = errors.New("safeack: not ready")
+)
+
+// Field is the error for an invalid config field: it wraps InvalidConfig
+// and names the field.
+func Field(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", InvalidConfig, field, fmt.Sprintf(format, args...))
+}
+
+var (
+	InstanceFenced     = errors.New("safeack: consumer group member fenced by another consumer with the same Consumer.Group.InstanceId")
+	CommitNotConfirmed = errors.New("safeack: commit not confirmed by the group coordinator")
+	AlreadyAnswered    = errors.New("safeack: message already acked or nacked")
+)
