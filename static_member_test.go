@@ -125,12 +125,19 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 	acks, watch := watchCommits(t, c, group, topic)
 	c.ProduceN(t, topic, partitions, partitions*20, nil)
 
-	member := func(logger watermill.LoggerAdapter) *safeack.Subscriber {
+	// A is the member fenced; B, joining with A's instance id, is not the
+	// subject: its session is long enough that a loaded machine does not
+	// expire it (a 1 s session with B's heartbeat late once made B lose
+	// its partitions, which the test took for A coming back).
+	member := func(logger watermill.LoggerAdapter, isB bool) *safeack.Subscriber {
 		sc := c.SaramaConfig()
 		sc.Consumer.Return.Errors = true
 		sc.Consumer.Group.Session.Timeout = session
 		sc.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-		if busy {
+		switch {
+		case isB:
+			sc.Consumer.Group.Session.Timeout = max(session, 6*time.Second)
+		case busy:
 			// The commits, every 50 ms, meet the fence first.
 			sc.Consumer.Group.Heartbeat.Interval = 900 * time.Millisecond
 		}
@@ -156,7 +163,7 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 	// A holds offset 5 of partition 0 and acks everything else, slowly
 	// from offset 20 on.
 	logA := newErrorLog()
-	a := member(logA)
+	a := member(logA, false)
 	var heldMu sync.Mutex
 	var held *message.Message
 	var handedAfterFence []po
@@ -220,7 +227,7 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 			return nil, nil, false
 		})
 	}
-	b := member(testLogger())
+	b := member(testLogger(), true)
 	doneB := handleAll(mustSubscribe(t, b, topic), acks.ack)
 	require.NoError(t, b.WaitReady(t.Context()))
 	if at := joinSeen.Load(); at != 0 {

@@ -21,7 +21,7 @@ import (
 // unclaimed state is reported (the claim bound, Metadata.Retry budget plus
 // 6 s, and a slow machine), and how long after its leader is back its
 // records wait (Sarama looks at a held claim every 5 s).
-const unclaimedDeadline = 20 * time.Second
+const unclaimedDeadline = 45 * time.Second
 
 // unclaimedStrategies are the rebalance protocols the unclaimed-partition
 // tests run with.
