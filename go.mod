@@ -13,6 +13,7 @@ require (
 	go.opentelemetry.io/otel v1.44.0
 	go.opentelemetry.io/otel/trace v1.44.0
 	golang.org/x/net v0.59.0
+	golang.org/x/sync v0.23.0
 )
 
 require (

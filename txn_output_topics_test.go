@@ -3,11 +3,16 @@ package safeack_test
 import (
 	"bytes"
 	"strconv"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
@@ -48,4 +53,36 @@ func TestTxnOutputTopicLimit(t *testing.T) {
 	ids = append(ids, d.publish(t, "fits", 40)...)
 
 	d.requireOneDeadLetter(t, rd, dl, out, ids, "the input whose output is above the topic's limit dead-lettered", refused, sarama.ErrMessageSizeTooLarge)
+}
+
+// A router's first outputs, from MaxInFlight handlers at once, ask the
+// cluster about their output topic once (DescribeConfigs, counted at the
+// broker while it is slow to answer), not once per handler: before, each
+// output published before the first answer came asked again (64 identical
+// lookups, and 64 log lines where the config could not be read).
+func TestTxnOutputTopicAskedOnce(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t, kafkatest.Embedded())
+	r := newTxnRig(t, c, 1, 300)
+	kf := c.Kfake()
+	var asked atomic.Int32
+	kf.ControlKey(kmsg.DescribeConfigs.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		for _, res := range req.(*kmsg.DescribeConfigsRequest).Resources {
+			if res.ResourceName == r.out {
+				asked.Add(1)
+				// Slow to answer: every handler publishes meanwhile.
+				kf.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
+			}
+		}
+		return nil, nil, false
+	})
+	sub, pub := r.subscriber(t, "txn-asked-once", func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
+		cfg.MaxInFlight = 64
+	})
+	var att attempts
+	rd := readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)
+	runRouter(t, r, sub, pub, transform(&att, time.Millisecond))
+	r.requireExactlyOnce(t, rd, r.inputIDs(), 60*time.Second, 30*time.Second)
+	require.Equal(t, int32(1), asked.Load(), "DescribeConfigs requests for the output topic")
 }

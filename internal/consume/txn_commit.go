@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kclient"
@@ -62,6 +63,9 @@ type txnCommitter struct {
 	client sarama.Client
 	conns  *kclient.ConnTracker           // client's connections
 	topics lockedMap[string, outputTopic] // what the cluster says of each output topic
+	// lookups asks the cluster once per topic however many handlers
+	// publish to it before the first answer (see outputTopic).
+	lookups singleflight.Group
 	// sem holds one transaction at a time, and guards producer. A
 	// transaction abandoned at the shutdown deadline keeps it until the
 	// producer gives up on its own (see awaitTxn).

@@ -31,20 +31,29 @@ type outputTopic struct {
 	notWritable     error // the producer may not write to it
 }
 
-// outputTopic returns what the cluster says of topic, asked on first use.
+// outputTopic returns what the cluster says of topic, asked on first use:
+// once, however many handlers publish to the topic before the answer
+// comes (a router's first outputs asked once each: 64 identical lookups,
+// and as many log lines when the config could not be read).
 func (c *txnCommitter) outputTopic(topic string) outputTopic {
 	if ot, ok := c.topics.get(topic); ok {
 		return ot
 	}
-	limit, err := kclient.DescribeIntConfig(c.client, sarama.TopicResource, topic, maxMessageBytesConfig)
-	if err != nil {
-		c.sub.logger.Info("Cannot read an output topic's "+maxMessageBytesConfig+"; its outputs are batched up to Producer.MaxMessageBytes",
-			c.sub.logFields.Add(watermill.LogFields{"output_topic": topic, "err": err.Error()}))
-		limit = 0
-	}
-	ot := outputTopic{maxMessageBytes: limit, notWritable: c.writeRefused(topic)}
-	c.topics.set(topic, ot)
-	return ot
+	v, _, _ := c.lookups.Do(topic, func() (any, error) {
+		if ot, ok := c.topics.get(topic); ok {
+			return ot, nil // answered while this call waited to start
+		}
+		limit, err := kclient.DescribeIntConfig(c.client, sarama.TopicResource, topic, maxMessageBytesConfig)
+		if err != nil {
+			c.sub.logger.Info("Cannot read an output topic's "+maxMessageBytesConfig+"; its outputs are batched up to Producer.MaxMessageBytes",
+				c.sub.logFields.Add(watermill.LogFields{"output_topic": topic, "err": err.Error()}))
+			limit = 0
+		}
+		ot := outputTopic{maxMessageBytes: limit, notWritable: c.writeRefused(topic)}
+		c.topics.set(topic, ot)
+		return ot, nil
+	})
+	return v.(outputTopic)
 }
 
 // writeRefused asks the cluster whether the producer may write to topic
