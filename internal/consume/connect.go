@@ -2,9 +2,12 @@ package consume
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/sentinel"
 )
@@ -54,6 +57,24 @@ func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 		abandon()
 		return nil, sentinel.SubscriberClosed
 	}
+}
+
+// checkGroupAccess finds the group's coordinator, and fails when the
+// client's principal may not use the group (GROUP_AUTHORIZATION_FAILED: no
+// ACL for it). Sarama's consumer group would otherwise retry the join for
+// as long as the refusal lasts, and Ready would tell it only after those
+// retries (15 s measured on a secured Kafka 4.4.0). Other errors (a
+// coordinator still loading or moving) are left to the group's own
+// retries.
+func (sub *subscription) checkGroupAccess(client sarama.Client) error {
+	if sub.cfg.ConsumerGroup == "" {
+		return nil
+	}
+	if _, err := client.Coordinator(sub.cfg.ConsumerGroup); errors.Is(err, sarama.ErrGroupAuthorizationFailed) {
+		return fmt.Errorf("consumer group %q: the client's principal is not authorized to use it (it needs READ on the group): %w",
+			sub.cfg.ConsumerGroup, err)
+	}
+	return nil
 }
 
 // checkTailBudget checks TailMetadataBudget against the

@@ -61,6 +61,9 @@ func Start(ctx context.Context, opts *Options, host Host, topic string, txn *Txn
 
 	client, err := sub.connect(ctx)
 	if err == nil {
+		err = sub.checkGroupAccess(client)
+	}
+	if err == nil {
 		err = sub.checkTailBudget(client)
 	}
 	if err == nil {
