@@ -14,7 +14,9 @@ import (
 // command line does not say (-parallel): the tests mostly wait (on the
 // group protocol, on timers, on a broker's answer), not compute, so
 // -parallel's own default, GOMAXPROCS, left two cores idle most of a run.
-const testsAtOnce = 6
+// Not more: with another suite beside it, six per CPU starved the tests
+// whose sessions last 1-3 s.
+const testsAtOnce = 4
 
 func TestMain(m *testing.M) {
 	flag.Parse()

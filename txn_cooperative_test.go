@@ -89,7 +89,7 @@ func TestTxnCooperativeExactlyOnce(t *testing.T) {
 	seen := 0
 	progress := func() {
 		t.Helper()
-		kafkatest.WaitFor(t, 30*time.Second, "outputs between membership changes", func() bool {
+		kafkatest.WaitFor(t, 60*time.Second, "outputs between membership changes", func() bool {
 			rd.mu.Lock()
 			defer rd.mu.Unlock()
 			return rd.records >= seen+300

@@ -209,7 +209,7 @@ func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 	t.Parallel()
 	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
-	const txnTimeout = 3 * time.Second
+	const txnTimeout = 5 * time.Second // 3 s: a loaded machine's transactions outran it before the fault
 	sub, pub := r.subscriber(t, "txn-timeout", func(_ *safeack.SubscriberConfig, tc *safeack.TxnConfig) {
 		tc.OverwriteSaramaConfig.Producer.Transaction.Timeout = txnTimeout
 	})
