@@ -17,7 +17,7 @@ var ErrNotSafeackMessage = errors.New("safeack: message was not delivered by a s
 
 // ErrAlreadyAnswered is returned by Defer for a message already acked or
 // nacked: its fate is decided.
-var ErrAlreadyAnswered = sentinel.AlreadyAnswered
+var ErrAlreadyAnswered = sentinel.ErrAlreadyAnswered
 
 // Completion is the handle of a record whose completion was deferred with
 // Defer (or taken with CompletionFromCtx). The record's offset is not

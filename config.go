@@ -306,7 +306,7 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 
 // ErrInvalidConfig is wrapped by every error NewSubscriber returns for a
 // configuration it refuses.
-var ErrInvalidConfig = sentinel.InvalidConfig
+var ErrInvalidConfig = sentinel.ErrInvalidConfig
 
 func fieldError(field, format string, args ...any) error {
 	return sentinel.Field(field, format, args...)

@@ -169,7 +169,7 @@ func (p CommittedPartition) Covers(offset int64) bool {
 
 // ErrCommitNotConfirmed is wrapped by CommitEvent.Err when reading the
 // committed positions back did not find what the commit sent.
-var ErrCommitNotConfirmed = sentinel.CommitNotConfirmed
+var ErrCommitNotConfirmed = sentinel.ErrCommitNotConfirmed
 
 // ConsumerGroup returns the consumer group the Subscriber was configured
 // with, empty without one.

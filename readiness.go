@@ -9,7 +9,7 @@ import (
 
 // ErrNotReady is wrapped by the errors Ready and WaitReady return while a
 // subscription is not consuming.
-var ErrNotReady = sentinel.NotReady
+var ErrNotReady = sentinel.ErrNotReady
 
 // Ready reports whether the Subscriber is consuming, for readiness probes.
 // It returns nil when every subscription (every Subscribe call not yet
@@ -78,4 +78,4 @@ func (s *Subscriber) WaitReady(ctx context.Context) error {
 // closes, and it does not rejoin, since a rejoin would fence the other
 // consumer in turn and the two would take the partitions from each other
 // for as long as both run. Give each live consumer its own InstanceId.
-var ErrInstanceFenced = sentinel.InstanceFenced
+var ErrInstanceFenced = sentinel.ErrInstanceFenced

@@ -16,7 +16,7 @@ import (
 )
 
 // ErrSubscriberClosed is returned by Subscribe after Close.
-var ErrSubscriberClosed = sentinel.SubscriberClosed
+var ErrSubscriberClosed = sentinel.ErrSubscriberClosed
 
 // Subscriber consumes Kafka topics through a Sarama consumer group and
 // implements message.Subscriber and message.SubscribeInitializer.

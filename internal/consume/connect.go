@@ -15,7 +15,7 @@ import (
 // connect makes a Sarama client for the subscription and checks that it
 // reached the cluster, within the time the Sarama config allows
 // (Net.DialTimeout, Metadata.Retry, Metadata.Timeout). It returns early,
-// with ctx's error or sentinel.SubscriberClosed, when ctx ends or the Subscriber
+// with ctx's error or sentinel.ErrSubscriberClosed, when ctx ends or the Subscriber
 // closes first; a client that connects after that is closed.
 func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 	type result struct {
@@ -55,7 +55,7 @@ func (sub *subscription) connect(ctx context.Context) (sarama.Client, error) {
 		return nil, ctx.Err()
 	case <-sub.host.Closing():
 		abandon()
-		return nil, sentinel.SubscriberClosed
+		return nil, sentinel.ErrSubscriberClosed
 	}
 }
 

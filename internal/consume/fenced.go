@@ -26,10 +26,10 @@ func sessionFenced(ctx context.Context) bool {
 
 // fenced ends a subscription whose member was fenced: logged once as an
 // Error, and reported by Ready until Close. The returned error wraps
-// sentinel.InstanceFenced and Sarama's ErrFencedInstancedId.
+// sentinel.ErrInstanceFenced and Sarama's ErrFencedInstancedId.
 func (sub *subscription) fenced() error {
 	id := sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId
-	err := fmt.Errorf("%w: consumer group %q, instance id %q: %w", sentinel.InstanceFenced, sub.cfg.ConsumerGroup, id, sarama.ErrFencedInstancedId)
+	err := fmt.Errorf("%w: consumer group %q, instance id %q: %w", sentinel.ErrInstanceFenced, sub.cfg.ConsumerGroup, id, sarama.ErrFencedInstancedId)
 	sub.logger.Error("Fenced: another consumer joined the group with this Consumer.Group.InstanceId and took its partitions; "+
 		"this subscription stops (no more messages, no more commits, no rejoin) and its channel closes", err,
 		sub.logFields.Add(watermill.LogFields{"instance_id": id}))

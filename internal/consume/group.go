@@ -66,7 +66,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		err := group.Consume(ctx, []string{sub.topic}, handler)
 		if fencedCause(err) || gh.fenced.Load() {
 			// Another consumer has this member's instance id: rejoining
-			// would fence it in turn (see sentinel.InstanceFenced).
+			// would fence it in turn (see sentinel.ErrInstanceFenced).
 			return sub.fenced()
 		}
 		if err == nil {
@@ -129,7 +129,7 @@ type groupHandler struct {
 	hwmListedAt atomic.Int64
 
 	// fenced is set by Cleanup when the coordinator fenced the session's
-	// member (see sentinel.InstanceFenced).
+	// member (see sentinel.ErrInstanceFenced).
 	fenced atomic.Bool
 
 	// Per session, set in Setup and read by the claims it starts.

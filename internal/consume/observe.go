@@ -112,7 +112,7 @@ func (sub *subscription) observeTxn(start time.Time, took time.Duration, marks m
 // observeFinal reports the final commit of assignments that ended, with
 // the last position each one tried: one CommitEvent with Final set for
 // the positions the group holds (held), and one whose Err wraps
-// sentinel.CommitNotConfirmed (and cause, when not nil) for those it does not
+// sentinel.ErrCommitNotConfirmed (and cause, when not nil) for those it does not
 // (notHeld). An Observer's spans of acked deliveries that neither covers
 // end with it: those records are the next owner's to hand out again.
 func (sub *subscription) observeFinal(start time.Time, took time.Duration, transactional bool,
@@ -155,7 +155,7 @@ type finalNotCommittedError struct {
 }
 
 func (e *finalNotCommittedError) Error() string {
-	msg := sentinel.CommitNotConfirmed.Error() + ": the final position of " + strconv.Itoa(e.partitions) + " partition(s) is not held"
+	msg := sentinel.ErrCommitNotConfirmed.Error() + ": the final position of " + strconv.Itoa(e.partitions) + " partition(s) is not held"
 	if e.cause != nil {
 		msg += ": " + e.cause.Error()
 	}
@@ -164,9 +164,9 @@ func (e *finalNotCommittedError) Error() string {
 
 func (e *finalNotCommittedError) Unwrap() []error {
 	if e.cause == nil {
-		return []error{sentinel.CommitNotConfirmed}
+		return []error{sentinel.ErrCommitNotConfirmed}
 	}
-	return []error{sentinel.CommitNotConfirmed, e.cause}
+	return []error{sentinel.ErrCommitNotConfirmed, e.cause}
 }
 
 func committedPartition(partition int32, offset int64, metadata string) CommittedPartition {
@@ -178,10 +178,10 @@ func committedPartition(partition int32, offset int64, metadata string) Committe
 type commitBehindError struct{ partitions int }
 
 func (e *commitBehindError) Error() string {
-	return sentinel.CommitNotConfirmed.Error() + ": " + strconv.Itoa(e.partitions) + " partition(s) held below the position sent"
+	return sentinel.ErrCommitNotConfirmed.Error() + ": " + strconv.Itoa(e.partitions) + " partition(s) held below the position sent"
 }
 
-func (e *commitBehindError) Unwrap() error { return sentinel.CommitNotConfirmed }
+func (e *commitBehindError) Unwrap() error { return sentinel.ErrCommitNotConfirmed }
 
 // CommittedTail is the completed tail a commit at offset with metadata
 // carries: empty when the metadata does not decode (it then covers less,

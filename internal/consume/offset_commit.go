@@ -350,7 +350,7 @@ func (s sessionOffsets) commitPinned(sess sarama.ConsumerGroupSession, starts ma
 // does not answer, would overrun a caller's bound. waiting, when not nil,
 // is told of each round that found positions missing. It returns the
 // positions still missing (none when all are held), what the coordinator
-// last answered, and the last read's error (sentinel.InstanceFenced when the
+// last answered, and the last read's error (sentinel.ErrInstanceFenced when the
 // session was fenced: its positions are not this member's to commit any
 // more).
 func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.ConsumerGroupSession, want map[int32]kclient.CommittedOffset,
@@ -390,7 +390,7 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.Consume
 			return missing, lastHeld, err
 		}
 	}
-	return missing, lastHeld, sentinel.InstanceFenced
+	return missing, lastHeld, sentinel.ErrInstanceFenced
 }
 
 // confirm commits and reads back until the coordinator holds each
@@ -404,7 +404,7 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.Consume
 func (s sessionOffsets) confirm(ctx context.Context, sess sarama.ConsumerGroupSession, marks map[int32]kclient.CommittedOffset) {
 	start := time.Now()
 	missing, held, err := s.commitUntilHeld(ctx, sess, marks, nil)
-	fenced := errors.Is(err, sentinel.InstanceFenced)
+	fenced := errors.Is(err, sentinel.ErrInstanceFenced)
 	if len(missing) > 0 && !fenced {
 		s.logUncommitted(missing, held, err)
 	}

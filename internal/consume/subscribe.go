@@ -27,7 +27,7 @@ type Subscription struct {
 // silent retry loop), checks the tail budget against the group
 // coordinator, and finds where the partitions start. txn, when not nil,
 // makes it commit through Kafka transactions. Errors other than
-// sentinel.InvalidConfig's are wrapped with the topic.
+// sentinel.ErrInvalidConfig's are wrapped with the topic.
 func Start(ctx context.Context, opts *Options, host Host, topic string, txn *Txn) (*Subscription, error) {
 	output := make(chan *message.Message)
 	sub := &subscription{
@@ -76,7 +76,7 @@ func Start(ctx context.Context, opts *Options, host Host, topic string, txn *Txn
 	s := &Subscription{sub: sub, client: client}
 	if err != nil {
 		s.Abort()
-		if errors.Is(err, sentinel.SubscriberClosed) || errors.Is(err, sentinel.InvalidConfig) {
+		if errors.Is(err, sentinel.ErrSubscriberClosed) || errors.Is(err, sentinel.ErrInvalidConfig) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("safeack: subscribing to %q: %w", topic, err)

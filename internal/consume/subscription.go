@@ -84,7 +84,7 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 		}
 		err := sub.consumeOnce(ctx, client)
 		client = nil
-		if errors.Is(err, sentinel.InstanceFenced) {
+		if errors.Is(err, sentinel.ErrInstanceFenced) {
 			return // logged and reported by fenced; a reconnect would rejoin
 		}
 		if sub.stopping(ctx) {

@@ -110,7 +110,7 @@ func (p *Txn) claimTopic(topic string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.topics[topic] {
-		return fmt.Errorf("%w: topic %q is already subscribed in transactional mode (one transactional id per topic)", sentinel.InvalidConfig, topic)
+		return fmt.Errorf("%w: topic %q is already subscribed in transactional mode (one transactional id per topic)", sentinel.ErrInvalidConfig, topic)
 	}
 	p.topics[topic] = true
 	return nil

@@ -42,15 +42,15 @@ func (d *TxnDelivery) Add(pm *sarama.ProducerMessage) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.answered {
-		return sentinel.AlreadyAnswered
+		return sentinel.ErrAlreadyAnswered
 	}
 	// The router's answer reaches the partition asynchronously: an output
 	// published after it must fail even before then.
 	select {
 	case <-d.msg.Acked():
-		return sentinel.AlreadyAnswered
+		return sentinel.ErrAlreadyAnswered
 	case <-d.msg.Nacked():
-		return sentinel.AlreadyAnswered
+		return sentinel.ErrAlreadyAnswered
 	default:
 	}
 	d.outputs = append(d.outputs, pm)

@@ -94,7 +94,7 @@ func (r *Tracker) Check() (<-chan struct{}, error) {
 		r.changed = make(chan struct{})
 	}
 	if len(r.subs) == 0 {
-		return r.changed, fmt.Errorf("%w: no subscription", sentinel.NotReady)
+		return r.changed, fmt.Errorf("%w: no subscription", sentinel.ErrNotReady)
 	}
 	var waiting []*subStatus
 	for _, st := range r.subs {
@@ -107,7 +107,7 @@ func (r *Tracker) Check() (<-chan struct{}, error) {
 	}
 	slices.SortFunc(waiting, func(a, b *subStatus) int { return cmp.Compare(a.topic, b.topic) })
 	var why []string
-	errs := []error{sentinel.NotReady}
+	errs := []error{sentinel.ErrNotReady}
 	for _, st := range waiting {
 		switch {
 		case st.phase == Fenced:
@@ -121,10 +121,10 @@ func (r *Tracker) Check() (<-chan struct{}, error) {
 			why = append(why, fmt.Sprintf("topic %q: connecting", st.topic))
 		}
 	}
-	return r.changed, &notReadyError{msg: sentinel.NotReady.Error() + ": " + strings.Join(why, "; "), errs: errs}
+	return r.changed, &notReadyError{msg: sentinel.ErrNotReady.Error() + ": " + strings.Join(why, "; "), errs: errs}
 }
 
-// ClosedErr is what Ready reports after Close: sentinel.SubscriberClosed, and
+// ClosedErr is what Ready reports after Close: sentinel.ErrSubscriberClosed, and
 // the fencing that ended a subscription before (a Watermill Router closes
 // its subscribers once their channels closed).
 func (r *Tracker) ClosedErr() error {
@@ -132,13 +132,13 @@ func (r *Tracker) ClosedErr() error {
 	defer r.mu.Unlock()
 	for _, st := range r.subs {
 		if st.phase == Fenced {
-			return fmt.Errorf("%w after topic %q: %w", sentinel.SubscriberClosed, st.topic, st.err)
+			return fmt.Errorf("%w after topic %q: %w", sentinel.ErrSubscriberClosed, st.topic, st.err)
 		}
 	}
-	return sentinel.SubscriberClosed
+	return sentinel.ErrSubscriberClosed
 }
 
-// notReadyError is what Ready reports: sentinel.NotReady, and the errors that
+// notReadyError is what Ready reports: sentinel.ErrNotReady, and the errors that
 // ended subscriptions for good (ErrInstanceFenced).
 type notReadyError struct {
 	msg  string

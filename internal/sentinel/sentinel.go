@@ -8,20 +8,22 @@ import (
 	"fmt"
 )
 
+// The errors the root package re-exports under the same names.
 var (
-	SubscriberClosed = errors.New("safeack: subscriber closed")
-	InvalidConfig    = errors.New("safeack: invalid subscriber config")
-	NotReady         = errors.New("safeack: not ready")
+	ErrSubscriberClosed = errors.New("safeack: subscriber closed")
+	ErrInvalidConfig    = errors.New("safeack: invalid subscriber config")
+	ErrNotReady         = errors.New("safeack: not ready")
 )
 
-// Field is the error for an invalid config field: it wraps InvalidConfig
+// Field is the error for an invalid config field: it wraps ErrInvalidConfig
 // and names the field.
 func Field(field, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", InvalidConfig, field, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
 }
 
+// The errors the root package re-exports under the same names.
 var (
-	InstanceFenced     = errors.New("safeack: consumer group member fenced by another consumer with the same Consumer.Group.InstanceId")
-	CommitNotConfirmed = errors.New("safeack: commit not confirmed by the group coordinator")
-	AlreadyAnswered    = errors.New("safeack: message already acked or nacked")
+	ErrInstanceFenced     = errors.New("safeack: consumer group member fenced by another consumer with the same Consumer.Group.InstanceId")
+	ErrCommitNotConfirmed = errors.New("safeack: commit not confirmed by the group coordinator")
+	ErrAlreadyAnswered    = errors.New("safeack: message already acked or nacked")
 )
