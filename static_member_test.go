@@ -226,6 +226,20 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 			}
 			return nil, nil, false
 		})
+		if busy {
+			// The commit path is what the busy variants test: A's
+			// heartbeats after B's join are answered a second late, so
+			// that a refused commit (one every 50 ms while A acks) tells
+			// A of the fence first. On a loaded machine A's heartbeat
+			// came first once, before A's next commit.
+			kf.ControlKey(kmsg.Heartbeat.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				kf.KeepControl()
+				if hb := req.(*kmsg.HeartbeatRequest); hb.Group == group && hb.MemberID == memberA && joinSeen.Load() != 0 {
+					kf.SleepControl(func() { time.Sleep(time.Second) })
+				}
+				return nil, nil, false
+			})
+		}
 	}
 	b := member(testLogger(), true)
 	doneB := handleAll(mustSubscribe(t, b, topic), acks.ack)
