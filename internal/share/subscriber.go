@@ -1,4 +1,4 @@
-package safeack
+package share
 
 import (
 	"context"
@@ -13,199 +13,116 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/safeack/safeack/internal/ready"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/safeack/safeack/internal/ready"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
-// ErrShareGroupsUnsupported is returned by ShareSubscriber.Subscribe when the
-// cluster does not serve share groups (Kafka before 4.2, or share groups not
-// enabled on the brokers).
-var ErrShareGroupsUnsupported = errors.New("safeack: the cluster does not serve share groups (KIP-932: Kafka 4.2 or later, with share groups enabled)")
-
-// ShareSubscriber consumes Kafka topics through a share group (KIP-932) and
-// implements message.Subscriber and message.SubscribeInitializer.
-//
-// Share groups keep no order. The broker tracks every record: a member
-// acquires records for a time (the acquisition lock,
-// group.share.record.lock.duration.ms, 30 s by default), and acknowledges
-// each one as accepted, released (delivered again, its delivery count one
-// higher) or rejected (archived, never delivered again). Members of one
-// share group read the same partitions at once, so a partition's work is
-// spread over as many members as there are, without a completed prefix to
-// hold anything back.
-//
-// A message's Ack accepts its record and a Nack releases it, until the
-// record's delivery count reaches MaxDeliveries: then it is rejected, or
-// handed to DeadLetter. Acks are sent in batches, with the next fetch or
-// within AckFlushInterval, and Close sends them before it leaves; records
-// handed out and not answered by then are released, so that another member
-// gets them at once rather than after the acquisition lock times out. A
-// record still unanswered half-way through its lock has the lock renewed
-// (KIP-1222), so a long handler keeps its record.
-//
-// Each Subscribe call runs Members members (one kgo client each). A member
-// takes up to MaxInFlight records per poll and polls again only once every
-// message of the last poll is answered: the share group client accepts at
-// the next poll what the last one left unanswered (Kafka's own share
-// consumer has the same rule). A slow message therefore holds its member's
-// next poll; more Members, or more processes, keep the work flowing.
-//
-// The record of a message is found with the same context helpers as a
-// Subscriber's (MessagePartitionFromCtx, MessagePartitionOffsetFromCtx,
-// MessageKeyFromCtx, MessageTimestampFromCtx, MessageTopicFromCtx), and its
-// delivery count with MessageDeliveryCountFromCtx. Defer,
-// DeferredCompletion, PoisonQueue and RejectPoison work with its messages.
-//
-// Delivery is at-least-once: a member that crashes, or holds a record past
-// its acquisition lock, has its records delivered again to another.
-type ShareSubscriber struct {
-	cfg    ShareSubscriberConfig
-	logger watermill.LoggerAdapter
-
-	closing   chan struct{}
-	closeOnce sync.Once
-	closed    atomic.Bool
-	lifecycle sync.Mutex // orders a subscription's start against Close
-	subs      sync.WaitGroup
-
-	ready ready.Tracker
-	stats shareRegistry
-}
-
-var (
-	_ message.Subscriber           = (*ShareSubscriber)(nil)
-	_ message.SubscribeInitializer = (*ShareSubscriber)(nil)
-)
-
-// NewShareSubscriber validates config and returns a ShareSubscriber. A nil
-// logger disables logging. Invalid configuration gives an error wrapping
-// ErrInvalidConfig that names the field.
-func NewShareSubscriber(config ShareSubscriberConfig, logger watermill.LoggerAdapter) (*ShareSubscriber, error) {
-	if err := config.Validate(); err != nil {
-		return nil, err
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	return &ShareSubscriber{
-		cfg:     config.withDefaults(),
-		logger:  logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
-		closing: make(chan struct{}),
-	}, nil
-}
-
-// shareSubscription is one Subscribe call: Members members of the share
-// group, each a kgo client, sharing one output channel.
-type shareSubscription struct {
-	s         *ShareSubscriber
-	cfg       *ShareSubscriberConfig
+// Subscription is one Subscribe call: Members members of the share group,
+// each a kgo client, sharing one output channel.
+type Subscription struct {
+	host      Host
+	stats     *Registry
+	cfg       *Options
 	topic     string
 	output    chan *message.Message
-	members   []*shareMember
+	members   []*member
 	logger    watermill.LoggerAdapter
 	logFields watermill.LogFields
 
-	// stop ends when Close is called or Subscribe's context ends: nothing
+	// stop ends when the host closes or Subscribe's context ends: nothing
 	// more is handed out. msgCtx is the parent of the messages' contexts,
 	// cancelled only once the drain is over.
-	stop      context.Context
-	msgCtx    context.Context
-	msgCancel context.CancelFunc
+	stop       context.Context
+	stopCancel context.CancelFunc
+	msgCtx     context.Context
+	msgCancel  context.CancelFunc
 
 	// acked is set when an ack was given since the last flush.
 	acked atomic.Bool
 
 	mu       sync.Mutex
-	inFlight map[*shareDelivery]struct{}
+	inFlight map[*Delivery]struct{}
 }
 
-// Subscribe joins the share group for topic and returns the channel its
-// messages arrive on. Up to MaxInFlight messages may be unanswered at once.
-// The channel closes when ctx is cancelled or the ShareSubscriber is closed,
-// after the drain (see Close).
-//
-// Subscribe connects before it returns: it fails when no broker can be
-// reached, with ErrShareGroupsUnsupported when the cluster does not serve
-// share groups, and when InitialOffset is set and the group's config cannot
-// be altered.
-func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if s.closed.Load() {
-		return nil, ErrSubscriberClosed
-	}
-	if topic == "" {
-		return nil, errors.New("safeack: empty topic")
-	}
-	sub := &shareSubscription{
-		s:        s,
-		cfg:      &s.cfg,
+// Start connects a subscription to topic: it checks that the cluster
+// serves share groups, sets the group's start position when asked and
+// makes the members' clients. Run starts it; Abort undoes it.
+func Start(ctx context.Context, cfg *Options, host Host, topic string) (*Subscription, error) {
+	sub := &Subscription{
+		host:     host,
+		stats:    host.Registry(),
+		cfg:      cfg,
 		topic:    topic,
 		output:   make(chan *message.Message),
-		inFlight: make(map[*shareDelivery]struct{}),
+		inFlight: make(map[*Delivery]struct{}),
 		logFields: watermill.LogFields{
 			"provider":            "safeack",
 			"topic":               topic,
-			"share_group":         s.cfg.ShareGroup,
+			"share_group":         cfg.ShareGroup,
 			"kafka_consumer_uuid": watermill.NewShortUUID(),
 		},
 	}
-	sub.logger = s.logger.With(sub.logFields)
+	sub.logger = cfg.Logger.With(sub.logFields)
 	sub.logger.Info("Subscribing to Kafka topic through a share group", nil)
 
 	// stop is set before the client exists: its hooks read it.
-	stop, stopCancel := context.WithCancel(ctx)
-	sub.stop = stop
+	sub.stop, sub.stopCancel = context.WithCancel(ctx)
 	sub.msgCtx, sub.msgCancel = context.WithCancel(context.WithoutCancel(ctx))
-	err := sub.connect(ctx)
-	s.lifecycle.Lock()
-	if err == nil && s.closed.Load() {
-		err = ErrSubscriberClosed
+	if err := sub.connect(ctx); err != nil {
+		sub.Abort()
+		return nil, fmt.Errorf("safeack: subscribing to %q in share group %q: %w", topic, cfg.ShareGroup, err)
 	}
-	if err == nil {
-		s.subs.Add(1)
+	return sub, nil
+}
+
+// Abort undoes Start, for a subscription that does not run.
+func (sub *Subscription) Abort() {
+	sub.stopCancel()
+	sub.msgCancel()
+	for _, m := range sub.members {
+		sub.host.Ended(m)
 	}
-	s.lifecycle.Unlock()
-	if err != nil {
-		stopCancel()
-		sub.msgCancel()
-		for _, m := range sub.members {
-			s.ready.Remove(m)
-		}
-		for _, m := range sub.members {
-			m.client.Close()
-		}
-		if errors.Is(err, ErrSubscriberClosed) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("safeack: subscribing to %q in share group %q: %w", topic, s.cfg.ShareGroup, err)
+	for _, m := range sub.members {
+		m.client.Close()
 	}
-	s.stats.attach(sub)
+}
+
+// Output is the channel the subscription's messages arrive on.
+func (sub *Subscription) Output() <-chan *message.Message { return sub.output }
+
+// Run runs the subscription in the background until the host closes or
+// Subscribe's context ends; once it is over (the drain, the acks sent,
+// the members gone, the output closed), it calls done.
+func (sub *Subscription) Run(done func()) {
+	sub.stats.attach(sub)
 	go func() {
 		select {
-		case <-s.closing:
-			stopCancel()
-		case <-stop.Done():
+		case <-sub.host.Closing():
+			sub.stopCancel()
+		case <-sub.stop.Done():
 		}
 	}()
 	go func() {
-		defer s.subs.Done()
-		defer stopCancel()
+		defer done()
+		defer sub.stopCancel()
 		sub.run()
 		for _, m := range sub.members {
-			s.ready.Remove(m)
+			sub.host.Ended(m)
 		}
-		s.stats.detach(sub)
+		sub.stats.detach(sub)
 		close(sub.output)
 	}()
-	return sub.output, nil
 }
 
 // connect checks that the cluster serves share groups and sets the group's
 // start position when asked, on a client of its own that joins no group
 // (a member joining first could start the group at the old position), then
 // makes the members' clients.
-func (sub *shareSubscription) connect(ctx context.Context) error {
+func (sub *Subscription) connect(ctx context.Context) error {
 	cfg := sub.cfg
 	base := []kgo.Opt{
 		kgo.ClientID("safeack"),
@@ -218,10 +135,10 @@ func (sub *shareSubscription) connect(ctx context.Context) error {
 	base = append(base, kgo.SeedBrokers(cfg.Brokers...))
 	admin, err := kgo.NewClient(base...)
 	if err != nil {
-		return fmt.Errorf("%w: ClientOptions: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: ClientOptions: %w", sentinel.InvalidConfig, err)
 	}
 	defer admin.Close()
-	if err := checkShareSupport(ctx, admin); err != nil {
+	if err := checkSupport(ctx, admin); err != nil {
 		return err
 	}
 	if cfg.InitialOffset != 0 {
@@ -230,7 +147,7 @@ func (sub *shareSubscription) connect(ctx context.Context) error {
 		}
 	}
 	for i := range cfg.Members {
-		m := &shareMember{sub: sub, id: i}
+		m := &member{sub: sub, id: i}
 		opts := append(slices.Clone(base),
 			kgo.ShareGroup(cfg.ShareGroup),
 			kgo.ConsumeTopics(sub.topic),
@@ -242,54 +159,48 @@ func (sub *shareSubscription) connect(ctx context.Context) error {
 			kgo.ShareMaxRecordsStrict(),
 			kgo.MaxConcurrentFetches(0),
 			kgo.ShareAckCallback(sub.ackResults),
-			kgo.WithHooks(shareReadyHook{m}),
+			kgo.WithHooks(readyHook{m}),
 		)
 		client, err := kgo.NewClient(opts...)
 		if err != nil {
-			return fmt.Errorf("%w: ClientOptions: %w", ErrInvalidConfig, err)
+			return fmt.Errorf("%w: ClientOptions: %w", sentinel.InvalidConfig, err)
 		}
 		m.client = client
 		sub.members = append(sub.members, m)
-		sub.s.ready.Set(m, sub.topic, cfg.ShareGroup, "share group", ready.Joining, nil)
+		sub.host.SetPhase(m, sub.topic, ready.Joining, nil)
 	}
 	return nil
 }
 
-// shareMember is one member of the share group: a kgo client and the loop
+// member is one member of the share group: a kgo client and the loop
 // that polls it.
-type shareMember struct {
-	sub    *shareSubscription
+type member struct {
+	sub    *Subscription
 	id     int
 	client *kgo.Client
 	// coordinator is the broker that answered the last heartbeat (for
-	// shareReadyHook); hasCoordinator says one did.
+	// readyHook); hasCoordinator says one did.
 	coordinator    atomic.Int32
 	hasCoordinator atomic.Bool
 	// acks are the acknowledgements waiting for the broker's answer, for
 	// a ShareDeliveryObserver.
-	acks shareAckWaits
+	acks ackWaits
 }
 
-// CheckShareGroups reports whether the cluster at brokers serves share
-// groups: nil when it does; an error wrapping ErrShareGroupsUnsupported,
-// naming what is missing, when it does not (a broker before Kafka 4.2, or
-// one whose share groups are not enabled: its share.version feature is not
-// finalized at 1 or more, as on Kafka 4.0 and 4.1, which list the share
-// requests as an early-access preview); or the error of the request. opts
-// are franz-go client options for the connection (TLS, SASL), as in
-// ShareSubscriberConfig.ClientOptions.
-func CheckShareGroups(ctx context.Context, brokers []string, opts ...kgo.Opt) error {
+// CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
+// serves share groups.
+func CheckGroups(ctx context.Context, brokers []string, opts ...kgo.Opt) error {
 	client, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
 	if err != nil {
 		return err
 	}
 	defer client.Close()
-	return checkShareSupport(ctx, client)
+	return checkSupport(ctx, client)
 }
 
-// checkShareSupport asks a broker which requests it serves and which
-// features the cluster has finalized (see CheckShareGroups).
-func checkShareSupport(ctx context.Context, client *kgo.Client) error {
+// checkSupport asks a broker which requests it serves and which
+// features the cluster has finalized (see CheckGroups).
+func checkSupport(ctx context.Context, client *kgo.Client) error {
 	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, client)
 	if err != nil {
 		return err
@@ -303,7 +214,7 @@ func checkShareSupport(ctx context.Context, client *kgo.Client) error {
 	}
 	for _, k := range []kmsg.Key{kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge} {
 		if !served[int16(k)] {
-			return fmt.Errorf("%w: the broker does not serve %s", ErrShareGroupsUnsupported, kmsg.NameForKey(int16(k)))
+			return fmt.Errorf("%w: the broker does not serve %s", sentinel.ShareGroupsUnsupported, kmsg.NameForKey(int16(k)))
 		}
 	}
 	// A cluster that lists finalized features says whether share groups
@@ -317,7 +228,7 @@ func checkShareSupport(ctx context.Context, client *kgo.Client) error {
 			}
 		}
 		if level < 1 {
-			return fmt.Errorf("%w: the cluster's share.version feature is %d (share groups not enabled; generally available from Kafka 4.2)", ErrShareGroupsUnsupported, level)
+			return fmt.Errorf("%w: the cluster's share.version feature is %d (share groups not enabled; generally available from Kafka 4.2)", sentinel.ShareGroupsUnsupported, level)
 		}
 	}
 	return nil
@@ -357,7 +268,7 @@ func setShareAutoOffsetReset(ctx context.Context, client *kgo.Client, group stri
 
 // run runs every member until the subscription stops; then it flushes the
 // acks and releases and leaves.
-func (sub *shareSubscription) run() {
+func (sub *Subscription) run() {
 	flushDone, flushEnded := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(flushEnded)
@@ -376,7 +287,7 @@ func (sub *shareSubscription) run() {
 // run polls, hands out and waits until the poll's messages are answered
 // (kgo accepts at the next poll what the last one left unanswered), until
 // the subscription stops; then it drains and releases what is left.
-func (m *shareMember) run() {
+func (m *member) run() {
 	sub := m.sub
 	renew := time.NewTicker(renewCheck)
 	defer renew.Stop()
@@ -401,8 +312,8 @@ func (m *shareMember) run() {
 // take turns a poll's records into deliveries. Records past MaxDeliveries,
 // and records the Unmarshaler rejects, are answered here and not handed
 // out.
-func (sub *shareSubscription) take(m *shareMember, recs []*kgo.Record) []*shareDelivery {
-	batch := make([]*shareDelivery, 0, len(recs))
+func (sub *Subscription) take(m *member, recs []*kgo.Record) []*Delivery {
+	batch := make([]*Delivery, 0, len(recs))
 	for _, r := range recs {
 		d := sub.newDelivery(m, r)
 		if d != nil {
@@ -417,7 +328,7 @@ func (sub *shareSubscription) take(m *shareMember, recs []*kgo.Record) []*shareD
 // message at a time keeps the member here while it handles the last one,
 // and the records not yet sent wait here too, their locks running. On
 // stop, the ones not sent are released.
-func (sub *shareSubscription) handOut(batch []*shareDelivery, renew <-chan time.Time) {
+func (sub *Subscription) handOut(batch []*Delivery, renew <-chan time.Time) {
 	now := time.Now()
 	for _, d := range batch {
 		// The lock runs from the broker's fetch: what is left of it now
@@ -446,7 +357,7 @@ func (sub *shareSubscription) handOut(batch []*shareDelivery, renew <-chan time.
 					if rest != d {
 						sub.track(rest)
 					}
-					rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
+					rest.finish(kgo.AckRelease, ReleasedAtClose)
 				}
 				return
 			}
@@ -457,7 +368,7 @@ func (sub *shareSubscription) handOut(batch []*shareDelivery, renew <-chan time.
 // await waits until every delivery of the batch is answered, renewing the
 // acquisition locks of those that take long. On stop it waits up to
 // DrainTimeout more, then releases the rest.
-func (sub *shareSubscription) await(batch []*shareDelivery, renew <-chan time.Time) {
+func (sub *Subscription) await(batch []*Delivery, renew <-chan time.Time) {
 	for i := 0; i < len(batch); {
 		select {
 		case <-batch[i].done:
@@ -471,7 +382,7 @@ func (sub *shareSubscription) await(batch []*shareDelivery, renew <-chan time.Ti
 	}
 }
 
-func (sub *shareSubscription) drain(batch []*shareDelivery, renew <-chan time.Time) {
+func (sub *Subscription) drain(batch []*Delivery, renew <-chan time.Time) {
 	timer := time.NewTimer(sub.cfg.DrainTimeout)
 	defer timer.Stop()
 	for i := 0; i < len(batch); {
@@ -485,7 +396,7 @@ func (sub *shareSubscription) drain(batch []*shareDelivery, renew <-chan time.Ti
 		case <-timer.C:
 		}
 		for _, rest := range batch[i:] {
-			rest.finish(kgo.AckRelease, outcomeReleasedAtClose)
+			rest.finish(kgo.AckRelease, ReleasedAtClose)
 		}
 		return
 	}
@@ -498,7 +409,7 @@ const renewCheck = 100 * time.Millisecond
 // unanswered half-way through their lock, so that a long handler (or an
 // unresolved Completion) keeps its record instead of seeing it delivered
 // to another member.
-func (sub *shareSubscription) renew(batch []*shareDelivery, now time.Time) {
+func (sub *Subscription) renew(batch []*Delivery, now time.Time) {
 	for _, d := range batch {
 		if d.lockSpan <= 0 || now.Before(d.renewAt) || d.status.Load() != 0 {
 			continue
@@ -506,21 +417,21 @@ func (sub *shareSubscription) renew(batch []*shareDelivery, now time.Time) {
 		d.rec.Ack(kgo.AckRenew)
 		d.renewAt = now.Add(d.lockSpan / 2)
 		sub.acked.Store(true) // flushed within AckFlushInterval
-		sub.s.stats.update(d.ctr, func(c *ShareCounters) { c.LockRenewals++ })
+		sub.stats.update(d.ctr, func(c *Counters) { c.LockRenewals++ })
 	}
 }
 
 // releaseRecords releases records taken but never made deliveries.
-func (sub *shareSubscription) releaseRecords(recs []*kgo.Record) {
+func (sub *Subscription) releaseRecords(recs []*kgo.Record) {
 	for _, r := range recs {
 		r.Ack(kgo.AckRelease)
-		sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) { c.Received++; c.Released++ })
+		sub.stats.count(r.Topic, r.Partition, func(c *Counters) { c.Received++; c.Released++ })
 	}
 }
 
 // leave sends every ack and release, cancels the messages' contexts and
 // leaves the group.
-func (sub *shareSubscription) leave() {
+func (sub *Subscription) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), sub.cfg.DrainTimeout+5*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -540,7 +451,7 @@ func (sub *shareSubscription) leave() {
 
 // flushLoop sends the acks given since the last flush every
 // AckFlushInterval.
-func (sub *shareSubscription) flushLoop(done <-chan struct{}) {
+func (sub *Subscription) flushLoop(done <-chan struct{}) {
 	tick := time.NewTicker(sub.cfg.AckFlushInterval)
 	defer tick.Stop()
 	for {
@@ -564,8 +475,8 @@ func (sub *shareSubscription) flushLoop(done <-chan struct{}) {
 
 // ackResults counts and logs what the broker refused, and passes the
 // answers on to the acknowledgements observed.
-func (sub *shareSubscription) ackResults(client *kgo.Client, results kgo.ShareAckResults) {
-	var m *shareMember
+func (sub *Subscription) ackResults(client *kgo.Client, results kgo.ShareAckResults) {
+	var m *member
 	for _, mm := range sub.members {
 		if mm.client == client {
 			m = mm
@@ -578,108 +489,38 @@ func (sub *shareSubscription) ackResults(client *kgo.Client, results kgo.ShareAc
 		if r.Err == nil {
 			continue
 		}
-		sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) { c.AckErrors++ })
+		sub.stats.count(r.Topic, r.Partition, func(c *Counters) { c.AckErrors++ })
 		sub.logger.Error("Share acknowledgement refused; the broker delivers the records again", r.Err, watermill.LogFields{"partition": r.Partition})
 	}
 }
 
-func (sub *shareSubscription) track(d *shareDelivery) {
+func (sub *Subscription) track(d *Delivery) {
 	sub.mu.Lock()
 	sub.inFlight[d] = struct{}{}
 	sub.mu.Unlock()
 }
 
-func (sub *shareSubscription) untrack(d *shareDelivery) {
+func (sub *Subscription) untrack(d *Delivery) {
 	sub.mu.Lock()
 	delete(sub.inFlight, d)
 	sub.mu.Unlock()
 }
 
-// Close stops every subscription: nothing more is handed out, answers to
-// the messages handed out are awaited up to DrainTimeout while their
-// contexts stay alive, then the records still unanswered are released,
-// every ack and release is sent to the broker, the members leave the
-// share group, every message context is cancelled and every output channel
-// is closed. Safe to call more than once.
-func (s *ShareSubscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.lifecycle.Lock()
-		s.closed.Store(true)
-		s.lifecycle.Unlock()
-		close(s.closing)
-	})
-	s.subs.Wait()
-	return nil
-}
-
-// Ready reports whether every subscription is a member of its share group,
-// as Subscriber.Ready does: nil when every member of every Subscribe call
-// not yet ended had its last share group heartbeat answered, else an error
-// wrapping ErrNotReady that says what each is doing; a member whose
-// heartbeat could not be sent, or whose coordinator cannot be reached, is
-// not ready until a heartbeat is answered again. The broker may hand a
-// new member its partitions a heartbeat later
-// (share.heartbeat.interval.ms, 5 s by default). Before the first Subscribe
-// it reports ErrNotReady, after Close ErrSubscriberClosed. It does no I/O.
-func (s *ShareSubscriber) Ready() error {
-	if s.closed.Load() {
-		return ErrSubscriberClosed
-	}
-	_, err := s.ready.Check()
-	return err
-}
-
-// WaitReady blocks until Ready reports nil, ctx ends or the subscriber is
-// closed, as Subscriber.WaitReady.
-func (s *ShareSubscriber) WaitReady(ctx context.Context) error {
-	for {
-		if s.closed.Load() {
-			return ErrSubscriberClosed
-		}
-		changed, err := s.ready.Check()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-s.closing:
-			return ErrSubscriberClosed
-		case <-ctx.Done():
-			return errors.Join(ctx.Err(), err)
-		}
-	}
-}
-
-// SubscribeInitialize creates topic with InitializeTopicDetails and waits
-// until all its partitions have leaders.
-func (s *ShareSubscriber) SubscribeInitialize(topic string) (err error) {
-	if s.cfg.InitializeTopicDetails == nil {
-		return errors.New("safeack: InitializeTopicDetails is empty, cannot SubscribeInitialize")
-	}
-	init := &Subscriber{cfg: SubscriberConfig{
-		Brokers:                     s.cfg.Brokers,
-		OverwriteSaramaConfig:       DefaultSaramaSubscriberConfig(),
-		InitializeTopicDetails:      s.cfg.InitializeTopicDetails,
-		WaitForTopicCreationTimeout: s.cfg.WaitForTopicCreationTimeout,
-	}}
-	return init.SubscribeInitializeWithContext(context.Background(), topic)
-}
-
-// shareReadyHook follows the share group heartbeats for Ready. A heartbeat
+// readyHook follows the share group heartbeats for Ready. A heartbeat
 // read tells both ways; a heartbeat that could not be written, or a failed
 // connection to the broker that answered the last one, tells that the
 // member is cut off: kgo then calls no read hook at all (a reset connection
 // fails the write, a refused dial fails before any write), and Ready would
 // go on reporting the last answer.
-type shareReadyHook struct{ m *shareMember }
+type readyHook struct{ m *member }
 
 var (
-	_ kgo.HookBrokerRead    = shareReadyHook{}
-	_ kgo.HookBrokerWrite   = shareReadyHook{}
-	_ kgo.HookBrokerConnect = shareReadyHook{}
+	_ kgo.HookBrokerRead    = readyHook{}
+	_ kgo.HookBrokerWrite   = readyHook{}
+	_ kgo.HookBrokerConnect = readyHook{}
 )
 
-func (h shareReadyHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+func (h readyHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
 	if key != int16(kmsg.ShareGroupHeartbeat) {
 		return
 	}
@@ -690,19 +531,19 @@ func (h shareReadyHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, 
 	h.set(err)
 }
 
-func (h shareReadyHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+func (h readyHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
 	if key == int16(kmsg.ShareGroupHeartbeat) && err != nil {
 		h.set(err)
 	}
 }
 
-func (h shareReadyHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+func (h readyHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
 	if err != nil && h.m.hasCoordinator.Load() && meta.NodeID == h.m.coordinator.Load() {
 		h.set(err)
 	}
 }
 
-func (h shareReadyHook) set(err error) {
+func (h readyHook) set(err error) {
 	sub := h.m.sub
 	if sub.stop.Err() != nil {
 		return
@@ -711,7 +552,7 @@ func (h shareReadyHook) set(err error) {
 	if err != nil {
 		p = ready.Connecting
 	}
-	sub.s.ready.Set(h.m, sub.topic, sub.cfg.ShareGroup, "share group", p, err)
+	sub.host.SetPhase(h.m, sub.topic, p, err)
 }
 
 // kgoLogger passes kgo's warnings and errors to the Watermill logger.
