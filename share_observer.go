@@ -189,7 +189,7 @@ func shareOutcome(why share.Reason) (Outcome, ShareAckReason) {
 		return OutcomeNack, ShareReasonDeadLetterFailed
 	case share.Skipped:
 		return OutcomeSkipped, ShareReasonClosing
-	default: // share.ReleasedAtClose
+	default: // share.ReleasedAtClose, share.LockExpired (not handed out)
 		return OutcomeAbandoned, ShareReasonClosing
 	}
 }

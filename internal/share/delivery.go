@@ -45,9 +45,18 @@ type Delivery struct {
 	ctr      *Counters
 	handedAt time.Time
 	// lockSpan is what was left of the acquisition lock when the record
-	// was handed out; renewAt when to renew it next. Member loop only.
+	// was polled; renewAt when to renew it next. Member loop only.
 	lockSpan time.Duration
 	renewAt  time.Time
+	// deadline is when the record's acquisition lock ends (unix
+	// nanoseconds, 0 unknown): the poll's deadline, moved on when the
+	// broker confirms a renewal.
+	deadline atomic.Int64
+
+	// unmarshalErr: the Unmarshaler refused the record, to be passed to
+	// OnUnmarshalError (with unmarshalCtx) by handOut, not handed out.
+	unmarshalErr error
+	unmarshalCtx context.Context
 
 	// status is zero until the record is answered, then the kgo ack
 	// status sent: the first answer wins.
@@ -72,11 +81,11 @@ type Delivery struct {
 	nackErr  error // for obs: the error that made the record nacked, when known
 }
 
-// newDelivery makes the delivery of r, or answers r at once when it is
-// past MaxDeliveries or cannot be unmarshalled; then it returns nil.
-func (sub *Subscription) newDelivery(m *member, r *kgo.Record) *Delivery {
-	cm := saramaMessage(r)
-	d := &Delivery{sub: sub, m: m, rec: r, cm: cm, done: make(chan struct{})}
+// newDelivery makes the delivery of r, polled at polled: its counters
+// counted, its acquisition lock's span noted for renewal. prepare makes
+// its message.
+func (sub *Subscription) newDelivery(m *member, r *kgo.Record, polled time.Time) *Delivery {
+	d := &Delivery{sub: sub, m: m, rec: r, cm: saramaMessage(r), done: make(chan struct{})}
 	d.ctr = sub.stats.count(r.Topic, r.Partition, func(c *Counters) {
 		c.Received++
 		if n := r.DeliveryCount(); n > 1 {
@@ -84,22 +93,36 @@ func (sub *Subscription) newDelivery(m *member, r *kgo.Record) *Delivery {
 		}
 		c.MaxDeliveryCount = max(c.MaxDeliveryCount, r.DeliveryCount())
 	})
+	// The lock runs from the broker's fetch: what is left of it now is a
+	// little less than its duration, a safe span to renew by.
+	if deadline := r.AcquisitionDeadline(); !deadline.IsZero() {
+		d.lockSpan = deadline.Sub(polled)
+		d.renewAt = polled.Add(d.lockSpan / 2)
+		d.deadline.Store(deadline.UnixNano())
+	}
+	return d
+}
+
+// prepare unmarshals d's record and reports whether d is to be handed
+// out (or, past MaxDeliveries or refused by the Unmarshaler with an
+// OnUnmarshalError, dealt with beside the poll by handOut); a record
+// answered at once gives false.
+func (sub *Subscription) prepare(d *Delivery) bool {
+	r, cm := d.rec, d.cm
 	msg, err := sub.cfg.Unmarshaler.Unmarshal(cm)
 	if err != nil {
 		sub.stats.update(d.ctr, func(c *Counters) { c.UnmarshalFailures++ })
-		fields := d.fields()
 		if sub.cfg.OnUnmarshalError == nil {
-			sub.logger.Error("Cannot unmarshal record; rejecting it", err, fields)
+			sub.logger.Error("Cannot unmarshal record; rejecting it", err, d.fields())
 			d.finish(kgo.AckReject, UnmarshalFailed)
-			return nil
+			return false
 		}
-		if herr := sub.cfg.OnUnmarshalError(sub.msgCtx, cm, err); herr != nil {
-			sub.logger.Error("OnUnmarshalError failed; releasing the record", herr, fields)
-			d.finish(kgo.AckRelease, UnmarshalFailed)
-			return nil
-		}
-		d.finish(kgo.AckAccept, UnmarshalHandled)
-		return nil
+		// OnUnmarshalError may take long or wait on its context: handOut
+		// runs it beside the poll, whose wait renews the record's lock,
+		// and the drain's end cancels its context.
+		d.unmarshalErr = err
+		d.unmarshalCtx, d.cancel = context.WithCancel(sub.msgCtx)
+		return true
 	}
 	pastMax := int(r.DeliveryCount()) > sub.cfg.MaxDeliveries
 	parent := sub.msgCtx
@@ -116,14 +139,45 @@ func (sub *Subscription) newDelivery(m *member, r *kgo.Record) *Delivery {
 		sub.logger.Info("Record received past MaxDeliveries; not handed out", d.fields())
 		if sub.cfg.DeadLetter == nil {
 			d.giveUp()
-			return nil
+			return false
 		}
 		// DeadLetter may fail and be tried again while the record is
 		// held: handOut runs it beside the batch, whose wait renews the
 		// record's lock.
 		d.pastMax = true
 	}
-	return d
+	return true
+}
+
+// unmarshalFailed passes a record the Unmarshaler refused to
+// OnUnmarshalError: accepted when it succeeds; when it fails, released, or
+// rejected at MaxDeliveries (released, a record at the broker's delivery
+// count limit would be archived unseen).
+func (d *Delivery) unmarshalFailed() {
+	cfg := d.sub.cfg
+	herr := cfg.OnUnmarshalError(d.unmarshalCtx, d.cm, d.unmarshalErr)
+	if herr == nil {
+		d.finish(kgo.AckAccept, UnmarshalHandled)
+		return
+	}
+	if d.status.Load() != 0 {
+		return // released by the drain meanwhile
+	}
+	if int(d.rec.DeliveryCount()) >= cfg.MaxDeliveries {
+		d.sub.logger.Error("OnUnmarshalError failed at MaxDeliveries; rejecting the record", herr, d.fields())
+		d.finish(kgo.AckReject, UnmarshalFailed)
+		return
+	}
+	d.sub.logger.Error("OnUnmarshalError failed; releasing the record", herr, d.fields())
+	d.finish(kgo.AckRelease, UnmarshalFailed)
+}
+
+// expired reports whether less than margin (at most a quarter of the
+// lock) is left of d's acquisition lock at now, as far as the broker
+// confirmed its renewals.
+func (d *Delivery) expired(now time.Time, margin time.Duration) bool {
+	dl := d.deadline.Load()
+	return dl != 0 && now.Add(min(margin, d.lockSpan/4)).UnixNano() >= dl
 }
 
 func saramaMessage(r *kgo.Record) *sarama.ConsumerMessage {
@@ -226,8 +280,13 @@ func (d *Delivery) finish(status kgo.AckStatus, why Reason) {
 	if !d.status.CompareAndSwap(0, int32(status)) {
 		return
 	}
+	late := d.lateAck(time.Now())
 	d.rec.Ack(status)
-	d.observeAnswer(status, why)
+	if late != nil {
+		d.sub.logger.Error("Share acknowledgement given after the record's acquisition lock ended; not confirmed", late,
+			d.fields().Add(watermill.LogFields{"ack": status.String()}))
+	}
+	d.observeAnswer(status, why, late)
 	d.sub.acked.Store(true)
 	if d.cancel != nil {
 		d.cancel()
@@ -241,6 +300,9 @@ func (d *Delivery) finish(status kgo.AckStatus, why Reason) {
 			c.Released++
 		case kgo.AckReject:
 			c.Rejected++
+		}
+		if late != nil {
+			c.AckErrors++
 		}
 		switch why {
 		case DeadLettered:

@@ -82,5 +82,6 @@ const (
 	UnmarshalFailed         // rejected, or released after OnUnmarshalError failed
 	UnmarshalHandled        // OnUnmarshalError took it: accepted
 	ReleasedAtClose
-	Skipped // SkipRevoked: the subscriber was closing
+	Skipped     // SkipRevoked: the subscriber was closing
+	LockExpired // its acquisition lock ended before it was handed out: released
 )

@@ -185,6 +185,8 @@ type member struct {
 	// acks are the acknowledgements waiting for the broker's answer, for
 	// a ShareDeliveryObserver.
 	acks ackWaits
+	// renewals are the lock renewals waiting for the broker's answer.
+	renewals renewalWaits
 }
 
 // CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
@@ -303,20 +305,31 @@ func (m *member) run() {
 			}
 			sub.logger.Error("Share fetch failed", err, watermill.LogFields{"partition": p, "member": m.id})
 		})
-		batch := sub.take(m, fetches.Records())
+		batch := sub.take(m, fetches.Records(), renew.C)
 		sub.handOut(batch, renew.C)
 		sub.await(batch, renew.C)
 	}
 }
 
-// take turns a poll's records into deliveries. Records past MaxDeliveries,
-// and records the Unmarshaler rejects, are answered here and not handed
-// out.
-func (sub *Subscription) take(m *member, recs []*kgo.Record) []*Delivery {
+// take turns a poll's records into deliveries. Records past
+// MaxDeliveries without a DeadLetter, and records the Unmarshaler rejects
+// without an OnUnmarshalError, are answered here and not handed out. The
+// poll's locks are renewed meanwhile: a slow Unmarshaler holds the rest
+// of the poll.
+func (sub *Subscription) take(m *member, recs []*kgo.Record, renew <-chan time.Time) []*Delivery {
+	polled := time.Now()
+	all := make([]*Delivery, len(recs))
+	for i, r := range recs {
+		all[i] = sub.newDelivery(m, r, polled)
+	}
 	batch := make([]*Delivery, 0, len(recs))
-	for _, r := range recs {
-		d := sub.newDelivery(m, r)
-		if d != nil {
+	for _, d := range all {
+		select {
+		case now := <-renew:
+			sub.renew(all, now)
+		default:
+		}
+		if sub.prepare(d) {
 			batch = append(batch, d)
 		}
 	}
@@ -326,21 +339,24 @@ func (sub *Subscription) take(m *member, recs []*kgo.Record) []*Delivery {
 // handOut sends the batch's messages, renewing meanwhile the acquisition
 // locks of the batch's records that take long: a reader that takes one
 // message at a time keeps the member here while it handles the last one,
-// and the records not yet sent wait here too, their locks running. On
+// and the records not yet sent wait here too, their locks running. A
+// record whose lock ends (or is about to) before it is sent is released,
+// never handed out: the broker may have given it to another member. On
 // stop, the ones not sent are released.
 func (sub *Subscription) handOut(batch []*Delivery, renew <-chan time.Time) {
-	now := time.Now()
-	for _, d := range batch {
-		// The lock runs from the broker's fetch: what is left of it now
-		// is a little less than its duration, a safe span to renew by.
-		if deadline := d.rec.AcquisitionDeadline(); !deadline.IsZero() {
-			d.lockSpan = deadline.Sub(now)
-			d.renewAt = now.Add(d.lockSpan / 2)
-		}
-	}
+	// The margin leaves a renewal the time to reach the broker.
+	margin := renewCheck + sub.cfg.AckFlushInterval
 	for i, d := range batch {
 		d.handedAt = time.Now()
 		sub.track(d)
+		if d.expired(d.handedAt, margin) {
+			d.finish(kgo.AckRelease, LockExpired)
+			continue
+		}
+		if d.unmarshalErr != nil {
+			go d.unmarshalFailed()
+			continue
+		}
 		if d.pastMax {
 			go d.giveUp()
 			continue
@@ -352,6 +368,10 @@ func (sub *Subscription) handOut(batch []*Delivery, renew <-chan time.Time) {
 				sent = true
 			case now := <-renew:
 				sub.renew(batch, now)
+				if d.expired(now, margin) {
+					d.finish(kgo.AckRelease, LockExpired)
+					sent = true
+				}
 			case <-sub.stop.Done():
 				for _, rest := range batch[i:] {
 					if rest != d {
@@ -416,6 +436,7 @@ func (sub *Subscription) renew(batch []*Delivery, now time.Time) {
 		}
 		d.rec.Ack(kgo.AckRenew)
 		d.renewAt = now.Add(d.lockSpan / 2)
+		d.m.renewals.wait(d.rec.Partition, renewal{d: d, until: now.Add(d.lockSpan).UnixNano()})
 		sub.acked.Store(true) // flushed within AckFlushInterval
 		sub.stats.update(d.ctr, func(c *Counters) { c.LockRenewals++ })
 	}
@@ -484,6 +505,7 @@ func (sub *Subscription) ackResults(client *kgo.Client, results kgo.ShareAckResu
 	}
 	for _, r := range results {
 		if m != nil && r.Topic == sub.topic {
+			m.renewals.answered(r.Partition, r.Err)
 			m.acks.answered(r.Partition, r.Err)
 		}
 		if r.Err == nil {
