@@ -7,6 +7,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/safeack/safeack/internal/delivery"
+	"github.com/safeack/safeack/internal/share"
 )
 
 // recordFromCtx returns the Kafka record of a message delivered by a
@@ -68,4 +69,15 @@ func MessageTopicFromCtx(ctx context.Context) (string, bool) {
 		return "", false
 	}
 	return r.Topic, true
+}
+
+// MessageDeliveryCountFromCtx returns the share group delivery count of a
+// message delivered by a ShareSubscriber: 1 at the first delivery, one more
+// at each delivery after a release or an acquisition lock timeout.
+func MessageDeliveryCountFromCtx(ctx context.Context) (int32, bool) {
+	d, ok := share.FromContext(ctx)
+	if !ok {
+		return 0, false
+	}
+	return d.DeliveryCount(), true
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/safeack/safeack/internal/delivery"
+	"github.com/safeack/safeack/internal/sentinel"
+	"github.com/safeack/safeack/internal/share"
 )
 
 // ErrHandlerPanicked is CompletionEvent.Err for a handler that panicked
@@ -282,4 +284,28 @@ func CompletionFromCtx(ctx context.Context) (*Completion, error) {
 	}
 	slot.taken.CompareAndSwap(nil, &Completion{result: make(chan error, 1)})
 	return slot.taken.Load(), nil
+}
+
+// ErrRejected is what RejectPoison wraps around the handler's error when it
+// has the record rejected.
+var ErrRejected = sentinel.Rejected
+
+// RejectPoison is router middleware for a ShareSubscriber: a message whose
+// handler fails is rejected, so the broker archives its record and never
+// delivers it again; the handler's error, wrapped with ErrRejected, goes on
+// to the router, which nacks the message. Place it outside
+// middleware.Retry, so that only a record that failed every retry is
+// rejected. A failure while the subscriber closes is not taken for
+// poison: the record is released for another member. To dead-letter
+// instead, use PoisonQueue (the record is then accepted once published).
+// Messages of other subscribers pass through unchanged.
+func RejectPoison(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		d, ok := share.FromContext(msg.Context())
+		events, err := h(msg)
+		if err != nil && ok {
+			err = d.Poison(msg, err)
+		}
+		return events, err
+	}
 }

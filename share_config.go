@@ -5,9 +5,12 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/safeack/safeack/internal/share"
 )
 
 // Defaults applied by NewShareSubscriber to zero-valued fields.
@@ -168,6 +171,29 @@ func (c ShareSubscriberConfig) withDefaults() ShareSubscriberConfig {
 		c.WaitForTopicCreationTimeout = 10 * time.Second
 	}
 	return c
+}
+
+// options returns what the subscriptions need of c, c's defaults applied.
+func (c ShareSubscriberConfig) options(logger watermill.LoggerAdapter) share.Options {
+	o := share.Options{
+		Brokers:          c.Brokers,
+		ShareGroup:       c.ShareGroup,
+		Unmarshaler:      c.Unmarshaler,
+		MaxInFlight:      c.MaxInFlight,
+		Members:          c.Members,
+		MaxDeliveries:    c.MaxDeliveries,
+		DeadLetter:       c.DeadLetter,
+		OnUnmarshalError: c.OnUnmarshalError,
+		InitialOffset:    c.InitialOffset,
+		AckFlushInterval: c.AckFlushInterval,
+		DrainTimeout:     c.DrainTimeout,
+		ClientOptions:    c.ClientOptions,
+		Logger:           logger,
+	}
+	if c.Observer != nil {
+		o.Observer = shareObserver{o: c.Observer, group: c.ShareGroup}
+	}
+	return o
 }
 
 // Validate reports the first invalid field of c, after defaults are

@@ -1,11 +1,15 @@
 package safeack
 
 import (
-	"errors"
+	"context"
 	"strconv"
-	"sync"
 
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/safeack/safeack/internal/sentinel"
+	"github.com/safeack/safeack/internal/share"
 )
 
 // ShareAck is an acknowledgement a ShareSubscriber sends for a record
@@ -104,7 +108,7 @@ type ShareAcknowledgement struct {
 // the share group before an answer for the record's partition arrived:
 // the acknowledgement was handed to the client, which sends what it holds
 // as it leaves, and the broker may have taken it.
-var ErrShareAckUnconfirmed = errors.New("safeack: share acknowledgement not confirmed: the member left before the broker answered")
+var ErrShareAckUnconfirmed = sentinel.ShareAckUnconfirmed
 
 // ShareDeliveryObserver is a DeliveryObserver that is also told of the
 // acknowledgement a ShareSubscriber sent for the delivery's record, and
@@ -124,25 +128,68 @@ type ShareDeliveryObserver interface {
 // with.
 func (s *ShareSubscriber) ShareGroup() string { return s.cfg.ShareGroup }
 
+// shareObserver is the share.Observer of a ShareSubscriber over the
+// configured Observer.
+type shareObserver struct {
+	o     Observer
+	group string
+}
+
+func (a shareObserver) Delivered(ctx context.Context, rec *sarama.ConsumerMessage, msg *message.Message, deliveryCount int32) (context.Context, share.DeliveryObserver) {
+	ctx, d := a.o.Delivered(ctx, Delivery{Group: a.group, Record: rec, Message: msg, DeliveryCount: deliveryCount})
+	if d == nil {
+		return ctx, nil
+	}
+	return ctx, &shareDeliveryObserver{o: d}
+}
+
+// shareDeliveryObserver tells a DeliveryObserver what became of a share
+// delivery, and a ShareDeliveryObserver the acknowledgement sent.
+type shareDeliveryObserver struct {
+	o   DeliveryObserver
+	ack ShareAcknowledgement
+}
+
+func (s *shareDeliveryObserver) Deferred() { s.o.Answered(OutcomeDeferred, nil) }
+
+func (s *shareDeliveryObserver) Answered(status kgo.AckStatus, why share.Reason, err error) bool {
+	out, reason := shareOutcome(why)
+	if out != OutcomeNack {
+		err = nil
+	}
+	s.o.Answered(out, err)
+	if _, ok := s.o.(ShareDeliveryObserver); !ok {
+		return false
+	}
+	s.ack = ShareAcknowledgement{Ack: shareAckOf(status), Reason: reason}
+	return true
+}
+
+func (s *shareDeliveryObserver) Acknowledged(err error) {
+	a := s.ack
+	a.Err = err
+	s.o.(ShareDeliveryObserver).Acknowledged(a)
+}
+
 // shareOutcome maps why a record was acknowledged to the Outcome its
 // DeliveryObserver sees and the acknowledgement's reason.
-func shareOutcome(why outcome) (Outcome, ShareAckReason) {
+func shareOutcome(why share.Reason) (Outcome, ShareAckReason) {
 	switch why {
-	case outcomeAcked:
+	case share.Acked:
 		return OutcomeAck, ShareReasonAnswer
-	case outcomeNacked:
+	case share.Nacked:
 		return OutcomeNack, ShareReasonAnswer
-	case outcomeRejectedPoison:
+	case share.RejectedPoison:
 		return OutcomeNack, ShareReasonPoison
-	case outcomeMaxDeliveries:
+	case share.MaxDeliveries:
 		return OutcomeNack, ShareReasonMaxDeliveries
-	case outcomeDeadLettered:
+	case share.DeadLettered:
 		return OutcomeNack, ShareReasonDeadLettered
-	case outcomeDeadLetterFailed:
+	case share.DeadLetterFailed:
 		return OutcomeNack, ShareReasonDeadLetterFailed
-	case outcomeSkipped:
+	case share.Skipped:
 		return OutcomeSkipped, ShareReasonClosing
-	default: // outcomeReleasedAtClose
+	default: // share.ReleasedAtClose, share.LockExpired (not handed out)
 		return OutcomeAbandoned, ShareReasonClosing
 	}
 }
@@ -155,73 +202,5 @@ func shareAckOf(status kgo.AckStatus) ShareAck {
 		return ShareReject
 	default:
 		return ShareRelease
-	}
-}
-
-// observeAnswer tells the delivery's observer what became of it, and
-// queues the acknowledgement for the broker's answer. Called once, by
-// finish, after the acknowledgement was given to the client.
-func (d *shareDelivery) observeAnswer(status kgo.AckStatus, why outcome) {
-	if d.obs == nil {
-		return
-	}
-	out, reason := shareOutcome(why)
-	var err error
-	if out == OutcomeNack {
-		d.deferMu.Lock()
-		err = d.nackErr
-		d.deferMu.Unlock()
-	}
-	d.obs.Answered(out, err)
-	if so, ok := d.obs.(ShareDeliveryObserver); ok {
-		d.m.acks.wait(d.rec.Partition, shareAckWait{o: so, ack: ShareAcknowledgement{Ack: shareAckOf(status), Reason: reason}})
-	}
-}
-
-// shareAckWait is an acknowledgement waiting for the broker's answer.
-type shareAckWait struct {
-	o   ShareDeliveryObserver
-	ack ShareAcknowledgement
-}
-
-// shareAckWaits are the acknowledgements of one member waiting for the
-// broker's answer, per partition, in the order they were given.
-type shareAckWaits struct {
-	mu      sync.Mutex
-	waiting map[int32][]shareAckWait
-}
-
-func (w *shareAckWaits) wait(partition int32, a shareAckWait) {
-	w.mu.Lock()
-	if w.waiting == nil {
-		w.waiting = make(map[int32][]shareAckWait)
-	}
-	w.waiting[partition] = append(w.waiting[partition], a)
-	w.mu.Unlock()
-}
-
-// answered reports the broker's answer for a partition to every
-// acknowledgement of it waiting.
-func (w *shareAckWaits) answered(partition int32, err error) {
-	w.mu.Lock()
-	waiting := w.waiting[partition]
-	delete(w.waiting, partition)
-	w.mu.Unlock()
-	for _, a := range waiting {
-		a.ack.Err = err
-		a.o.Acknowledged(a.ack)
-	}
-}
-
-// left reports the acknowledgements still waiting when the member left.
-func (w *shareAckWaits) left() {
-	w.mu.Lock()
-	var parts []int32
-	for p := range w.waiting {
-		parts = append(parts, p)
-	}
-	w.mu.Unlock()
-	for _, p := range parts {
-		w.answered(p, ErrShareAckUnconfirmed)
 	}
 }

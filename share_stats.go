@@ -1,11 +1,6 @@
 package safeack
 
-import (
-	"cmp"
-	"slices"
-	"sync"
-	"time"
-)
+import "time"
 
 // ShareCounters count what happened to the records of one partition that a
 // ShareSubscriber received, since it was made.
@@ -58,90 +53,16 @@ type ShareStats struct {
 // records of, ordered by topic and partition. Counters sum over every
 // subscription.
 func (s *ShareSubscriber) Stats() []ShareStats {
-	return s.stats.snapshot()
-}
-
-type shareRegistry struct {
-	mu       sync.Mutex
-	subs     map[*shareSubscription]struct{}
-	counters map[TopicPartition]*ShareCounters
-}
-
-func (r *shareRegistry) attach(sub *shareSubscription) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.subs == nil {
-		r.subs = make(map[*shareSubscription]struct{})
-	}
-	r.subs[sub] = struct{}{}
-}
-
-func (r *shareRegistry) detach(sub *shareSubscription) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.subs, sub)
-}
-
-// count applies f to the counters of topic/partition, and returns them
-// for update.
-func (r *shareRegistry) count(topic string, partition int32, f func(*ShareCounters)) *ShareCounters {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.counters == nil {
-		r.counters = make(map[TopicPartition]*ShareCounters)
-	}
-	tp := TopicPartition{Topic: topic, Partition: partition}
-	c := r.counters[tp]
-	if c == nil {
-		c = new(ShareCounters)
-		r.counters[tp] = c
-	}
-	f(c)
-	return c
-}
-
-// update applies f to counters count returned, without looking them up.
-func (r *shareRegistry) update(c *ShareCounters, f func(*ShareCounters)) {
-	r.mu.Lock()
-	f(c)
-	r.mu.Unlock()
-}
-
-func (r *shareRegistry) snapshot() []ShareStats {
-	now := time.Now()
-	r.mu.Lock()
-	byTP := make(map[TopicPartition]*ShareStats, len(r.counters))
-	for tp, c := range r.counters {
-		byTP[tp] = &ShareStats{TopicPartition: tp, ShareCounters: *c}
-	}
-	subs := make([]*shareSubscription, 0, len(r.subs))
-	for sub := range r.subs {
-		subs = append(subs, sub)
-	}
-	r.mu.Unlock()
-	for _, sub := range subs {
-		sub.mu.Lock()
-		for d := range sub.inFlight {
-			tp := TopicPartition{Topic: d.rec.Topic, Partition: d.rec.Partition}
-			st := byTP[tp]
-			if st == nil {
-				st = &ShareStats{TopicPartition: tp}
-				byTP[tp] = st
-			}
-			age := now.Sub(d.handedAt)
-			if st.InFlight == 0 || age > st.OldestInFlightAge {
-				st.OldestInFlight, st.OldestInFlightAge = d.rec.Offset, age
-			}
-			st.InFlight++
+	snap := s.stats.Snapshot()
+	out := make([]ShareStats, len(snap))
+	for i, st := range snap {
+		out[i] = ShareStats{
+			TopicPartition:    TopicPartition{Topic: st.Topic, Partition: st.Partition},
+			InFlight:          st.InFlight,
+			OldestInFlight:    st.OldestInFlight,
+			OldestInFlightAge: st.OldestInFlightAge,
+			ShareCounters:     ShareCounters(st.Counters),
 		}
-		sub.mu.Unlock()
 	}
-	out := make([]ShareStats, 0, len(byTP))
-	for _, st := range byTP {
-		out = append(out, *st)
-	}
-	slices.SortFunc(out, func(a, b ShareStats) int {
-		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
-	})
 	return out
 }

@@ -71,7 +71,7 @@ func waitUnclaimedReported(t *testing.T, sub *safeack.Subscriber, logs errorLog,
 func unclaimedSeries(t *testing.T, sub *safeack.Subscriber) []string {
 	t.Helper()
 	var out []string
-	for _, u := range sub.Unclaimed() {
+	for _, u := range figures.Views[figures.Unclaimed](sub.Unclaimed()) {
 		for _, g := range figures.UnclaimedGauges {
 			if g.Prom != "unclaimed_seconds" {
 				continue

@@ -94,9 +94,9 @@ type Collector struct {
 	sub *safeack.Subscriber
 
 	owned     *prometheus.Desc
-	gauges    gaugeDescs[safeack.PartitionStats]
-	unclaimed gaugeDescs[safeack.UnclaimedPartition]
-	counters  counterDescs[safeack.PartitionTotals]
+	gauges    gaugeDescs[figures.Partition]
+	unclaimed gaugeDescs[figures.Unclaimed]
+	counters  counterDescs[figures.Totals]
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -127,16 +127,16 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reads the Subscriber's statistics and sends them as metrics.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	stats := figures.Merged(c.sub.Stats())
+	stats := figures.Merged(figures.Views[figures.Partition](c.sub.Stats()))
 	ch <- prometheus.MustNewConstMetric(c.owned, prometheus.GaugeValue, float64(len(stats)))
 	for i := range stats {
 		s := &stats[i]
 		c.gauges.collect(ch, s, s.Topic, s.Partition)
 	}
-	for _, u := range c.sub.Unclaimed() {
+	for _, u := range figures.Views[figures.Unclaimed](c.sub.Unclaimed()) {
 		c.unclaimed.collect(ch, &u, u.Topic, u.Partition)
 	}
-	totals := c.sub.Totals()
+	totals := figures.Views[figures.Totals](c.sub.Totals())
 	for i := range totals {
 		t := &totals[i]
 		c.counters.collect(ch, t, t.Topic, t.Partition)

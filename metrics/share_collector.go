@@ -31,8 +31,8 @@ import (
 // RegisterShareMetrics exports, from the same list.
 type ShareCollector struct {
 	sub      *safeack.ShareSubscriber
-	gauges   gaugeDescs[safeack.ShareStats]
-	counters counterDescs[safeack.ShareStats]
+	gauges   gaugeDescs[figures.Share]
+	counters counterDescs[figures.Share]
 }
 
 var _ prometheus.Collector = (*ShareCollector)(nil)
@@ -58,7 +58,7 @@ func (c *ShareCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reads the ShareSubscriber's statistics and sends them as metrics.
 func (c *ShareCollector) Collect(ch chan<- prometheus.Metric) {
-	stats := c.sub.Stats()
+	stats := figures.Views[figures.Share](c.sub.Stats())
 	for i := range stats {
 		s := &stats[i]
 		c.gauges.collect(ch, s, s.Topic, s.Partition)

@@ -60,16 +60,16 @@ func RegisterMetrics(sub *safeack.Subscriber, opts ...Option) (metric.Registrati
 	ownedOpt := metric.WithAttributeSet(attribute.NewSet(ownedAttrs...))
 
 	return meter.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
-		stats := figures.Merged(sub.Stats())
+		stats := figures.Merged(figures.Views[figures.Partition](sub.Stats()))
 		obs.ObserveInt64(owned, int64(len(stats)), ownedOpt)
 		for i := range stats {
 			s := &stats[i]
 			gauges.observe(obs, s, baseAttrs(group, s.Topic, s.Partition))
 		}
-		for _, u := range sub.Unclaimed() {
+		for _, u := range figures.Views[figures.Unclaimed](sub.Unclaimed()) {
 			unclaimed.observe(obs, &u, baseAttrs(group, u.Topic, u.Partition))
 		}
-		totals := sub.Totals()
+		totals := figures.Views[figures.Totals](sub.Totals())
 		for i := range totals {
 			t := &totals[i]
 			counters.observe(obs, t, baseAttrs(group, t.Topic, t.Partition))

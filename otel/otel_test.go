@@ -382,8 +382,8 @@ func TestMetricsMatchStats(t *testing.T) {
 		return true
 	})
 
-	stats := figures.Merged(sub.Stats())
-	totals := sub.Totals()
+	stats := figures.Merged(figures.Views[figures.Partition](sub.Stats()))
+	totals := figures.Views[figures.Totals](sub.Totals())
 	rm := tel.collect(t)
 	after := sub.Stats()
 	for i := range after {

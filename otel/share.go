@@ -109,7 +109,7 @@ func RegisterShareMetrics(sub *safeack.ShareSubscriber, opts ...Option) (metric.
 	}
 
 	return meter.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
-		stats := sub.Stats()
+		stats := figures.Views[figures.Share](sub.Stats())
 		for i := range stats {
 			s := &stats[i]
 			base := baseAttrs(group, s.Topic, s.Partition)

@@ -240,7 +240,7 @@ func TestShareTracesAndMetrics(t *testing.T) {
 		}
 	}
 
-	stats := sub.Stats()
+	stats := figures.Views[figures.Share](sub.Stats())
 	rm := tel.collect(t)
 	type key struct{ name, partition, ack, reason string }
 	got := map[key]float64{}

@@ -1,18 +1,16 @@
 // Package figures is the one list of the figures safeack's exporters read
-// from a Subscriber: the Prometheus collector (package metrics) and the
+// from a Subscriber (as plain values, see Views: it does not import the
+// root package): the Prometheus collector (package metrics) and the
 // OpenTelemetry instruments (package otel) both range over Gauges and
 // Counters, so that a figure, its meaning and when it is absent are
 // written once.
 package figures
 
-import (
-	"time"
-
-	"github.com/safeack/safeack"
-)
+import "time"
 
 // Gauge is a figure of one partition, read from its statistics S
-// (safeack.PartitionStats of an owned partition, safeack.ShareStats).
+// (Partition, of an owned partition's safeack.PartitionStats; Share, of a
+// safeack.ShareStats).
 type Gauge[S any] struct {
 	// Prom is the Prometheus name, without namespace; OTel the
 	// OpenTelemetry instrument name and Unit its UCUM unit.
@@ -27,9 +25,9 @@ type Gauge[S any] struct {
 }
 
 // Counter is a monotonic figure of one topic-partition, read from its
-// statistics S (safeack.PartitionTotals, which never go down across
-// reassignments; safeack.ShareStats, counted since the ShareSubscriber
-// was made).
+// statistics S (Totals, of safeack.PartitionTotals, which never go down
+// across reassignments; Share, of safeack.ShareStats, counted since the
+// ShareSubscriber was made).
 //
 // Entries may share a name when they differ in Reason or Ack: in
 // OpenTelemetry they are one instrument whose series carry the attribute
@@ -52,7 +50,7 @@ type Counter[S any] struct {
 
 // Owned is the figure without partition labels: how many partitions the
 // Subscriber owns (after Merged).
-var Owned = Gauge[safeack.PartitionStats]{
+var Owned = Gauge[Partition]{
 	Prom: "owned_partitions", OTel: "safeack.partitions.owned", Unit: "{partition}",
 	Help: "Partitions the subscriber owns.",
 }
@@ -67,60 +65,60 @@ func bool01(b bool) float64 {
 }
 
 // Gauges are the per-partition gauges, in exposition order.
-var Gauges = []Gauge[safeack.PartitionStats]{
+var Gauges = []Gauge[Partition]{
 	{Prom: "safe_offset", OTel: "safeack.offset.safe", Unit: "{offset}",
 		Help:  "Completed prefix: the offset a consumer may resume from without losing an unfinished record; what is marked for commit.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.SafeOffset)) }},
+		Value: func(s *Partition) (float64, bool) { return always(float64(s.SafeOffset)) }},
 	{Prom: "marked_offset", OTel: "safeack.offset.marked", Unit: "{offset}",
 		Help:  "Last offset handed to Sarama to commit.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.MarkedOffset)) }},
+		Value: func(s *Partition) (float64, bool) { return always(float64(s.MarkedOffset)) }},
 	{Prom: "confirmed_offset", OTel: "safeack.offset.committed", Unit: "{offset}",
 		Help: "Offset the group coordinator holds as committed, as last read back after a commit interval. Absent until known.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) {
+		Value: func(s *Partition) (float64, bool) {
 			return float64(s.ConfirmedOffset), s.ConfirmedOffset >= 0
 		}},
 	{Prom: "high_water_mark", OTel: "safeack.offset.high_water_mark", Unit: "{offset}",
 		Help:  "Partition high-water mark (the offset the next produced record gets) as last fetched. Absent until known.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return float64(s.HighWaterMark), s.HighWaterMark >= 0 }},
+		Value: func(s *Partition) (float64, bool) { return float64(s.HighWaterMark), s.HighWaterMark >= 0 }},
 	{Prom: "delivered_offset", OTel: "safeack.offset.delivered", Unit: "{offset}",
 		Help:  "Position after the last record taken from Kafka.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.Delivered)) }},
+		Value: func(s *Partition) (float64, bool) { return always(float64(s.Delivered)) }},
 	{Prom: "lag_records", OTel: "safeack.lag", Unit: "{message}",
 		Help:  "Records between the high-water mark and the safe offset.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.Lag)) }},
+		Value: func(s *Partition) (float64, bool) { return always(float64(s.Lag)) }},
 	{Prom: "retained_records", OTel: "safeack.records.retained", Unit: "{message}",
 		Help:  "Records held: running, waiting for their key, and completed but blocked behind an unfinished one.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.Retained)) }},
+		Value: func(s *Partition) (float64, bool) { return always(float64(s.Retained)) }},
 	{Prom: "blocked_records", OTel: "safeack.records.blocked", Unit: "{message}",
 		Help:  "Completed records held behind an unfinished one.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.Blocked)) }},
+		Value: func(s *Partition) (float64, bool) { return always(float64(s.Blocked)) }},
 	{Prom: "in_flight_messages", OTel: "safeack.messages.in_flight", Unit: "{message}",
 		Help:  "Messages handed out and not yet acked or nacked.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.InFlight)) }},
+		Value: func(s *Partition) (float64, bool) { return always(float64(s.InFlight)) }},
 	{Prom: "waiting_for_key_records", OTel: "safeack.records.waiting_for_key", Unit: "{message}",
 		Help:  "Records waiting for a busy ordering key.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.WaitingForKey)) }},
+		Value: func(s *Partition) (float64, bool) { return always(float64(s.WaitingForKey)) }},
 	{Prom: "oldest_unfinished_offset", OTel: "safeack.offset.oldest_unfinished", Unit: "{offset}",
 		Help:  "Offset of the oldest unfinished record, which holds the safe offset back. Absent when nothing is unfinished.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return float64(s.OldestUnfinished), s.HasUnfinished }},
+		Value: func(s *Partition) (float64, bool) { return float64(s.OldestUnfinished), s.HasUnfinished }},
 	{Prom: "oldest_unfinished_age_seconds", OTel: "safeack.oldest_unfinished.age", Unit: "s", Float: true,
 		Help:  "How long the oldest unfinished record has been held since it was taken from Kafka; 0 when nothing is unfinished.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(s.OldestUnfinishedAge.Seconds()) }},
+		Value: func(s *Partition) (float64, bool) { return always(s.OldestUnfinishedAge.Seconds()) }},
 	{Prom: "stuck", OTel: "safeack.stuck", Unit: "1",
 		Help:  "1 when the partition waits on a record the unmarshaler rejected.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(bool01(s.Stuck)) }},
+		Value: func(s *Partition) (float64, bool) { return always(bool01(s.Stuck)) }},
 	{Prom: "paused", OTel: "safeack.paused", Unit: "1",
 		Help:  "1 when taking records waits for the completed tail to shrink (PauseAtTailUsage).",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(bool01(s.Paused)) }},
+		Value: func(s *Partition) (float64, bool) { return always(bool01(s.Paused)) }},
 	{Prom: "tail_metadata_bytes", OTel: "safeack.tail.size", Unit: "By",
 		Help:  "Size of the last completed tail written to the commit metadata.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(float64(s.TailBytes)) }},
+		Value: func(s *Partition) (float64, bool) { return always(float64(s.TailBytes)) }},
 	{Prom: "tail_truncated", OTel: "safeack.tail.truncated", Unit: "1",
 		Help:  "1 when the last completed tail did not fit the metadata budget whole.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) { return always(bool01(s.TailTruncated)) }},
+		Value: func(s *Partition) (float64, bool) { return always(bool01(s.TailTruncated)) }},
 	{Prom: "assigned_timestamp_seconds", OTel: "safeack.assigned.time", Unit: "s", Float: true,
 		Help: "Unix time at which this member got the partition.",
-		Value: func(s *safeack.PartitionStats) (float64, bool) {
+		Value: func(s *Partition) (float64, bool) {
 			return float64(s.AssignedAt.UnixNano()) / 1e9, !s.AssignedAt.IsZero()
 		}},
 }
@@ -128,51 +126,51 @@ var Gauges = []Gauge[safeack.PartitionStats]{
 // UnclaimedGauges are the gauges of the partitions assigned to a
 // Subscriber that it does not consume (safeack.Subscriber.Unclaimed): a
 // series exists only while its partition is unclaimed.
-var UnclaimedGauges = []Gauge[safeack.UnclaimedPartition]{
+var UnclaimedGauges = []Gauge[Unclaimed]{
 	{Prom: "unclaimed_seconds", OTel: "safeack.unclaimed.time", Unit: "s", Float: true,
 		Help: "How long a partition assigned to this member has not been consumed because it has no leader, or its leader does not answer: its claim cannot start, or it stopped fetching. Absent for partitions that are consumed.",
-		Value: func(u *safeack.UnclaimedPartition) (float64, bool) {
+		Value: func(u *Unclaimed) (float64, bool) {
 			return time.Since(u.Since).Seconds(), true
 		}},
 }
 
 // Counters are the per-partition counters, in exposition order.
-var Counters = []Counter[safeack.PartitionTotals]{
+var Counters = []Counter[Totals]{
 	{Prom: "assignments_total", OTel: "safeack.assignments", Unit: "{assignment}",
 		Help:  "Assignments of the partition to this subscriber.",
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.Assignments) }},
+		Value: func(t *Totals) float64 { return float64(t.Assignments) }},
 	// messaging.client.consumed.messages is the messaging semantic
 	// conventions' name for messages handed to the application.
 	{Prom: "offered_records_total", OTel: "messaging.client.consumed.messages", Unit: "{message}",
 		Help:  "Records taken from Kafka.",
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.Offered) }},
+		Value: func(t *Totals) float64 { return float64(t.Offered) }},
 	{Prom: "completed_records_total", OTel: "safeack.records.completed", Unit: "{message}",
 		Help:  "Records completed (acked, deferred and done, dead-lettered, or skipped as completed by a previous owner).",
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.Completed) }},
+		Value: func(t *Totals) float64 { return float64(t.Completed) }},
 	{Prom: "redeliveries_total", OTel: "safeack.redeliveries", Unit: "{message}",
 		Help:  "Messages nacked and redelivered.",
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.Redeliveries) }},
+		Value: func(t *Totals) float64 { return float64(t.Redeliveries) }},
 	{Prom: "unmarshal_failures_total", OTel: "safeack.unmarshal_failures", Unit: "{message}",
 		Help:  "Unmarshal attempts the unmarshaler rejected.",
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.UnmarshalFailures) }},
+		Value: func(t *Totals) float64 { return float64(t.UnmarshalFailures) }},
 	{Prom: "skipped_records_total", OTel: "safeack.records.skipped", Unit: "{message}", Reason: "tail",
 		Help:  SkippedHelp,
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.SkippedTail) }},
+		Value: func(t *Totals) float64 { return float64(t.SkippedTail) }},
 	{Prom: "skipped_records_total", OTel: "safeack.records.skipped", Unit: "{message}", Reason: "revoked",
 		Help:  SkippedHelp,
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.SkippedRevoked) }},
+		Value: func(t *Totals) float64 { return float64(t.SkippedRevoked) }},
 	{Prom: "ignored_metadata_total", OTel: "safeack.metadata.ignored", Unit: "{commit}",
 		Help:  "Commit metadata found and not trusted (another client's, corrupt, or relative to another offset).",
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.IgnoredMetadata) }},
+		Value: func(t *Totals) float64 { return float64(t.IgnoredMetadata) }},
 	{Prom: "log_truncations_total", OTel: "safeack.log.truncations", Unit: "{start}",
 		Help:  "Starts at which the log was found truncated under the group's commit (unclean leader election); the start moved back to the divergence and the completed tail was handled again.",
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.LogTruncations) }},
+		Value: func(t *Totals) float64 { return float64(t.LogTruncations) }},
 	{Prom: "deferred_completions_total", OTel: "safeack.completions.deferred", Unit: "{message}",
 		Help:  "Completions deferred with safeack.Defer.",
-		Value: func(t *safeack.PartitionTotals) float64 { return float64(t.Deferred) }},
+		Value: func(t *Totals) float64 { return float64(t.Deferred) }},
 	{Prom: "paused_seconds_total", OTel: "safeack.paused.time", Unit: "s", Float: true,
 		Help:  "Time spent paused for the completed tail to shrink.",
-		Value: func(t *safeack.PartitionTotals) float64 { return t.PausedFor.Seconds() }},
+		Value: func(t *Totals) float64 { return t.PausedFor.Seconds() }},
 }
 
 // SkippedHelp describes the skipped-records counter, whose two series
@@ -185,13 +183,18 @@ const SkippedHelp = "Records whose handler was not run: reason=\"tail\" when the
 // must not report two series with the same labels (a Prometheus registry
 // fails the whole scrape). Counts add up; positions, ages and flags are
 // those of the subscription furthest behind.
-func Merged(stats []safeack.PartitionStats) []safeack.PartitionStats {
-	out := make([]safeack.PartitionStats, 0, len(stats))
-	at := make(map[safeack.TopicPartition]int, len(stats))
+func Merged(stats []Partition) []Partition {
+	type topicPartition struct {
+		topic     string
+		partition int32
+	}
+	out := make([]Partition, 0, len(stats))
+	at := make(map[topicPartition]int, len(stats))
 	for _, s := range stats {
-		i, seen := at[s.TopicPartition]
+		tp := topicPartition{s.Topic, s.Partition}
+		i, seen := at[tp]
 		if !seen {
-			at[s.TopicPartition] = len(out)
+			at[tp] = len(out)
 			out = append(out, s)
 			continue
 		}

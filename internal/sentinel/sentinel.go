@@ -27,3 +27,10 @@ var (
 	ErrCommitNotConfirmed = errors.New("safeack: commit not confirmed by the group coordinator")
 	ErrAlreadyAnswered    = errors.New("safeack: message already acked or nacked")
 )
+
+// Share group errors (the public ones of package safeack).
+var (
+	ShareGroupsUnsupported = errors.New("safeack: the cluster does not serve share groups (KIP-932: Kafka 4.2 or later, with share groups enabled)")
+	ShareAckUnconfirmed    = errors.New("safeack: share acknowledgement not confirmed: the member left before the broker answered")
+	Rejected               = errors.New("safeack: record rejected (share group REJECT): archived, never delivered again")
+)

@@ -1,8 +1,7 @@
-package safeack
+package share
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -15,22 +14,7 @@ import (
 
 	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/delivery"
-)
-
-// outcome says why a delivery ended as it did, for Stats and logs.
-type outcome int
-
-const (
-	outcomeAcked outcome = iota
-	outcomeNacked
-	outcomeRejectedPoison   // RejectPoison
-	outcomeMaxDeliveries    // a Nack at MaxDeliveries, or received past it
-	outcomeDeadLettered     // DeadLetter took it: accepted
-	outcomeDeadLetterFailed // DeadLetter failed: released
-	outcomeUnmarshalFailed  // rejected, or released after OnUnmarshalError failed
-	outcomeUnmarshalHandled // OnUnmarshalError took it: accepted
-	outcomeReleasedAtClose
-	outcomeSkipped // SkipRevoked: the subscriber was closing
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // deliveryCtx is a message's context: its own cancellation (Context) and
@@ -38,7 +22,7 @@ const (
 // a message costs no allocation of its own for it.
 type deliveryCtx struct {
 	context.Context
-	d *shareDelivery
+	d *Delivery
 }
 
 func (c *deliveryCtx) Value(key any) any {
@@ -48,22 +32,31 @@ func (c *deliveryCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// shareDelivery is one delivery of a share group record.
-type shareDelivery struct {
-	sub    *shareSubscription
-	m      *shareMember // the member that took the record
+// Delivery is one delivery of a share group record.
+type Delivery struct {
+	sub    *Subscription
+	m      *member // the member that took the record
 	rec    *kgo.Record
 	cm     *sarama.ConsumerMessage
 	msg    *message.Message
 	cancel context.CancelFunc
 	ctx    deliveryCtx
 	// ctr holds the counters of the record's partition (stats.mu).
-	ctr      *ShareCounters
+	ctr      *Counters
 	handedAt time.Time
 	// lockSpan is what was left of the acquisition lock when the record
-	// was handed out; renewAt when to renew it next. Member loop only.
+	// was polled; renewAt when to renew it next. Member loop only.
 	lockSpan time.Duration
 	renewAt  time.Time
+	// deadline is when the record's acquisition lock ends (unix
+	// nanoseconds, 0 unknown): the poll's deadline, moved on when the
+	// broker confirms a renewal.
+	deadline atomic.Int64
+
+	// unmarshalErr: the Unmarshaler refused the record, to be passed to
+	// OnUnmarshalError (with unmarshalCtx) by handOut, not handed out.
+	unmarshalErr error
+	unmarshalCtx context.Context
 
 	// status is zero until the record is answered, then the kgo ack
 	// status sent: the first answer wins.
@@ -83,46 +76,60 @@ type shareDelivery struct {
 	obs DeliveryObserver
 
 	deferMu  sync.Mutex
-	deferral *shareDeferral
+	deferral *deferral
 	answered bool  // the router acked or nacked
 	nackErr  error // for obs: the error that made the record nacked, when known
 }
 
-// newDelivery makes the delivery of r, or answers r at once when it is
-// past MaxDeliveries or cannot be unmarshalled; then it returns nil.
-func (sub *shareSubscription) newDelivery(m *shareMember, r *kgo.Record) *shareDelivery {
-	cm := saramaMessage(r)
-	d := &shareDelivery{sub: sub, m: m, rec: r, cm: cm, done: make(chan struct{})}
-	d.ctr = sub.s.stats.count(r.Topic, r.Partition, func(c *ShareCounters) {
+// newDelivery makes the delivery of r, polled at polled: its counters
+// counted, its acquisition lock's span noted for renewal. prepare makes
+// its message.
+func (sub *Subscription) newDelivery(m *member, r *kgo.Record, polled time.Time) *Delivery {
+	d := &Delivery{sub: sub, m: m, rec: r, cm: saramaMessage(r), done: make(chan struct{})}
+	d.ctr = sub.stats.count(r.Topic, r.Partition, func(c *Counters) {
 		c.Received++
 		if n := r.DeliveryCount(); n > 1 {
 			c.Redelivered++
 		}
 		c.MaxDeliveryCount = max(c.MaxDeliveryCount, r.DeliveryCount())
 	})
+	// The lock runs from the broker's fetch: what is left of it now is a
+	// little less than its duration, a safe span to renew by.
+	if deadline := r.AcquisitionDeadline(); !deadline.IsZero() {
+		d.lockSpan = deadline.Sub(polled)
+		d.renewAt = polled.Add(d.lockSpan / 2)
+		d.deadline.Store(deadline.UnixNano())
+	}
+	return d
+}
+
+// prepare unmarshals d's record and reports whether d is to be handed
+// out (or, past MaxDeliveries or refused by the Unmarshaler with an
+// OnUnmarshalError, dealt with beside the poll by handOut); a record
+// answered at once gives false.
+func (sub *Subscription) prepare(d *Delivery) bool {
+	r, cm := d.rec, d.cm
 	msg, err := sub.cfg.Unmarshaler.Unmarshal(cm)
 	if err != nil {
-		sub.s.stats.update(d.ctr, func(c *ShareCounters) { c.UnmarshalFailures++ })
-		fields := d.fields()
+		sub.stats.update(d.ctr, func(c *Counters) { c.UnmarshalFailures++ })
 		if sub.cfg.OnUnmarshalError == nil {
-			sub.logger.Error("Cannot unmarshal record; rejecting it", err, fields)
-			d.finish(kgo.AckReject, outcomeUnmarshalFailed)
-			return nil
+			sub.logger.Error("Cannot unmarshal record; rejecting it", err, d.fields())
+			d.finish(kgo.AckReject, UnmarshalFailed)
+			return false
 		}
-		if herr := sub.cfg.OnUnmarshalError(sub.msgCtx, cm, err); herr != nil {
-			sub.logger.Error("OnUnmarshalError failed; releasing the record", herr, fields)
-			d.finish(kgo.AckRelease, outcomeUnmarshalFailed)
-			return nil
-		}
-		d.finish(kgo.AckAccept, outcomeUnmarshalHandled)
-		return nil
+		// OnUnmarshalError may take long or wait on its context: handOut
+		// runs it beside the poll, whose wait renews the record's lock,
+		// and the drain's end cancels its context.
+		d.unmarshalErr = err
+		d.unmarshalCtx, d.cancel = context.WithCancel(sub.msgCtx)
+		return true
 	}
 	pastMax := int(r.DeliveryCount()) > sub.cfg.MaxDeliveries
 	parent := sub.msgCtx
 	if obs := sub.cfg.Observer; obs != nil && !pastMax {
 		// A record past MaxDeliveries is not handed out: no delivery
 		// to observe.
-		parent, d.obs = obs.Delivered(parent, Delivery{Group: sub.cfg.ShareGroup, Record: cm, Message: msg, DeliveryCount: r.DeliveryCount()})
+		parent, d.obs = obs.Delivered(parent, cm, msg, r.DeliveryCount())
 	}
 	ctx, cancel := context.WithCancel(parent)
 	d.ctx = deliveryCtx{Context: ctx, d: d}
@@ -132,14 +139,45 @@ func (sub *shareSubscription) newDelivery(m *shareMember, r *kgo.Record) *shareD
 		sub.logger.Info("Record received past MaxDeliveries; not handed out", d.fields())
 		if sub.cfg.DeadLetter == nil {
 			d.giveUp()
-			return nil
+			return false
 		}
 		// DeadLetter may fail and be tried again while the record is
 		// held: handOut runs it beside the batch, whose wait renews the
 		// record's lock.
 		d.pastMax = true
 	}
-	return d
+	return true
+}
+
+// unmarshalFailed passes a record the Unmarshaler refused to
+// OnUnmarshalError: accepted when it succeeds; when it fails, released, or
+// rejected at MaxDeliveries (released, a record at the broker's delivery
+// count limit would be archived unseen).
+func (d *Delivery) unmarshalFailed() {
+	cfg := d.sub.cfg
+	herr := cfg.OnUnmarshalError(d.unmarshalCtx, d.cm, d.unmarshalErr)
+	if herr == nil {
+		d.finish(kgo.AckAccept, UnmarshalHandled)
+		return
+	}
+	if d.status.Load() != 0 {
+		return // released by the drain meanwhile
+	}
+	if int(d.rec.DeliveryCount()) >= cfg.MaxDeliveries {
+		d.sub.logger.Error("OnUnmarshalError failed at MaxDeliveries; rejecting the record", herr, d.fields())
+		d.finish(kgo.AckReject, UnmarshalFailed)
+		return
+	}
+	d.sub.logger.Error("OnUnmarshalError failed; releasing the record", herr, d.fields())
+	d.finish(kgo.AckRelease, UnmarshalFailed)
+}
+
+// expired reports whether less than margin (at most a quarter of the
+// lock) is left of d's acquisition lock at now, as far as the broker
+// confirmed its renewals.
+func (d *Delivery) expired(now time.Time, margin time.Duration) bool {
+	dl := d.deadline.Load()
+	return dl != 0 && now.Add(min(margin, d.lockSpan/4)).UnixNano() >= dl
 }
 
 func saramaMessage(r *kgo.Record) *sarama.ConsumerMessage {
@@ -157,19 +195,19 @@ func saramaMessage(r *kgo.Record) *sarama.ConsumerMessage {
 	return cm
 }
 
-func (d *shareDelivery) fields() watermill.LogFields {
+func (d *Delivery) fields() watermill.LogFields {
 	return watermill.LogFields{"partition": d.rec.Partition, "offset": d.rec.Offset, "delivery_count": d.rec.DeliveryCount()}
 }
 
 // watch turns the router's answer into the record's.
-func (d *shareDelivery) watch() {
+func (d *Delivery) watch() {
 	select {
 	case <-d.msg.Acked():
 		if df := d.answer(); df != nil {
 			df.ackedNow()
 			return
 		}
-		d.finish(kgo.AckAccept, outcomeAcked)
+		d.finish(kgo.AckAccept, Acked)
 	case <-d.msg.Nacked():
 		d.answer()
 		d.nacked()
@@ -179,7 +217,7 @@ func (d *shareDelivery) watch() {
 
 // answer notes the router's answer and cancels the message's context; it
 // returns the deferral the Ack must wait for, if any.
-func (d *shareDelivery) answer() *shareDeferral {
+func (d *Delivery) answer() *deferral {
 	d.deferMu.Lock()
 	d.answered = true
 	df := d.deferral
@@ -189,16 +227,16 @@ func (d *shareDelivery) answer() *shareDeferral {
 }
 
 // nacked releases the record, or gives up on it at MaxDeliveries.
-func (d *shareDelivery) nacked() {
+func (d *Delivery) nacked() {
 	if d.reject.Load() {
-		d.finish(kgo.AckReject, outcomeRejectedPoison)
+		d.finish(kgo.AckReject, RejectedPoison)
 		return
 	}
 	if int(d.rec.DeliveryCount()) >= d.sub.cfg.MaxDeliveries {
 		d.giveUp()
 		return
 	}
-	d.finish(kgo.AckRelease, outcomeNacked)
+	d.finish(kgo.AckRelease, Nacked)
 }
 
 // giveUp dead-letters or rejects a record past MaxDeliveries. A failing
@@ -208,18 +246,18 @@ func (d *shareDelivery) nacked() {
 // delivery count limit would be archived by the broker, neither handled
 // nor dead-lettered, and with the defaults (MaxDeliveries is the broker's
 // default limit) every record reaching DeadLetter is at that limit.
-func (d *shareDelivery) giveUp() {
+func (d *Delivery) giveUp() {
 	cfg := d.sub.cfg
 	if cfg.DeadLetter == nil {
 		d.sub.logger.Error("Record reached MaxDeliveries; rejecting it", nil, d.fields())
-		d.finish(kgo.AckReject, outcomeMaxDeliveries)
+		d.finish(kgo.AckReject, MaxDeliveries)
 		return
 	}
 	var pace backoff.Doubling
 	for {
 		err := cfg.DeadLetter(d.sub.msgCtx, d.msg)
 		if err == nil {
-			d.finish(kgo.AckAccept, outcomeDeadLettered)
+			d.finish(kgo.AckAccept, DeadLettered)
 			return
 		}
 		if d.status.Load() != 0 {
@@ -229,7 +267,7 @@ func (d *shareDelivery) giveUp() {
 		if !backoff.Sleep(d.sub.stop, wait) {
 			d.sub.logger.Error("DeadLetter failed and the subscription is stopping; releasing the record "+
 				"(at the broker's delivery count limit the broker archives it)", err, d.fields())
-			d.finish(kgo.AckRelease, outcomeDeadLetterFailed)
+			d.finish(kgo.AckRelease, DeadLetterFailed)
 			return
 		}
 		d.sub.logger.Error("DeadLetter failed; holding the record and trying again", err,
@@ -238,18 +276,23 @@ func (d *shareDelivery) giveUp() {
 }
 
 // finish answers the record once: the first call wins.
-func (d *shareDelivery) finish(status kgo.AckStatus, why outcome) {
+func (d *Delivery) finish(status kgo.AckStatus, why Reason) {
 	if !d.status.CompareAndSwap(0, int32(status)) {
 		return
 	}
+	late := d.lateAck(time.Now())
 	d.rec.Ack(status)
-	d.observeAnswer(status, why)
+	if late != nil {
+		d.sub.logger.Error("Share acknowledgement given after the record's acquisition lock ended; not confirmed", late,
+			d.fields().Add(watermill.LogFields{"ack": status.String()}))
+	}
+	d.observeAnswer(status, why, late)
 	d.sub.acked.Store(true)
 	if d.cancel != nil {
 		d.cancel()
 	}
 	d.sub.untrack(d)
-	d.sub.s.stats.update(d.ctr, func(c *ShareCounters) {
+	d.sub.stats.update(d.ctr, func(c *Counters) {
 		switch status {
 		case kgo.AckAccept:
 			c.Accepted++
@@ -258,12 +301,15 @@ func (d *shareDelivery) finish(status kgo.AckStatus, why outcome) {
 		case kgo.AckReject:
 			c.Rejected++
 		}
+		if late != nil {
+			c.AckErrors++
+		}
 		switch why {
-		case outcomeDeadLettered:
+		case DeadLettered:
 			c.DeadLettered++
-		case outcomeReleasedAtClose:
+		case ReleasedAtClose:
 			c.ReleasedAtClose++
-		case outcomeSkipped:
+		case Skipped:
 			c.SkippedClosing++
 		}
 	})
@@ -272,47 +318,41 @@ func (d *shareDelivery) finish(status kgo.AckStatus, why outcome) {
 
 // ended reports whether the subscription stopped handing out: its
 // ShareSubscriber is closing or Subscribe's context ended.
-func (d *shareDelivery) ended() bool { return d.sub.stop.Err() != nil }
+func (d *Delivery) ended() bool { return d.sub.stop.Err() != nil }
 
 // The delivery contract (package delivery), for the public helpers.
-var _ delivery.Delivery = (*shareDelivery)(nil)
+var _ delivery.Delivery = (*Delivery)(nil)
 
-func (d *shareDelivery) Message() *sarama.ConsumerMessage { return d.cm }
+func (d *Delivery) Message() *sarama.ConsumerMessage { return d.cm }
 
-func (d *shareDelivery) DeliveredAt() time.Time { return d.handedAt }
+func (d *Delivery) DeliveredAt() time.Time { return d.handedAt }
 
 // AssignmentEnded: a share delivery's work ends when its subscription stops
 // handing out.
-func (d *shareDelivery) AssignmentEnded() bool { return d.ended() }
+func (d *Delivery) AssignmentEnded() bool { return d.ended() }
 
-func (d *shareDelivery) SkipIfEnded(msg *message.Message) bool { return d.skipIfClosing(msg) }
+func (d *Delivery) SkipIfEnded(msg *message.Message) bool { return d.skipIfClosing(msg) }
 
-func (d *shareDelivery) Skipped() bool { return d.skipped.Load() }
+func (d *Delivery) Skipped() bool { return d.skipped.Load() }
 
-func (d *shareDelivery) Deferred(msg *message.Message) bool { return d.deferredFor(msg) }
+func (d *Delivery) Deferred(msg *message.Message) bool { return d.deferredFor(msg) }
 
-func shareFromContext(ctx context.Context) (*shareDelivery, bool) {
+// FromContext returns the share delivery of the message whose context is
+// ctx (or is derived from it).
+func FromContext(ctx context.Context) (*Delivery, bool) {
 	if ctx == nil {
 		return nil, false
 	}
-	d, ok := ctx.Value(delivery.ContextKey{}).(*shareDelivery)
+	d, ok := ctx.Value(delivery.ContextKey{}).(*Delivery)
 	return d, ok
 }
 
-// MessageDeliveryCountFromCtx returns the share group delivery count of a
-// message delivered by a ShareSubscriber: 1 at the first delivery, one more
-// at each delivery after a release or an acquisition lock timeout.
-func MessageDeliveryCountFromCtx(ctx context.Context) (int32, bool) {
-	d, ok := shareFromContext(ctx)
-	if !ok {
-		return 0, false
-	}
-	return d.rec.DeliveryCount(), true
-}
+// DeliveryCount returns the record's share group delivery count.
+func (d *Delivery) DeliveryCount() int32 { return d.rec.DeliveryCount() }
 
-// shareDeferral is the deferred completion of a share delivery.
-type shareDeferral struct {
-	d      *shareDelivery
+// deferral is the deferred completion of a share delivery.
+type deferral struct {
+	d      *Delivery
 	handle any
 
 	mu        sync.Mutex
@@ -323,7 +363,7 @@ type shareDeferral struct {
 
 // Defer detaches the completion of delivery msg from its ack: Done
 // accepts the record, Fail releases it (see the delivery contract).
-func (d *shareDelivery) Defer(msg *message.Message, newHandle func(delivery.Deferral) any) (delivery.Deferral, bool) {
+func (d *Delivery) Defer(msg *message.Message, newHandle func(delivery.Deferral) any) (delivery.Deferral, bool) {
 	d.deferMu.Lock()
 	if d.deferral != nil {
 		d.deferMu.Unlock()
@@ -333,23 +373,23 @@ func (d *shareDelivery) Defer(msg *message.Message, newHandle func(delivery.Defe
 		d.deferMu.Unlock()
 		return nil, false
 	}
-	df := &shareDeferral{d: d}
+	df := &deferral{d: d}
 	df.handle = newHandle(df)
 	d.deferral = df
 	d.deferMu.Unlock()
-	d.sub.s.stats.update(d.ctr, func(c *ShareCounters) { c.Deferred++ })
+	d.sub.stats.update(d.ctr, func(c *Counters) { c.Deferred++ })
 	if d.obs != nil {
-		d.obs.Answered(OutcomeDeferred, nil)
+		d.obs.Deferred()
 	}
 	return df, true
 }
 
 // Handle returns what Defer's newHandle made for the deferral.
-func (df *shareDeferral) Handle() any { return df.handle }
+func (df *deferral) Handle() any { return df.handle }
 
 // Resolve accepts the record (err nil) or releases it, once the router
 // acked the delivery; the first call wins.
-func (df *shareDeferral) Resolve(err error) {
+func (df *deferral) Resolve(err error) {
 	df.mu.Lock()
 	if df.resolved {
 		df.mu.Unlock()
@@ -363,7 +403,7 @@ func (df *shareDeferral) Resolve(err error) {
 	}
 }
 
-func (df *shareDeferral) ackedNow() {
+func (df *deferral) ackedNow() {
 	df.mu.Lock()
 	df.routerAck = true
 	apply, err := df.resolved, df.result
@@ -373,9 +413,9 @@ func (df *shareDeferral) ackedNow() {
 	}
 }
 
-func (df *shareDeferral) apply(err error) {
+func (df *deferral) apply(err error) {
 	if err == nil {
-		df.d.finish(kgo.AckAccept, outcomeAcked)
+		df.d.finish(kgo.AckAccept, Acked)
 		return
 	}
 	df.d.setNackErr(err)
@@ -384,7 +424,7 @@ func (df *shareDeferral) apply(err error) {
 
 // setNackErr keeps, for the DeliveryObserver, the error that makes the
 // delivery nacked; the first one stays.
-func (d *shareDelivery) setNackErr(err error) {
+func (d *Delivery) setNackErr(err error) {
 	d.deferMu.Lock()
 	if d.nackErr == nil {
 		d.nackErr = err
@@ -392,35 +432,23 @@ func (d *shareDelivery) setNackErr(err error) {
 	d.deferMu.Unlock()
 }
 
-// ErrRejected is what RejectPoison wraps around the handler's error when it
-// has the record rejected.
-var ErrRejected = errors.New("safeack: record rejected (share group REJECT): archived, never delivered again")
-
-// RejectPoison is router middleware for a ShareSubscriber: a message whose
-// handler fails is rejected, so the broker archives its record and never
-// delivers it again; the handler's error, wrapped with ErrRejected, goes on
-// to the router, which nacks the message. Place it outside
-// middleware.Retry, so that only a record that failed every retry is
-// rejected. A failure while the subscriber closes is not taken for
-// poison: the record is released for another member. To dead-letter
-// instead, use PoisonQueue (the record is then accepted once published).
-// Messages of other subscribers pass through unchanged.
-func RejectPoison(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		d, ok := shareFromContext(msg.Context())
-		events, err := h(msg)
-		if err != nil && ok && d.msg == msg && !d.ended() {
-			err = fmt.Errorf("%w: %w", ErrRejected, err)
-			d.setNackErr(err)
-			d.reject.Store(true)
-		}
-		return events, err
+// Poison has the record of delivery msg rejected when its handler failed
+// with err (RejectPoison), unless the subscription stopped handing out (a
+// failure while closing is not taken for poison): it returns err wrapped
+// with sentinel.Rejected then, else err.
+func (d *Delivery) Poison(msg *message.Message, err error) error {
+	if d.msg != msg || d.ended() {
+		return err
 	}
+	err = fmt.Errorf("%w: %w", sentinel.Rejected, err)
+	d.setNackErr(err)
+	d.reject.Store(true)
+	return err
 }
 
 // skipIfClosing nacks msg, releasing its record, when its ShareSubscriber
 // is closing before its handler started. It reports whether it did.
-func (d *shareDelivery) skipIfClosing(msg *message.Message) bool {
+func (d *Delivery) skipIfClosing(msg *message.Message) bool {
 	if !d.ended() || d.msg != msg {
 		return false
 	}
@@ -431,13 +459,13 @@ func (d *shareDelivery) skipIfClosing(msg *message.Message) bool {
 		return false
 	}
 	d.skipped.Store(true)
-	d.finish(kgo.AckRelease, outcomeSkipped)
+	d.finish(kgo.AckRelease, Skipped)
 	msg.Nack()
 	return true
 }
 
 // deferredFor reports whether delivery msg deferred its completion.
-func (d *shareDelivery) deferredFor(msg *message.Message) bool {
+func (d *Delivery) deferredFor(msg *message.Message) bool {
 	d.deferMu.Lock()
 	defer d.deferMu.Unlock()
 	return d.deferral != nil && d.msg == msg

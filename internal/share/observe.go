@@ -1,0 +1,132 @@
+package share
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/safeack/safeack/internal/sentinel"
+)
+
+// ackWaits are the acknowledgements of one member waiting for the
+// broker's answer, per partition, in the order they were given.
+type ackWaits struct {
+	mu      sync.Mutex
+	waiting map[int32][]DeliveryObserver
+}
+
+func (w *ackWaits) wait(partition int32, o DeliveryObserver) {
+	w.mu.Lock()
+	if w.waiting == nil {
+		w.waiting = make(map[int32][]DeliveryObserver)
+	}
+	w.waiting[partition] = append(w.waiting[partition], o)
+	w.mu.Unlock()
+}
+
+// answered reports the broker's answer for a partition to every
+// acknowledgement of it waiting.
+func (w *ackWaits) answered(partition int32, err error) {
+	w.mu.Lock()
+	waiting := w.waiting[partition]
+	delete(w.waiting, partition)
+	w.mu.Unlock()
+	for _, o := range waiting {
+		o.Acknowledged(err)
+	}
+}
+
+// left reports the acknowledgements still waiting when the member left.
+func (w *ackWaits) left() {
+	w.mu.Lock()
+	var parts []int32
+	for p := range w.waiting {
+		parts = append(parts, p)
+	}
+	w.mu.Unlock()
+	for _, p := range parts {
+		w.answered(p, sentinel.ShareAckUnconfirmed)
+	}
+}
+
+// observeAnswer tells the delivery's observer what became of it, and
+// queues the acknowledgement for the broker's answer when the observer
+// wants it. Called once, by finish, after the acknowledgement was given to
+// the client.
+// An acknowledgement given after the record's lock ended is reported not
+// confirmed (late) at once, whatever the broker answers for its
+// partition.
+func (d *Delivery) observeAnswer(status kgo.AckStatus, why Reason, late error) {
+	if d.obs == nil {
+		return
+	}
+	d.deferMu.Lock()
+	err := d.nackErr
+	d.deferMu.Unlock()
+	if !d.obs.Answered(status, why, err) {
+		return
+	}
+	if late != nil {
+		d.obs.Acknowledged(late)
+		return
+	}
+	d.m.acks.wait(d.rec.Partition, d.obs)
+}
+
+// lateAck returns the error of an acknowledgement given at now, after
+// d's acquisition lock ended, or nil when the lock held (or its end is
+// unknown).
+func (d *Delivery) lateAck(now time.Time) error {
+	dl := d.deadline.Load()
+	if dl == 0 || now.UnixNano() < dl {
+		return nil
+	}
+	late := now.Sub(time.Unix(0, dl)).Round(time.Millisecond)
+	return fmt.Errorf("safeack: share acknowledgement given %v after the record's acquisition lock ended "+
+		"(the broker may have given the record to another member): %w", late, sentinel.ShareAckUnconfirmed)
+}
+
+// renewal is a lock renewal waiting for the broker's answer: d's lock
+// holds until until (unix nanoseconds) once the broker took it.
+type renewal struct {
+	d     *Delivery
+	until int64
+}
+
+// renewalWaits are the lock renewals of one member waiting for the
+// broker's answer, per partition.
+type renewalWaits struct {
+	mu      sync.Mutex
+	waiting map[int32][]renewal
+}
+
+func (w *renewalWaits) wait(partition int32, r renewal) {
+	w.mu.Lock()
+	if w.waiting == nil {
+		w.waiting = make(map[int32][]renewal)
+	}
+	w.waiting[partition] = append(w.waiting[partition], r)
+	w.mu.Unlock()
+}
+
+// answered moves the deadlines of a partition's renewals on when the
+// broker took them.
+func (w *renewalWaits) answered(partition int32, err error) {
+	w.mu.Lock()
+	waiting := w.waiting[partition]
+	delete(w.waiting, partition)
+	w.mu.Unlock()
+	if err != nil {
+		return
+	}
+	for _, r := range waiting {
+		for {
+			cur := r.d.deadline.Load()
+			if cur >= r.until || r.d.deadline.CompareAndSwap(cur, r.until) {
+				break
+			}
+		}
+	}
+}

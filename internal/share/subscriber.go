@@ -1,0 +1,595 @@
+package share
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/safeack/safeack/internal/ready"
+	"github.com/safeack/safeack/internal/sentinel"
+)
+
+// Subscription is one Subscribe call: Members members of the share group,
+// each a kgo client, sharing one output channel.
+type Subscription struct {
+	host      Host
+	stats     *Registry
+	cfg       *Options
+	topic     string
+	output    chan *message.Message
+	members   []*member
+	logger    watermill.LoggerAdapter
+	logFields watermill.LogFields
+
+	// stop ends when the host closes or Subscribe's context ends: nothing
+	// more is handed out. msgCtx is the parent of the messages' contexts,
+	// cancelled only once the drain is over.
+	stop       context.Context
+	stopCancel context.CancelFunc
+	msgCtx     context.Context
+	msgCancel  context.CancelFunc
+
+	// acked is set when an ack was given since the last flush.
+	acked atomic.Bool
+
+	mu       sync.Mutex
+	inFlight map[*Delivery]struct{}
+}
+
+// Start connects a subscription to topic: it checks that the cluster
+// serves share groups, sets the group's start position when asked and
+// makes the members' clients. Run starts it; Abort undoes it.
+func Start(ctx context.Context, cfg *Options, host Host, topic string) (*Subscription, error) {
+	sub := &Subscription{
+		host:     host,
+		stats:    host.Registry(),
+		cfg:      cfg,
+		topic:    topic,
+		output:   make(chan *message.Message),
+		inFlight: make(map[*Delivery]struct{}),
+		logFields: watermill.LogFields{
+			"provider":            "safeack",
+			"topic":               topic,
+			"share_group":         cfg.ShareGroup,
+			"kafka_consumer_uuid": watermill.NewShortUUID(),
+		},
+	}
+	sub.logger = cfg.Logger.With(sub.logFields)
+	sub.logger.Info("Subscribing to Kafka topic through a share group", nil)
+
+	// stop is set before the client exists: its hooks read it.
+	sub.stop, sub.stopCancel = context.WithCancel(ctx)
+	sub.msgCtx, sub.msgCancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := sub.connect(ctx); err != nil {
+		sub.Abort()
+		return nil, fmt.Errorf("safeack: subscribing to %q in share group %q: %w", topic, cfg.ShareGroup, err)
+	}
+	return sub, nil
+}
+
+// Abort undoes Start, for a subscription that does not run.
+func (sub *Subscription) Abort() {
+	sub.stopCancel()
+	sub.msgCancel()
+	for _, m := range sub.members {
+		sub.host.Ended(m)
+	}
+	for _, m := range sub.members {
+		m.client.Close()
+	}
+}
+
+// Output is the channel the subscription's messages arrive on.
+func (sub *Subscription) Output() <-chan *message.Message { return sub.output }
+
+// Run runs the subscription in the background until the host closes or
+// Subscribe's context ends; once it is over (the drain, the acks sent,
+// the members gone, the output closed), it calls done.
+func (sub *Subscription) Run(done func()) {
+	sub.stats.attach(sub)
+	go func() {
+		select {
+		case <-sub.host.Closing():
+			sub.stopCancel()
+		case <-sub.stop.Done():
+		}
+	}()
+	go func() {
+		defer done()
+		defer sub.stopCancel()
+		sub.run()
+		for _, m := range sub.members {
+			sub.host.Ended(m)
+		}
+		sub.stats.detach(sub)
+		close(sub.output)
+	}()
+}
+
+// connect checks that the cluster serves share groups and sets the group's
+// start position when asked, on a client of its own that joins no group
+// (a member joining first could start the group at the old position), then
+// makes the members' clients.
+func (sub *Subscription) connect(ctx context.Context) error {
+	cfg := sub.cfg
+	base := []kgo.Opt{
+		kgo.ClientID("safeack"),
+		// A fetch in flight holds the acks given meanwhile until it
+		// returns: a short wait keeps them prompt.
+		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.WithLogger(kgoLogger{sub.logger}),
+	}
+	base = append(base, cfg.ClientOptions...)
+	base = append(base, kgo.SeedBrokers(cfg.Brokers...))
+	admin, err := kgo.NewClient(base...)
+	if err != nil {
+		return fmt.Errorf("%w: ClientOptions: %w", sentinel.InvalidConfig, err)
+	}
+	defer admin.Close()
+	if err := checkSupport(ctx, admin); err != nil {
+		return err
+	}
+	if cfg.InitialOffset != 0 {
+		if err := setShareAutoOffsetReset(ctx, admin, cfg.ShareGroup, cfg.InitialOffset); err != nil {
+			return err
+		}
+	}
+	for i := range cfg.Members {
+		m := &member{sub: sub, id: i}
+		opts := append(slices.Clone(base),
+			kgo.ShareGroup(cfg.ShareGroup),
+			kgo.ConsumeTopics(sub.topic),
+			// At most MaxInFlight records per fetch, and a fetch only
+			// when a poll asks: records are acquired only to be handed
+			// out, never to wait in a buffer (their locks running, out
+			// of other members' reach) behind a batch still in work.
+			kgo.ShareMaxRecords(int32(cfg.MaxInFlight)),
+			kgo.ShareMaxRecordsStrict(),
+			kgo.MaxConcurrentFetches(0),
+			kgo.ShareAckCallback(sub.ackResults),
+			kgo.WithHooks(readyHook{m}),
+		)
+		client, err := kgo.NewClient(opts...)
+		if err != nil {
+			return fmt.Errorf("%w: ClientOptions: %w", sentinel.InvalidConfig, err)
+		}
+		m.client = client
+		sub.members = append(sub.members, m)
+		sub.host.SetPhase(m, sub.topic, ready.Joining, nil)
+	}
+	return nil
+}
+
+// member is one member of the share group: a kgo client and the loop
+// that polls it.
+type member struct {
+	sub    *Subscription
+	id     int
+	client *kgo.Client
+	// coordinator is the broker that answered the last heartbeat (for
+	// readyHook); hasCoordinator says one did.
+	coordinator    atomic.Int32
+	hasCoordinator atomic.Bool
+	// acks are the acknowledgements waiting for the broker's answer, for
+	// a ShareDeliveryObserver.
+	acks ackWaits
+	// renewals are the lock renewals waiting for the broker's answer.
+	renewals renewalWaits
+}
+
+// CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
+// serves share groups.
+func CheckGroups(ctx context.Context, brokers []string, opts ...kgo.Opt) error {
+	client, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	return checkSupport(ctx, client)
+}
+
+// checkSupport asks a broker which requests it serves and which
+// features the cluster has finalized (see CheckGroups).
+func checkSupport(ctx context.Context, client *kgo.Client) error {
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, client)
+	if err != nil {
+		return err
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return err
+	}
+	served := make(map[int16]bool, len(resp.ApiKeys))
+	for _, k := range resp.ApiKeys {
+		served[k.ApiKey] = true
+	}
+	for _, k := range []kmsg.Key{kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge} {
+		if !served[int16(k)] {
+			return fmt.Errorf("%w: the broker does not serve %s", sentinel.ShareGroupsUnsupported, kmsg.NameForKey(int16(k)))
+		}
+	}
+	// A cluster that lists finalized features says whether share groups
+	// are on; one that lists none (before KIP-584) has no preview to tell
+	// apart.
+	if len(resp.FinalizedFeatures) > 0 {
+		level := int16(0)
+		for _, f := range resp.FinalizedFeatures {
+			if f.Name == "share.version" {
+				level = f.MaxVersionLevel
+			}
+		}
+		if level < 1 {
+			return fmt.Errorf("%w: the cluster's share.version feature is %d (share groups not enabled; generally available from Kafka 4.2)", sentinel.ShareGroupsUnsupported, level)
+		}
+	}
+	return nil
+}
+
+// setShareAutoOffsetReset sets the group's share.auto.offset.reset.
+func setShareAutoOffsetReset(ctx context.Context, client *kgo.Client, group string, initial int64) error {
+	value := "latest"
+	if initial == sarama.OffsetOldest {
+		value = "earliest"
+	}
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = group
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name = "share.auto.offset.reset"
+	c.Op = kmsg.IncrementalAlterConfigOpSet
+	c.Value = &value
+	res.Configs = append(res.Configs, c)
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, client)
+	if err != nil {
+		return fmt.Errorf("setting share.auto.offset.reset=%s on the group (InitialOffset): %w", value, err)
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			msg := ""
+			if r.ErrorMessage != nil {
+				msg = ": " + *r.ErrorMessage
+			}
+			return fmt.Errorf("setting share.auto.offset.reset=%s on the group (InitialOffset): %w%s", value, err, msg)
+		}
+	}
+	return nil
+}
+
+// run runs every member until the subscription stops; then it flushes the
+// acks and releases and leaves.
+func (sub *Subscription) run() {
+	flushDone, flushEnded := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(flushEnded)
+		sub.flushLoop(flushDone)
+	}()
+	var wg sync.WaitGroup
+	for _, m := range sub.members {
+		wg.Go(m.run)
+	}
+	wg.Wait()
+	close(flushDone)
+	<-flushEnded // no FlushAcks of its own may run beside the clients' Close
+	sub.leave()
+}
+
+// run polls, hands out and waits until the poll's messages are answered
+// (kgo accepts at the next poll what the last one left unanswered), until
+// the subscription stops; then it drains and releases what is left.
+func (m *member) run() {
+	sub := m.sub
+	renew := time.NewTicker(renewCheck)
+	defer renew.Stop()
+	for sub.stop.Err() == nil {
+		fetches := m.client.PollRecords(sub.stop, sub.cfg.MaxInFlight)
+		if fetches.IsClientClosed() || sub.stop.Err() != nil {
+			sub.releaseRecords(fetches.Records())
+			break
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			sub.logger.Error("Share fetch failed", err, watermill.LogFields{"partition": p, "member": m.id})
+		})
+		batch := sub.take(m, fetches.Records(), renew.C)
+		sub.handOut(batch, renew.C)
+		sub.await(batch, renew.C)
+	}
+}
+
+// take turns a poll's records into deliveries. Records past
+// MaxDeliveries without a DeadLetter, and records the Unmarshaler rejects
+// without an OnUnmarshalError, are answered here and not handed out. The
+// poll's locks are renewed meanwhile: a slow Unmarshaler holds the rest
+// of the poll.
+func (sub *Subscription) take(m *member, recs []*kgo.Record, renew <-chan time.Time) []*Delivery {
+	polled := time.Now()
+	all := make([]*Delivery, len(recs))
+	for i, r := range recs {
+		all[i] = sub.newDelivery(m, r, polled)
+	}
+	batch := make([]*Delivery, 0, len(recs))
+	for _, d := range all {
+		select {
+		case now := <-renew:
+			sub.renew(all, now)
+		default:
+		}
+		if sub.prepare(d) {
+			batch = append(batch, d)
+		}
+	}
+	return batch
+}
+
+// handOut sends the batch's messages, renewing meanwhile the acquisition
+// locks of the batch's records that take long: a reader that takes one
+// message at a time keeps the member here while it handles the last one,
+// and the records not yet sent wait here too, their locks running. A
+// record whose lock ends (or is about to) before it is sent is released,
+// never handed out: the broker may have given it to another member. On
+// stop, the ones not sent are released.
+func (sub *Subscription) handOut(batch []*Delivery, renew <-chan time.Time) {
+	// The margin leaves a renewal the time to reach the broker.
+	margin := renewCheck + sub.cfg.AckFlushInterval
+	for i, d := range batch {
+		d.handedAt = time.Now()
+		sub.track(d)
+		if d.expired(d.handedAt, margin) {
+			d.finish(kgo.AckRelease, LockExpired)
+			continue
+		}
+		if d.unmarshalErr != nil {
+			go d.unmarshalFailed()
+			continue
+		}
+		if d.pastMax {
+			go d.giveUp()
+			continue
+		}
+		go d.watch()
+		for sent := false; !sent; {
+			select {
+			case sub.output <- d.msg:
+				sent = true
+			case now := <-renew:
+				sub.renew(batch, now)
+				if d.expired(now, margin) {
+					d.finish(kgo.AckRelease, LockExpired)
+					sent = true
+				}
+			case <-sub.stop.Done():
+				for _, rest := range batch[i:] {
+					if rest != d {
+						sub.track(rest)
+					}
+					rest.finish(kgo.AckRelease, ReleasedAtClose)
+				}
+				return
+			}
+		}
+	}
+}
+
+// await waits until every delivery of the batch is answered, renewing the
+// acquisition locks of those that take long. On stop it waits up to
+// DrainTimeout more, then releases the rest.
+func (sub *Subscription) await(batch []*Delivery, renew <-chan time.Time) {
+	for i := 0; i < len(batch); {
+		select {
+		case <-batch[i].done:
+			i++
+		case now := <-renew:
+			sub.renew(batch[i:], now)
+		case <-sub.stop.Done():
+			sub.drain(batch[i:], renew)
+			return
+		}
+	}
+}
+
+func (sub *Subscription) drain(batch []*Delivery, renew <-chan time.Time) {
+	timer := time.NewTimer(sub.cfg.DrainTimeout)
+	defer timer.Stop()
+	for i := 0; i < len(batch); {
+		select {
+		case <-batch[i].done:
+			i++
+			continue
+		case now := <-renew:
+			sub.renew(batch[i:], now)
+			continue
+		case <-timer.C:
+		}
+		for _, rest := range batch[i:] {
+			rest.finish(kgo.AckRelease, ReleasedAtClose)
+		}
+		return
+	}
+}
+
+// renewCheck is how often a member looks for acquisition locks to renew.
+const renewCheck = 100 * time.Millisecond
+
+// renew extends the acquisition lock (KIP-1222) of the deliveries still
+// unanswered half-way through their lock, so that a long handler (or an
+// unresolved Completion) keeps its record instead of seeing it delivered
+// to another member.
+func (sub *Subscription) renew(batch []*Delivery, now time.Time) {
+	for _, d := range batch {
+		if d.lockSpan <= 0 || now.Before(d.renewAt) || d.status.Load() != 0 {
+			continue
+		}
+		d.rec.Ack(kgo.AckRenew)
+		d.renewAt = now.Add(d.lockSpan / 2)
+		d.m.renewals.wait(d.rec.Partition, renewal{d: d, until: now.Add(d.lockSpan).UnixNano()})
+		sub.acked.Store(true) // flushed within AckFlushInterval
+		sub.stats.update(d.ctr, func(c *Counters) { c.LockRenewals++ })
+	}
+}
+
+// releaseRecords releases records taken but never made deliveries.
+func (sub *Subscription) releaseRecords(recs []*kgo.Record) {
+	for _, r := range recs {
+		r.Ack(kgo.AckRelease)
+		sub.stats.count(r.Topic, r.Partition, func(c *Counters) { c.Received++; c.Released++ })
+	}
+}
+
+// leave sends every ack and release, cancels the messages' contexts and
+// leaves the group.
+func (sub *Subscription) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), sub.cfg.DrainTimeout+5*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, m := range sub.members {
+		wg.Go(func() {
+			if err := m.client.FlushAcks(ctx); err != nil {
+				sub.logger.Error("Flushing share acks at close", err, nil)
+			}
+			m.client.Close() // sends what is left and leaves the group
+			m.acks.left()
+		})
+	}
+	wg.Wait()
+	sub.msgCancel()
+	sub.logger.Info("Left the share group", nil)
+}
+
+// flushLoop sends the acks given since the last flush every
+// AckFlushInterval.
+func (sub *Subscription) flushLoop(done <-chan struct{}) {
+	tick := time.NewTicker(sub.cfg.AckFlushInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+		if !sub.acked.Swap(false) {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		for _, m := range sub.members {
+			if err := m.client.FlushAcks(ctx); err != nil {
+				sub.logger.Error("Flushing share acks", err, nil)
+			}
+		}
+		cancel()
+	}
+}
+
+// ackResults counts and logs what the broker refused, and passes the
+// answers on to the acknowledgements observed.
+func (sub *Subscription) ackResults(client *kgo.Client, results kgo.ShareAckResults) {
+	var m *member
+	for _, mm := range sub.members {
+		if mm.client == client {
+			m = mm
+		}
+	}
+	for _, r := range results {
+		if m != nil && r.Topic == sub.topic {
+			m.renewals.answered(r.Partition, r.Err)
+			m.acks.answered(r.Partition, r.Err)
+		}
+		if r.Err == nil {
+			continue
+		}
+		sub.stats.count(r.Topic, r.Partition, func(c *Counters) { c.AckErrors++ })
+		sub.logger.Error("Share acknowledgement refused; the broker delivers the records again", r.Err, watermill.LogFields{"partition": r.Partition})
+	}
+}
+
+func (sub *Subscription) track(d *Delivery) {
+	sub.mu.Lock()
+	sub.inFlight[d] = struct{}{}
+	sub.mu.Unlock()
+}
+
+func (sub *Subscription) untrack(d *Delivery) {
+	sub.mu.Lock()
+	delete(sub.inFlight, d)
+	sub.mu.Unlock()
+}
+
+// readyHook follows the share group heartbeats for Ready. A heartbeat
+// read tells both ways; a heartbeat that could not be written, or a failed
+// connection to the broker that answered the last one, tells that the
+// member is cut off: kgo then calls no read hook at all (a reset connection
+// fails the write, a refused dial fails before any write), and Ready would
+// go on reporting the last answer.
+type readyHook struct{ m *member }
+
+var (
+	_ kgo.HookBrokerRead    = readyHook{}
+	_ kgo.HookBrokerWrite   = readyHook{}
+	_ kgo.HookBrokerConnect = readyHook{}
+)
+
+func (h readyHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key != int16(kmsg.ShareGroupHeartbeat) {
+		return
+	}
+	if err == nil {
+		h.m.coordinator.Store(meta.NodeID)
+		h.m.hasCoordinator.Store(true)
+	}
+	h.set(err)
+}
+
+func (h readyHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == int16(kmsg.ShareGroupHeartbeat) && err != nil {
+		h.set(err)
+	}
+}
+
+func (h readyHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil && h.m.hasCoordinator.Load() && meta.NodeID == h.m.coordinator.Load() {
+		h.set(err)
+	}
+}
+
+func (h readyHook) set(err error) {
+	sub := h.m.sub
+	if sub.stop.Err() != nil {
+		return
+	}
+	p := ready.Consuming
+	if err != nil {
+		p = ready.Connecting
+	}
+	sub.host.SetPhase(h.m, sub.topic, p, err)
+}
+
+// kgoLogger passes kgo's warnings and errors to the Watermill logger.
+type kgoLogger struct{ l watermill.LoggerAdapter }
+
+func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	fields := watermill.LogFields{}
+	for i := 0; i+1 < len(keyvals); i += 2 {
+		fields[fmt.Sprint(keyvals[i])] = keyvals[i+1]
+	}
+	if level == kgo.LogLevelError {
+		k.l.Error("kgo: "+msg, nil, fields)
+		return
+	}
+	k.l.Info("kgo: "+msg, fields)
+}
