@@ -288,7 +288,7 @@ func CompletionFromCtx(ctx context.Context) (*Completion, error) {
 
 // ErrRejected is what RejectPoison wraps around the handler's error when it
 // has the record rejected.
-var ErrRejected = sentinel.Rejected
+var ErrRejected = sentinel.ErrRejected
 
 // RejectPoison is router middleware for a ShareSubscriber: a message whose
 // handler fails is rejected, so the broker archives its record and never

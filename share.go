@@ -18,7 +18,7 @@ import (
 // ErrShareGroupsUnsupported is returned by ShareSubscriber.Subscribe when the
 // cluster does not serve share groups (Kafka before 4.2, or share groups not
 // enabled on the brokers).
-var ErrShareGroupsUnsupported = sentinel.ShareGroupsUnsupported
+var ErrShareGroupsUnsupported = sentinel.ErrShareGroupsUnsupported
 
 // ShareSubscriber consumes Kafka topics through a share group (KIP-932) and
 // implements message.Subscriber and message.SubscribeInitializer.

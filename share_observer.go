@@ -108,7 +108,7 @@ type ShareAcknowledgement struct {
 // the share group before an answer for the record's partition arrived:
 // the acknowledgement was handed to the client, which sends what it holds
 // as it leaves, and the broker may have taken it.
-var ErrShareAckUnconfirmed = sentinel.ShareAckUnconfirmed
+var ErrShareAckUnconfirmed = sentinel.ErrShareAckUnconfirmed
 
 // ShareDeliveryObserver is a DeliveryObserver that is also told of the
 // acknowledgement a ShareSubscriber sent for the delivery's record, and

@@ -30,7 +30,7 @@ var (
 
 // Share group errors (the public ones of package safeack).
 var (
-	ShareGroupsUnsupported = errors.New("safeack: the cluster does not serve share groups (KIP-932: Kafka 4.2 or later, with share groups enabled)")
-	ShareAckUnconfirmed    = errors.New("safeack: share acknowledgement not confirmed: the member left before the broker answered")
-	Rejected               = errors.New("safeack: record rejected (share group REJECT): archived, never delivered again")
+	ErrShareGroupsUnsupported = errors.New("safeack: the cluster does not serve share groups (KIP-932: Kafka 4.2 or later, with share groups enabled)")
+	ErrShareAckUnconfirmed    = errors.New("safeack: share acknowledgement not confirmed: the member left before the broker answered")
+	ErrRejected               = errors.New("safeack: record rejected (share group REJECT): archived, never delivered again")
 )

@@ -435,12 +435,12 @@ func (d *Delivery) setNackErr(err error) {
 // Poison has the record of delivery msg rejected when its handler failed
 // with err (RejectPoison), unless the subscription stopped handing out (a
 // failure while closing is not taken for poison): it returns err wrapped
-// with sentinel.Rejected then, else err.
+// with sentinel.ErrRejected then, else err.
 func (d *Delivery) Poison(msg *message.Message, err error) error {
 	if d.msg != msg || d.ended() {
 		return err
 	}
-	err = fmt.Errorf("%w: %w", sentinel.Rejected, err)
+	err = fmt.Errorf("%w: %w", sentinel.ErrRejected, err)
 	d.setNackErr(err)
 	d.reject.Store(true)
 	return err

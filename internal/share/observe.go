@@ -47,7 +47,7 @@ func (w *ackWaits) left() {
 	}
 	w.mu.Unlock()
 	for _, p := range parts {
-		w.answered(p, sentinel.ShareAckUnconfirmed)
+		w.answered(p, sentinel.ErrShareAckUnconfirmed)
 	}
 }
 
@@ -85,7 +85,7 @@ func (d *Delivery) lateAck(now time.Time) error {
 	}
 	late := now.Sub(time.Unix(0, dl)).Round(time.Millisecond)
 	return fmt.Errorf("safeack: share acknowledgement given %v after the record's acquisition lock ended "+
-		"(the broker may have given the record to another member): %w", late, sentinel.ShareAckUnconfirmed)
+		"(the broker may have given the record to another member): %w", late, sentinel.ErrShareAckUnconfirmed)
 }
 
 // renewal is a lock renewal waiting for the broker's answer: d's lock

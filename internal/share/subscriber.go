@@ -135,7 +135,7 @@ func (sub *Subscription) connect(ctx context.Context) error {
 	base = append(base, kgo.SeedBrokers(cfg.Brokers...))
 	admin, err := kgo.NewClient(base...)
 	if err != nil {
-		return fmt.Errorf("%w: ClientOptions: %w", sentinel.InvalidConfig, err)
+		return fmt.Errorf("%w: ClientOptions: %w", sentinel.ErrInvalidConfig, err)
 	}
 	defer admin.Close()
 	if err := checkSupport(ctx, admin); err != nil {
@@ -163,7 +163,7 @@ func (sub *Subscription) connect(ctx context.Context) error {
 		)
 		client, err := kgo.NewClient(opts...)
 		if err != nil {
-			return fmt.Errorf("%w: ClientOptions: %w", sentinel.InvalidConfig, err)
+			return fmt.Errorf("%w: ClientOptions: %w", sentinel.ErrInvalidConfig, err)
 		}
 		m.client = client
 		sub.members = append(sub.members, m)
@@ -216,7 +216,7 @@ func checkSupport(ctx context.Context, client *kgo.Client) error {
 	}
 	for _, k := range []kmsg.Key{kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge} {
 		if !served[int16(k)] {
-			return fmt.Errorf("%w: the broker does not serve %s", sentinel.ShareGroupsUnsupported, kmsg.NameForKey(int16(k)))
+			return fmt.Errorf("%w: the broker does not serve %s", sentinel.ErrShareGroupsUnsupported, kmsg.NameForKey(int16(k)))
 		}
 	}
 	// A cluster that lists finalized features says whether share groups
@@ -230,7 +230,7 @@ func checkSupport(ctx context.Context, client *kgo.Client) error {
 			}
 		}
 		if level < 1 {
-			return fmt.Errorf("%w: the cluster's share.version feature is %d (share groups not enabled; generally available from Kafka 4.2)", sentinel.ShareGroupsUnsupported, level)
+			return fmt.Errorf("%w: the cluster's share.version feature is %d (share groups not enabled; generally available from Kafka 4.2)", sentinel.ErrShareGroupsUnsupported, level)
 		}
 	}
 	return nil
