@@ -110,7 +110,7 @@ func TestSubscriberRebalance(t *testing.T) {
 // that no member may handle or commit below.
 func testRebalance(t *testing.T, cooperative bool, capacity int, holdAt int64, initial int64) {
 	const (
-		partitions   = 4
+		partitions = 4
 		// Also the bound of the final commit at a rebalance (see
 		// SubscriberConfig.DrainTimeout): 500 ms once left a loaded
 		// machine's final commit unconfirmed, and two completed records

@@ -141,6 +141,9 @@ func (sub *Subscription) connect(ctx context.Context) error {
 	if err := checkSupport(ctx, admin); err != nil {
 		return err
 	}
+	if err := checkAccess(ctx, admin, cfg.ShareGroup, sub.topic); err != nil {
+		return err
+	}
 	if cfg.InitialOffset != 0 {
 		if err := setShareAutoOffsetReset(ctx, admin, cfg.ShareGroup, cfg.InitialOffset); err != nil {
 			return err
@@ -187,6 +190,10 @@ type member struct {
 	acks ackWaits
 	// renewals are the lock renewals waiting for the broker's answer.
 	renewals renewalWaits
+	// refusal is the authorization error of the member's last poll, nil
+	// once a poll comes back without one: Ready reports it whatever the
+	// heartbeats (whose refusals readyHook cannot see) say.
+	refusal atomic.Pointer[error]
 }
 
 // CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
@@ -299,12 +306,23 @@ func (m *member) run() {
 			sub.releaseRecords(fetches.Records())
 			break
 		}
+		var refusal error
 		fetches.EachError(func(topic string, p int32, err error) {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
+			if r := sub.authorizationError(err); r != nil {
+				refusal, err = r, r
+			}
 			sub.logger.Error("Share fetch failed", err, watermill.LogFields{"partition": p, "member": m.id})
 		})
+		if refusal != nil {
+			// It lasts until an ACL changes: Ready tells it.
+			m.refusal.Store(&refusal)
+			sub.host.SetPhase(m, sub.topic, ready.Connecting, refusal)
+		} else if m.refusal.Swap(nil) != nil {
+			sub.host.SetPhase(m, sub.topic, ready.Consuming, nil)
+		}
 		batch := sub.take(m, fetches.Records(), renew.C)
 		sub.handOut(batch, renew.C)
 		sub.await(batch, renew.C)
@@ -569,6 +587,9 @@ func (h readyHook) set(err error) {
 	sub := h.m.sub
 	if sub.stop.Err() != nil {
 		return
+	}
+	if r := h.m.refusal.Load(); r != nil && err == nil {
+		err = *r // a heartbeat read, not necessarily accepted
 	}
 	p := ready.Consuming
 	if err != nil {
