@@ -105,9 +105,12 @@ type ShareAcknowledgement struct {
 }
 
 // ErrShareAckUnconfirmed is ShareAcknowledgement.Err when the member left
-// the share group before an answer for the record's partition arrived:
-// the acknowledgement was handed to the client, which sends what it holds
-// as it leaves, and the broker may have taken it.
+// the share group before an answer for the record's partition arrived
+// (the acknowledgement was handed to the client, which sends what it holds
+// as it leaves, and the broker may have taken it), and when the
+// acknowledgement was given after the record's acquisition lock ended
+// (the broker may have given the record to another member, and its answer
+// for the partition does not tell).
 var ErrShareAckUnconfirmed = sentinel.ErrShareAckUnconfirmed
 
 // ShareDeliveryObserver is a DeliveryObserver that is also told of the

@@ -30,7 +30,9 @@ type ShareCounters struct {
 	LockRenewals uint64
 	// AckErrors counts partition acknowledgements the broker refused (for
 	// example after the acquisition lock expired): their records are
-	// delivered again.
+	// delivered again; and acknowledgements given after the record's
+	// acquisition lock ended, whatever the broker answered (it may have
+	// given the record to another member, which handled it too).
 	AckErrors uint64
 }
 
