@@ -293,7 +293,11 @@ func TestFinalTailRefusedIsRetried(t *testing.T) {
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
 		cfg.CommitInterval = time.Hour
-		cfg.DrainTimeout = 300 * time.Millisecond
+		// DrainTimeout also sets how long the final commit may wait at
+		// Close (1 s at 300 ms: on a loaded machine, too short for two
+		// refusals, their backoff and a third commit, and the tail was
+		// logged uncommitted, as documented).
+		cfg.DrainTimeout = 2 * time.Second
 		cfg.Ordering = safeack.Unordered
 	})
 	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
