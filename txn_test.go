@@ -310,7 +310,7 @@ func waitOutputsCounted(t *testing.T, want int, pubs ...*safeack.TxnPublisher) s
 		}
 		return s
 	}
-	kafkatest.WaitFor(t, 10*time.Second, fmt.Sprintf("the publishers to count %d outputs", want), func() bool {
+	kafkatest.WaitFor(t, 30*time.Second, fmt.Sprintf("the publishers to count %d outputs", want), func() bool {
 		total = sum()
 		return total.Outputs >= uint64(want)
 	})
