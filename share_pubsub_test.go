@@ -43,6 +43,7 @@ func TestSharePubSub(t *testing.T) {
 			InitialOffset: sarama.OffsetOldest,
 			DrainTimeout:  200 * time.Millisecond,
 			MaxDeliveries: 1000,
+			ClientOptions: c.KgoOpts(),
 			InitializeTopicDetails: &sarama.TopicDetail{
 				NumPartitions:     8,
 				ReplicationFactor: 1,
