@@ -68,17 +68,34 @@ func requireNoSecret(t *testing.T, logs *watermill.CaptureLoggerAdapter, secrets
 	return n
 }
 
-// At-least-once, as a user holding only READ on the topic and on the group:
-// every record is handed out and the group's commits reach the end.
+// At-least-once, as a user holding only READ on the topic and on the group
+// (no group: READ on the topic alone): every record is handed out and,
+// with a group, the group's commits reach the end.
 func TestSecuredAtLeastOnceLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	c := startSecured(t)
+	for _, noGroup := range []bool{false, true} {
+		name := "group"
+		if noGroup {
+			name = "no group"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testSecuredAtLeastOnce(t, c, noGroup)
+		})
+	}
+}
+
+func testSecuredAtLeastOnce(t *testing.T, c *kafkatest.Cluster, noGroup bool) {
 	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
 	user, password := c.NewUser(t)
-	c.Allow(t, user,
-		kafkatest.ACL{Type: sarama.AclResourceTopic, Name: topic, Op: sarama.AclOperationRead},
-		kafkatest.ACL{Type: sarama.AclResourceGroup, Name: group, Op: sarama.AclOperationRead},
-	)
+	acls := []kafkatest.ACL{{Type: sarama.AclResourceTopic, Name: topic, Op: sarama.AclOperationRead}}
+	if noGroup {
+		group = ""
+	} else {
+		acls = append(acls, kafkatest.ACL{Type: sarama.AclResourceGroup, Name: group, Op: sarama.AclOperationRead})
+	}
+	c.Allow(t, user, acls...)
 	const n = 100
 	c.ProduceN(t, topic, 2, n, nil)
 
@@ -103,16 +120,18 @@ func TestSecuredAtLeastOnceLeastPrivilege(t *testing.T) {
 			t.Fatal("not every record was handed out")
 		}
 	}
-	hwm := c.HighWaterMarks(t, topic)
-	kafkatest.WaitFor(t, 20*time.Second, "the group's commits to reach the end", func() bool {
-		got := c.CommittedOffsets(t, group, topic)
-		for p, h := range hwm {
-			if got[p].Offset != h {
-				return false
+	if !noGroup {
+		hwm := c.HighWaterMarks(t, topic)
+		kafkatest.WaitFor(t, 20*time.Second, "the group's commits to reach the end", func() bool {
+			got := c.CommittedOffsets(t, group, topic)
+			for p, h := range hwm {
+				if got[p].Offset != h {
+					return false
+				}
 			}
-		}
-		return true
-	})
+			return true
+		})
+	}
 	cancel()
 	require.NoError(t, sub.Close())
 	lines := requireNoSecret(t, logs, password, c.Security().Password)
@@ -193,6 +212,37 @@ func TestSecuredShareLeastPrivilege(t *testing.T) {
 	assert.EqualValues(t, n, total.Accepted, "%+v", total)
 	lines := requireNoSecret(t, logs, password, c.Security().Password)
 	t.Logf("%d records in %v; %d log lines, no password in them", n, time.Since(start).Round(time.Millisecond), lines)
+}
+
+// A share subscriber with InitialOffset set writes the group's
+// share.auto.offset.reset (IncrementalAlterConfigs on the group), which
+// needs ALTER_CONFIGS on the group: a user holding only READ is refused
+// at Subscribe, within seconds, with an error naming the authorization.
+func TestSecuredShareInitialOffsetNeedsAlterConfigs(t *testing.T) {
+	t.Parallel()
+	c := startSecured(t)
+	requireShareGroups(t, c)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	user, password := c.NewUser(t)
+	c.Allow(t, user,
+		kafkatest.ACL{Type: sarama.AclResourceTopic, Name: topic, Op: sarama.AclOperationRead},
+		kafkatest.ACL{Type: sarama.AclResourceGroup, Name: group, Op: sarama.AclOperationRead},
+	)
+	sub, err := safeack.NewShareSubscriber(safeack.ShareSubscriberConfig{
+		Brokers: c.Brokers(), ShareGroup: group, ClientOptions: c.KgoOptsAs(user, password),
+		InitialOffset: sarama.OffsetOldest, DrainTimeout: 200 * time.Millisecond,
+	}, testLogger())
+	require.NoError(t, err)
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*maxRefusal)
+	defer cancel()
+	start := time.Now()
+	_, err = sub.Subscribe(ctx, topic)
+	took := time.Since(start)
+	t.Logf("Subscribe returned after %v: %v", took.Round(time.Millisecond), err)
+	require.Error(t, err)
+	assert.Less(t, took, maxRefusal)
+	assert.Contains(t, strings.ToUpper(err.Error()), "AUTHORIZATION")
 }
 
 // newShareSubLogged is newShareSub logging to logger.
