@@ -74,6 +74,8 @@ CLUSTER_SCRIPT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)/$(basename
 # shellcheck source=SCRIPTDIR/kafka.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/kafka.sh"
 log() { printf 'kafka-cluster.sh: %s\n' "$*" >&2; }
+[[ "$SECURITY" == plaintext ]] ||
+  die "SAFEACK_KAFKA_SECURITY=$SECURITY is for scripts/kafka.sh's single broker; the cluster runs plaintext (unset it)"
 
 NODES=3
 # The single broker's ports as scripts/kafka.sh sees them now, before the
