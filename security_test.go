@@ -68,6 +68,19 @@ func requireNoSecret(t *testing.T, logs *watermill.CaptureLoggerAdapter, secrets
 	return n
 }
 
+// readerOf makes a user holding only READ on topic and on group (on topic
+// alone when group is empty), and returns its login.
+func readerOf(t *testing.T, c *kafkatest.Cluster, topic, group string) (user, password string) {
+	t.Helper()
+	user, password = c.NewUser(t)
+	acls := []kafkatest.ACL{{Type: sarama.AclResourceTopic, Name: topic, Op: sarama.AclOperationRead}}
+	if group != "" {
+		acls = append(acls, kafkatest.ACL{Type: sarama.AclResourceGroup, Name: group, Op: sarama.AclOperationRead})
+	}
+	c.Allow(t, user, acls...)
+	return user, password
+}
+
 // At-least-once, as a user holding only READ on the topic and on the group
 // (no group: READ on the topic alone): every record is handed out and,
 // with a group, the group's commits reach the end.
@@ -88,14 +101,10 @@ func TestSecuredAtLeastOnceLeastPrivilege(t *testing.T) {
 
 func testSecuredAtLeastOnce(t *testing.T, c *kafkatest.Cluster, noGroup bool) {
 	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
-	user, password := c.NewUser(t)
-	acls := []kafkatest.ACL{{Type: sarama.AclResourceTopic, Name: topic, Op: sarama.AclOperationRead}}
 	if noGroup {
 		group = ""
-	} else {
-		acls = append(acls, kafkatest.ACL{Type: sarama.AclResourceGroup, Name: group, Op: sarama.AclOperationRead})
 	}
-	c.Allow(t, user, acls...)
+	user, password := readerOf(t, c, topic, group)
 	const n = 100
 	c.ProduceN(t, topic, 2, n, nil)
 
@@ -151,21 +160,33 @@ func txnACLs(r *txnRig, txnID string) []kafkatest.ACL {
 	}
 }
 
+// securedTxn makes a txnRig on the secured cluster and a transactional
+// subscriber whose consumer and producer log in as a user holding only
+// txnACLs, logging to logs; mod, if not nil, changes the configs first.
+func securedTxn(t *testing.T, partitions, records int, mod func(*safeack.SubscriberConfig, *safeack.TxnConfig)) (r *txnRig, sub *safeack.Subscriber, pub *safeack.TxnPublisher, logs *watermill.CaptureLoggerAdapter, password string) {
+	t.Helper()
+	c := startSecured(t)
+	r = newTxnRig(t, c, partitions, records)
+	txnID := "txn-sec-" + r.group
+	user, password := c.NewUser(t)
+	c.Allow(t, user, txnACLs(r, txnID)...)
+	logs = watermill.NewCaptureLogger()
+	sub, pub = r.loggedSubscriber(t, txnID, logs, func(cfg *safeack.SubscriberConfig, tc *safeack.TxnConfig) {
+		if mod != nil {
+			mod(cfg, tc)
+		}
+		asUser(t, c, cfg.OverwriteSaramaConfig, user, password)
+		asUser(t, c, tc.OverwriteSaramaConfig, user, password)
+	})
+	return r, sub, pub, logs, password
+}
+
 // Exactly-once, as a user holding only txnACLs: every input has exactly
 // one committed output and the group's commits reach the end.
 func TestSecuredTxnLeastPrivilege(t *testing.T) {
 	t.Parallel()
-	c := startSecured(t)
-	r := newTxnRig(t, c, 2, 200)
-	txnID := "txn-sec-" + r.group
-	user, password := c.NewUser(t)
-	c.Allow(t, user, txnACLs(r, txnID)...)
-
-	logs := watermill.NewCaptureLogger()
-	sub, pub := r.loggedSubscriber(t, txnID, logs, func(cfg *safeack.SubscriberConfig, tc *safeack.TxnConfig) {
-		asUser(t, c, cfg.OverwriteSaramaConfig, user, password)
-		asUser(t, c, tc.OverwriteSaramaConfig, user, password)
-	})
+	r, sub, pub, logs, password := securedTxn(t, 2, 200, nil)
+	c := r.c
 	start := time.Now()
 	var att attempts
 	stop := runRouter(t, r, sub, pub, func(msg *message.Message) ([]*message.Message, error) {
@@ -188,11 +209,7 @@ func TestSecuredShareLeastPrivilege(t *testing.T) {
 	c := startSecured(t)
 	requireShareGroups(t, c)
 	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
-	user, password := c.NewUser(t)
-	c.Allow(t, user,
-		kafkatest.ACL{Type: sarama.AclResourceTopic, Name: topic, Op: sarama.AclOperationRead},
-		kafkatest.ACL{Type: sarama.AclResourceGroup, Name: group, Op: sarama.AclOperationRead},
-	)
+	user, password := readerOf(t, c, topic, group)
 	setShareGroupConfigs(t, c, group, map[string]string{"share.auto.offset.reset": "earliest"})
 	const n = 50
 	c.ProduceN(t, topic, 2, n, nil)
@@ -223,11 +240,7 @@ func TestSecuredShareInitialOffsetNeedsAlterConfigs(t *testing.T) {
 	c := startSecured(t)
 	requireShareGroups(t, c)
 	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
-	user, password := c.NewUser(t)
-	c.Allow(t, user,
-		kafkatest.ACL{Type: sarama.AclResourceTopic, Name: topic, Op: sarama.AclOperationRead},
-		kafkatest.ACL{Type: sarama.AclResourceGroup, Name: group, Op: sarama.AclOperationRead},
-	)
+	user, password := readerOf(t, c, topic, group)
 	sub, err := safeack.NewShareSubscriber(safeack.ShareSubscriberConfig{
 		Brokers: c.Brokers(), ShareGroup: group, ClientOptions: c.KgoOptsAs(user, password),
 		InitialOffset: sarama.OffsetOldest, DrainTimeout: 200 * time.Millisecond,
@@ -243,27 +256,6 @@ func TestSecuredShareInitialOffsetNeedsAlterConfigs(t *testing.T) {
 	require.Error(t, err)
 	assert.Less(t, took, maxRefusal)
 	assert.Contains(t, strings.ToUpper(err.Error()), "AUTHORIZATION")
-}
-
-// newShareSubLogged is newShareSub logging to logger.
-func newShareSubLogged(t *testing.T, c *kafkatest.Cluster, group string, logger watermill.LoggerAdapter, mod func(*safeack.ShareSubscriberConfig)) *safeack.ShareSubscriber {
-	t.Helper()
-	setShareGroupConfigs(t, c, group, map[string]string{"share.heartbeat.interval.ms": "500"})
-	cfg := safeack.ShareSubscriberConfig{
-		Brokers:       c.Brokers(),
-		ShareGroup:    group,
-		InitialOffset: sarama.OffsetOldest,
-		DrainTimeout:  500 * time.Millisecond,
-		MaxInFlight:   16,
-		ClientOptions: c.KgoOpts(),
-	}
-	if mod != nil {
-		mod(&cfg)
-	}
-	sub, err := safeack.NewShareSubscriber(cfg, logger)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-	return sub
 }
 
 // untrustedCA writes a CA certificate that signed nothing the cluster
@@ -492,17 +484,10 @@ func TestSecuredGroupWithoutACLRefusedPromptly(t *testing.T) {
 func TestSecuredTxnFirstOutputsOneLookup(t *testing.T) {
 	t.Skip("issue 38: 64 outputs at once asked the cluster 64 times about their output topic (64 Info lines), not once")
 	t.Parallel()
-	c := startSecured(t)
-	r := newTxnRig(t, c, 1, 64)
-	txnID := "txn-sec-" + r.group
-	user, password := c.NewUser(t)
-	c.Allow(t, user, txnACLs(r, txnID)...)
-	logs := watermill.NewCaptureLogger()
-	sub, pub := r.loggedSubscriber(t, txnID, logs, func(cfg *safeack.SubscriberConfig, tc *safeack.TxnConfig) {
+	r, sub, pub, logs, _ := securedTxn(t, 1, 64, func(cfg *safeack.SubscriberConfig, _ *safeack.TxnConfig) {
 		cfg.MaxInFlight = 64
-		asUser(t, c, cfg.OverwriteSaramaConfig, user, password)
-		asUser(t, c, tc.OverwriteSaramaConfig, user, password)
 	})
+	c := r.c
 	var att attempts
 	var gate atomic.Int32
 	release := make(chan struct{})

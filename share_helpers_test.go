@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -91,6 +92,12 @@ func setShareGroupConfigs(t *testing.T, c *kafkatest.Cluster, group string, conf
 // is closed at cleanup.
 func newShareSub(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.ShareSubscriberConfig)) *safeack.ShareSubscriber {
 	t.Helper()
+	return newShareSubLogged(t, c, group, testLogger(), mod)
+}
+
+// newShareSubLogged is newShareSub logging to logger.
+func newShareSubLogged(t *testing.T, c *kafkatest.Cluster, group string, logger watermill.LoggerAdapter, mod func(*safeack.ShareSubscriberConfig)) *safeack.ShareSubscriber {
+	t.Helper()
 	setShareGroupConfigs(t, c, group, map[string]string{"share.heartbeat.interval.ms": "500"})
 	cfg := safeack.ShareSubscriberConfig{
 		Brokers:       c.Brokers(),
@@ -103,7 +110,7 @@ func newShareSub(t *testing.T, c *kafkatest.Cluster, group string, mod func(*saf
 	if mod != nil {
 		mod(&cfg)
 	}
-	sub, err := safeack.NewShareSubscriber(cfg, testLogger())
+	sub, err := safeack.NewShareSubscriber(cfg, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub
