@@ -401,3 +401,16 @@ func EnvSecurity() (Security, error) {
 	s, _, err := securityFromEnv()
 	return s, err
 }
+
+// Secure sets cfg's TLS and SASL login to the harness's (the super user's)
+// on a secured cluster, and returns cfg; on a plaintext cluster it returns
+// cfg unchanged. For tests that start from a default config (safeack's or
+// watermill-kafka's) rather than SaramaConfig.
+func (c *Cluster) Secure(cfg *sarama.Config) *sarama.Config {
+	if c.sec != nil {
+		if err := c.sec.ApplySarama(cfg); err != nil {
+			panic(err) // checked by Start
+		}
+	}
+	return cfg
+}
