@@ -470,7 +470,6 @@ func TestSecuredShareRefusedByACL(t *testing.T) {
 // authorization, and Ready says so, not "joining" until Sarama's
 // coordinator retries run out.
 func TestSecuredGroupWithoutACLRefusedPromptly(t *testing.T) {
-	t.Skip("issue 38: a group without an ACL: Subscribe succeeds, WaitReady waits out its deadline (20 s watched) though Ready names the group authorization failure")
 	t.Parallel()
 	c := startSecured(t)
 	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
