@@ -261,7 +261,7 @@ func TestSecuredShareInitialOffsetNeedsAlterConfigs(t *testing.T) {
 // SubscribeInitialize of a ShareSubscriber connects as ClientOptions say:
 // on a secured cluster, it creates the topic (for a user allowed to).
 func TestSecuredShareSubscribeInitialize(t *testing.T) {
-	t.Skip("found with issue 38: ShareSubscriber.SubscribeInitialize makes a Sarama admin with DefaultSaramaSubscriberConfig (share_subscriber.go), not ClientOptions: on a secured cluster it fails at once, `cannot create cluster admin: kafka: client has run out of available brokers to talk to: unexpected EOF`")
+	t.Skip("found with issue 38: ShareSubscriber.SubscribeInitialize makes a Sarama admin with DefaultSaramaSubscriberConfig (share.go), not ClientOptions: on a secured cluster it fails at once, `cannot create cluster admin: kafka: client has run out of available brokers to talk to: unexpected EOF`")
 	t.Parallel()
 	c := startSecured(t)
 	requireShareGroups(t, c)
@@ -419,7 +419,6 @@ func subscribeRefused(t *testing.T, c *kafkatest.Cluster, sec kafkatest.Security
 // return an error naming the missing authorization within seconds, not
 // "joining share group" for as long as one waits.
 func TestSecuredShareRefusedByACL(t *testing.T) {
-	t.Skip("issue 38: a share member refused by an ACL is never refused to the user: Subscribe succeeds, WaitReady says `joining share group` until its deadline (20 s watched), the cause only in \"Share fetch failed\" log lines")
 	t.Parallel()
 	c := startSecured(t)
 	requireShareGroups(t, c)
