@@ -384,11 +384,16 @@ func subscribeRefused(t *testing.T, c *kafkatest.Cluster, sec kafkatest.Security
 		_, err = sub.Subscribe(ctx, topic)
 		waitReady = sub.WaitReady
 	default:
+		// Sarama's metadata retries as a user has them (3, 250 ms
+		// apart), not the harness's 20: they bound the time to fail.
+		userRetries := sarama.NewConfig().Metadata.Retry
 		cfg := testSubscriberConfig(c, group, nil)
+		cfg.OverwriteSaramaConfig.Metadata.Retry = userRetries
 		require.NoError(t, sec.ApplySarama(cfg.OverwriteSaramaConfig))
 		var sub *safeack.Subscriber
 		if mode == "exactly-once" {
 			pcfg := txnProducerConfig(c)
+			pcfg.Metadata.Retry = userRetries
 			require.NoError(t, sec.ApplySarama(pcfg))
 			sub, _, err = safeack.NewTxnSubscriber(cfg, safeack.TxnConfig{TransactionalID: "txn-refused", OverwriteSaramaConfig: pcfg}, logs)
 		} else {
