@@ -201,15 +201,24 @@ func TestSecuredTxnLeastPrivilege(t *testing.T) {
 		len(r.inputs), time.Since(start).Round(time.Millisecond), st, lines)
 }
 
+// shareReader returns the secured cluster (skipping the test unless it
+// serves share groups), a topic of the given partitions, a share group and
+// a user holding only READ on both.
+func shareReader(t *testing.T, partitions int) (c *kafkatest.Cluster, topic, group, user, password string) {
+	t.Helper()
+	c = startSecured(t)
+	requireShareGroups(t, c)
+	topic, group = c.NewTopic(t, partitions), c.NewGroup(t)
+	user, password = readerOf(t, c, topic, group)
+	return c, topic, group, user, password
+}
+
 // Share groups, as a user holding only READ on the topic and on the share
 // group (the group's share.auto.offset.reset is the admin's to set:
 // InitialOffset would need ALTER_CONFIGS on the group, so it is left zero).
 func TestSecuredShareLeastPrivilege(t *testing.T) {
 	t.Parallel()
-	c := startSecured(t)
-	requireShareGroups(t, c)
-	topic, group := c.NewTopic(t, 2), c.NewGroup(t)
-	user, password := readerOf(t, c, topic, group)
+	c, topic, group, user, password := shareReader(t, 2)
 	setShareGroupConfigs(t, c, group, map[string]string{"share.auto.offset.reset": "earliest"})
 	const n = 50
 	c.ProduceN(t, topic, 2, n, nil)
@@ -237,10 +246,7 @@ func TestSecuredShareLeastPrivilege(t *testing.T) {
 // at Subscribe, within seconds, with an error naming the authorization.
 func TestSecuredShareInitialOffsetNeedsAlterConfigs(t *testing.T) {
 	t.Parallel()
-	c := startSecured(t)
-	requireShareGroups(t, c)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
-	user, password := readerOf(t, c, topic, group)
+	c, topic, group, user, password := shareReader(t, 1)
 	sub, err := safeack.NewShareSubscriber(safeack.ShareSubscriberConfig{
 		Brokers: c.Brokers(), ShareGroup: group, ClientOptions: c.KgoOptsAs(user, password),
 		InitialOffset: sarama.OffsetOldest, DrainTimeout: 200 * time.Millisecond,
