@@ -55,7 +55,7 @@ func cleanShutdownRound(t *testing.T, c *kafkatest.Cluster, byContext, busy bool
 	topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
 	logs := watermill.NewCaptureLogger()
 
-	sc := safeack.DefaultSaramaSubscriberConfig()
+	sc := c.Secure(safeack.DefaultSaramaSubscriberConfig())
 	sc.Version = c.SaramaConfig().Version // the broker's, on a real cluster
 	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
 		Brokers:               c.Brokers(),

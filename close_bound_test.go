@@ -57,10 +57,12 @@ const (
 // userTimeouts makes a test Sarama config use the timeouts a user gets:
 // Sarama's defaults for the network (30 s to dial, read and write) and
 // for Rebalance.Timeout (60 s, which bounds DrainTimeout and the final
-// commit's wait).
+// commit's wait). A secured cluster's TLS and SASL login stay.
 func userTimeouts(sc *sarama.Config) {
 	def := sarama.NewConfig()
+	tls, sasl := sc.Net.TLS, sc.Net.SASL
 	sc.Net = def.Net
+	sc.Net.TLS, sc.Net.SASL = tls, sasl
 	sc.Consumer.Group.Rebalance.Timeout = def.Consumer.Group.Rebalance.Timeout
 }
 

@@ -47,7 +47,8 @@ func TestDefaultsRouterEndToEnd(t *testing.T) {
 	group := c.NewGroup(t)
 	logger := testLogger()
 
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}}, logger)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: defaultsOn(c, kafka.DefaultSaramaSyncPublisherConfig)}, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	publish := func(kind string, n int) map[string]bool {
@@ -84,7 +85,8 @@ func TestDefaultsRouterEndToEnd(t *testing.T) {
 	// member runs one router with a default subscriber; its handler fails
 	// "fail" records, and holds "hold" records until their context ends.
 	member := func(n int) (*safeack.Subscriber, *message.Router) {
-		sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: group}, logger)
+		sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: group,
+			OverwriteSaramaConfig: defaultsOn(c, safeack.DefaultSaramaSubscriberConfig)}, logger)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = sub.Close() })
 		router, err := message.NewRouter(message.RouterConfig{}, logger)

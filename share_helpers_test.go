@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -45,7 +46,7 @@ func requireShareGroups(t testing.TB, c *kafkatest.Cluster) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	if err := safeack.CheckShareGroups(ctx, c.Brokers()); errors.Is(err, safeack.ErrShareGroupsUnsupported) {
+	if err := safeack.CheckShareGroups(ctx, c.Brokers(), c.KgoOpts()...); errors.Is(err, safeack.ErrShareGroupsUnsupported) {
 		t.Skipf("%v: needs Kafka 4.2+ with share groups enabled", err)
 	} else {
 		require.NoError(t, err, "ApiVersions")
@@ -63,7 +64,7 @@ func setShareGroupConfigs(t *testing.T, c *kafkatest.Cluster, group string, conf
 	if c.Embedded() {
 		return
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
+	cl, err := kgo.NewClient(append(c.KgoOpts(), kgo.SeedBrokers(c.Brokers()...))...)
 	require.NoError(t, err)
 	defer cl.Close()
 	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
@@ -86,9 +87,16 @@ func setShareGroupConfigs(t *testing.T, c *kafkatest.Cluster, group string, conf
 }
 
 // newShareSub makes a ShareSubscriber on c for group, starting at the log
-// start, with short timings; mod changes the config first. It is closed at
-// cleanup.
+// start, with short timings, connecting as the harness does (TLS and SASL
+// on a secured cluster: ClientOptions); mod changes the config first. It
+// is closed at cleanup.
 func newShareSub(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.ShareSubscriberConfig)) *safeack.ShareSubscriber {
+	t.Helper()
+	return newShareSubLogged(t, c, group, testLogger(), mod)
+}
+
+// newShareSubLogged is newShareSub logging to logger.
+func newShareSubLogged(t *testing.T, c *kafkatest.Cluster, group string, logger watermill.LoggerAdapter, mod func(*safeack.ShareSubscriberConfig)) *safeack.ShareSubscriber {
 	t.Helper()
 	setShareGroupConfigs(t, c, group, map[string]string{"share.heartbeat.interval.ms": "500"})
 	cfg := safeack.ShareSubscriberConfig{
@@ -97,11 +105,12 @@ func newShareSub(t *testing.T, c *kafkatest.Cluster, group string, mod func(*saf
 		InitialOffset: sarama.OffsetOldest,
 		DrainTimeout:  500 * time.Millisecond,
 		MaxInFlight:   16,
+		ClientOptions: c.KgoOpts(),
 	}
 	if mod != nil {
 		mod(&cfg)
 	}
-	sub, err := safeack.NewShareSubscriber(cfg, testLogger())
+	sub, err := safeack.NewShareSubscriber(cfg, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub

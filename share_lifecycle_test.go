@@ -2,6 +2,7 @@ package safeack_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -168,6 +169,22 @@ func startShareClusterN(t *testing.T, n int) *kafkatest.Cluster {
 // is gone and its connections were reset.
 type cutDialer struct {
 	cut atomic.Bool
+	tls *tls.Config // a secured cluster's: the handshake on the cut connection
+}
+
+// options are the kgo options that connect to c through d: kgo.Dialer,
+// and on a secured cluster the TLS handshake in it (kgo takes a Dialer or
+// a DialTLSConfig, not both) and the harness's SASL login.
+func (d *cutDialer) options(t *testing.T, c *kafkatest.Cluster) []kgo.Opt {
+	t.Helper()
+	sec := c.Security()
+	tc, err := sec.TLSConfig()
+	require.NoError(t, err)
+	d.tls = tc
+	sec.CAFile = ""
+	opts, err := sec.KgoOpts()
+	require.NoError(t, err)
+	return append(opts, kgo.Dialer(d.dial))
 }
 
 var errCut = errors.New("test: connection reset (network cut)")
@@ -181,7 +198,20 @@ func (d *cutDialer) dial(ctx context.Context, network, host string) (net.Conn, e
 	if err != nil {
 		return nil, err
 	}
-	return &cutConn{Conn: c, d: d}, nil
+	cc := &cutConn{Conn: c, d: d}
+	if d.tls == nil {
+		return cc, nil
+	}
+	tc := d.tls.Clone()
+	if tc.ServerName == "" {
+		tc.ServerName, _, _ = net.SplitHostPort(host)
+	}
+	conn := tls.Client(cc, tc)
+	if err := conn.HandshakeContext(ctx); err != nil {
+		_ = cc.Close()
+		return nil, err
+	}
+	return conn, nil
 }
 
 type cutConn struct {
@@ -208,7 +238,7 @@ func TestShareReadyAfterNetworkCut(t *testing.T) {
 	group := c.NewGroup(t)
 	d := &cutDialer{}
 	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
-		cfg.ClientOptions = []kgo.Opt{kgo.Dialer(d.dial)}
+		cfg.ClientOptions = d.options(t, c) // in place of the harness's
 	})
 	_ = subscribeShare(t, sub, topic)
 	require.NoError(t, sub.Ready())

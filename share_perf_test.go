@@ -193,7 +193,7 @@ func processCPU() time.Duration {
 // SAFEACK_SHARE_PERF_BATCH_BYTES (kgo's default 1 MB: here a partition's
 // records fit in one or two batches).
 func produceIndexed(b *testing.B, c *kafkatest.Cluster, topic string, n int) {
-	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers()...), kgo.RecordPartitioner(kgo.ManualPartitioner())}
+	opts := append(c.KgoOpts(), kgo.SeedBrokers(c.Brokers()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if v := os.Getenv("SAFEACK_SHARE_PERF_BATCH_BYTES"); v != "" {
 		bb, err := strconv.Atoi(v)
 		require.NoError(b, err)
@@ -224,7 +224,7 @@ func produceIndexed(b *testing.B, c *kafkatest.Cluster, topic string, n int) {
 
 // setEarliest sets the group's share.auto.offset.reset to earliest.
 func setEarliest(b *testing.B, c *kafkatest.Cluster, group string) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
+	cl, err := kgo.NewClient(append(c.KgoOpts(), kgo.SeedBrokers(c.Brokers()...))...)
 	require.NoError(b, err)
 	defer cl.Close()
 	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
@@ -250,13 +250,13 @@ func setEarliest(b *testing.B, c *kafkatest.Cluster, group string) {
 // else kgo's defaults beside ShareMaxRecords (the broker may acquire
 // whole batches, fetches run ahead of polls).
 func runKgoShare(b *testing.B, c *kafkatest.Cluster, topic, group string, n int, strict bool, got func(int)) {
-	opts := []kgo.Opt{
+	opts := append(c.KgoOpts(),
 		kgo.SeedBrokers(c.Brokers()...),
-		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.FetchMaxWait(500*time.Millisecond),
 		kgo.ShareGroup(group),
 		kgo.ConsumeTopics(topic),
 		kgo.ShareMaxRecords(int32(perfMaxInFlight)),
-	}
+	)
 	if strict {
 		opts = append(opts, kgo.ShareMaxRecordsStrict(), kgo.MaxConcurrentFetches(0))
 		opts = append(opts, perfFetchOpts...)
@@ -288,7 +288,7 @@ func runSafeackShare(b *testing.B, c *kafkatest.Cluster, topic, group string, n 
 		ShareGroup:    group,
 		InitialOffset: sarama.OffsetOldest,
 		MaxInFlight:   perfMaxInFlight,
-		ClientOptions: perfFetchOpts,
+		ClientOptions: append(c.KgoOpts(), perfFetchOpts...),
 	}, nil)
 	require.NoError(b, err)
 	defer sub.Close()

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
 )
 
 // TestSharePubSub runs Watermill's universal Pub/Sub suite against the
@@ -43,13 +44,14 @@ func TestSharePubSub(t *testing.T) {
 			InitialOffset: sarama.OffsetOldest,
 			DrainTimeout:  200 * time.Millisecond,
 			MaxDeliveries: 1000,
+			ClientOptions: c.KgoOpts(),
 			InitializeTopicDetails: &sarama.TopicDetail{
 				NumPartitions:     8,
 				ReplicationFactor: 1,
 			},
 		}, testLogger())
 		require.NoError(t, err)
-		return shareSkipping{t: t, ShareSubscriber: s}
+		return shareSkipping{t: t, c: c, ShareSubscriber: s}
 	}
 	tests.TestPubSub(t, tests.Features{
 		ConsumerGroups:  true,
@@ -69,7 +71,22 @@ func TestSharePubSub(t *testing.T) {
 // groups.
 type shareSkipping struct {
 	t *testing.T
+	c *kafkatest.Cluster
 	*safeack.ShareSubscriber
+}
+
+// SubscribeInitialize creates the topic, as the harness on a secured
+// cluster: ShareSubscriber.SubscribeInitialize connects with Sarama's
+// defaults there, not ClientOptions (TestSecuredShareSubscribeInitialize).
+func (s shareSkipping) SubscribeInitialize(topic string) error {
+	if !s.c.Secured() {
+		return s.ShareSubscriber.SubscribeInitialize(topic)
+	}
+	err := s.c.Admin(s.t).CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 8, ReplicationFactor: -1}, false)
+	if errors.Is(err, sarama.ErrTopicAlreadyExists) {
+		return nil
+	}
+	return err
 }
 
 func (s shareSkipping) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {

@@ -570,7 +570,8 @@ func TestNoGroupStartResolvedBeforeSubscribeReturns(t *testing.T) {
 	const partitions = 16
 	topic := c.NewTopic(t, partitions)
 	c.ProduceN(t, topic, partitions, 2*partitions, nil) // history, skipped at OffsetNewest
-	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers()}, testLogger())
+	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{Brokers: c.Brokers(),
+		OverwriteSaramaConfig: defaultsOn(c, safeack.DefaultSaramaSubscriberConfig)}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	msgs := mustSubscribe(t, sub, topic)

@@ -504,6 +504,17 @@ func ownedPartitions(s *safeack.Subscriber, topic string) map[int32]safeack.Part
 	return out
 }
 
+// defaultsOn returns the Sarama config a test of the defaults gives: nil
+// (the defaults) on a plaintext cluster; on a secured one, which the
+// defaults cannot reach, def() with the harness's TLS and login and
+// nothing else changed.
+func defaultsOn(c *kafkatest.Cluster, def func() *sarama.Config) *sarama.Config {
+	if !c.Secured() {
+		return nil
+	}
+	return c.Secure(def())
+}
+
 // mustSubscribe subscribes with a context cancelled at the end of the test.
 func mustSubscribe(t *testing.T, s *safeack.Subscriber, topic string) <-chan *message.Message {
 	t.Helper()

@@ -65,6 +65,9 @@ func TestTailCrashChild(t *testing.T) {
 	cfg.Consumer.Group.Session.Timeout = kafkatest.EmbeddedSessionTimeout
 	cfg.Consumer.Group.Heartbeat.Interval = kafkatest.EmbeddedSessionTimeout / 3
 	cfg.Consumer.Group.Rebalance.Timeout = 10 * time.Second
+	sec, err := kafkatest.EnvSecurity() // the parent's cluster: secured or not
+	require.NoError(t, err)
+	require.NoError(t, sec.ApplySarama(cfg))
 	sub := tailSubscriber(t, strings.Split(os.Getenv(envTailBrokers), ","), cfg, os.Getenv(envTailGroup), nil)
 	msgs, err := sub.Subscribe(context.Background(), os.Getenv(envTailTopic))
 	require.NoError(t, err)

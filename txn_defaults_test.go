@@ -37,7 +37,8 @@ func newDefaultTxn(t *testing.T, c *kafkatest.Cluster, partitions int, txnID str
 	t.Helper()
 	d := &defaultTxn{c: c, in: c.NewTopic(t, partitions), group: c.NewGroup(t)}
 	logger := testLogger()
-	cfg := safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: d.group}
+	cfg := safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: d.group,
+		OverwriteSaramaConfig: defaultsOn(c, safeack.DefaultSaramaSubscriberConfig)}
 	for _, mod := range mods {
 		mod(&cfg)
 	}
@@ -47,7 +48,8 @@ func newDefaultTxn(t *testing.T, c *kafkatest.Cluster, partitions int, txnID str
 	t.Cleanup(func() { _ = d.sub.Close() })
 	d.router, err = message.NewRouter(message.RouterConfig{}, logger)
 	require.NoError(t, err)
-	d.inPub, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{}}, logger)
+	d.inPub, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: c.Brokers(), Marshaler: kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: defaultsOn(c, kafka.DefaultSaramaSyncPublisherConfig)}, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.inPub.Close() })
 	return d

@@ -54,7 +54,8 @@
 # below Linux's ephemeral range (see scripts/kafka.sh: a client retrying a
 # restarting node's port could otherwise connect to itself and hold it), and
 # none may be a single broker's (29092/29093 for developers; in CI
-# 29192/29193 for 4.1.2, 29292/29293 for 3.9.2, 29592/29593 for 4.4.0; or the
+# 29192/29193 for 4.1.2, 29292/29293 for 3.9.2, 29592/29593 for 4.4.0,
+# 29692/29693 for the secured 4.4.0; or the
 # current SAFEACK_KAFKA_PORT and its controller port).
 #
 # Environment (all optional):
@@ -73,11 +74,13 @@ CLUSTER_SCRIPT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)/$(basename
 # shellcheck source=SCRIPTDIR/kafka.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/kafka.sh"
 log() { printf 'kafka-cluster.sh: %s\n' "$*" >&2; }
+[[ "$SECURITY" == plaintext ]] ||
+  die "SAFEACK_KAFKA_SECURITY=$SECURITY is for scripts/kafka.sh's single broker; the cluster runs plaintext (unset it)"
 
 NODES=3
 # The single broker's ports as scripts/kafka.sh sees them now, before the
 # per-node settings below replace its globals.
-SINGLE_PORTS=(29092 29093 29192 29193 29292 29293 29592 29593 "$PORT" "$CONTROLLER_PORT")
+SINGLE_PORTS=(29092 29093 29192 29193 29292 29293 29592 29593 29692 29693 "$PORT" "$CONTROLLER_PORT")
 CPORT=${SAFEACK_CLUSTER_PORT:-29300}
 CCPORT=${SAFEACK_CLUSTER_CONTROLLER_PORT:-$((CPORT + 10))}
 CDIR=${SAFEACK_CLUSTER_DATA_DIR:-${TMPDIR:-/tmp}/safeack-kafka-cluster-$CPORT}
@@ -121,7 +124,7 @@ check_ports() {
       die "port $p lies in the ephemeral port range $lo-$hi: a client retrying a restarting node could connect to itself and hold it; pick SAFEACK_CLUSTER_PORT below $lo"
     for s in "${SINGLE_PORTS[@]}"; do
       [[ "$p" != "$s" ]] ||
-        die "port $p is a single broker's (scripts/kafka.sh: 29092/29093, CI 29192/29193, 29292/29293, 29592/29593, SAFEACK_KAFKA_PORT); pick another SAFEACK_CLUSTER_PORT"
+        die "port $p is a single broker's (scripts/kafka.sh: 29092/29093, CI 29192/29193, 29292/29293, 29592/29593, 29692/29693, SAFEACK_KAFKA_PORT); pick another SAFEACK_CLUSTER_PORT"
     done
   done
   local dup

@@ -13,8 +13,16 @@
 #              prints `SAFEACK_KAFKA_BROKERS=127.0.0.1:PORT` on stdout (all
 #              other messages go to stderr), so
 #                eval "export $(scripts/kafka.sh start)"
-#              exports it. Already running -> prints the same line, exit 0
-#              (a broker of another version there -> error, exit 1).
+#              exports it. A secured broker (SAFEACK_KAFKA_SECURITY=sasl_ssl)
+#              prints, on the same line, what its clients need too:
+#                SAFEACK_KAFKA_BROKERS=127.0.0.1:PORT
+#                SAFEACK_KAFKA_SASL_MECHANISM=SCRAM-SHA-512
+#                SAFEACK_KAFKA_SASL_USER=admin SAFEACK_KAFKA_SASL_PASSWORD=...
+#                SAFEACK_KAFKA_CA=DATA_DIR/tls/ca.pem
+#                SAFEACK_KAFKA_TLS_SERVER_NAME=localhost
+#              (internal/kafkatest reads them all). Already running -> prints
+#              the same line, exit 0 (a broker of another version or
+#              security there -> error, exit 1).
 #              On failure: last 50 broker log lines on stderr, exit 1.
 #   stop       SIGTERM, SIGKILL after $SAFEACK_KAFKA_STOP_TIMEOUT s, then remove
 #              the data dir. Idempotent (exit 0 when nothing runs).
@@ -25,6 +33,8 @@
 #   logs       print the last 50 (or $SAFEACK_KAFKA_LOG_LINES) lines of the broker log.
 #   run CLASS  run a Kafka tool class on the cached classpath, e.g.
 #              scripts/kafka.sh run org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:29092 --list
+#              (a secured broker: add --command-config DATA_DIR/client.properties,
+#              the admin's client settings, which start writes)
 #
 # Environment (all optional):
 #   SAFEACK_KAFKA_VERSION          Kafka version to run                (4.1.2)
@@ -42,6 +52,21 @@
 #   SAFEACK_KAFKA_JVM_OPTS         extra broker JVM flags, space-separated
 #   SAFEACK_KAFKA_EXTRA_PROPS      extra server.properties lines, newline-separated
 #   SAFEACK_KAFKA_MVN              maven binary                        (mvn)
+#   SAFEACK_KAFKA_SECURITY         plaintext or sasl_ssl               (plaintext)
+#                                  sasl_ssl: the client listener on PORT is
+#                                  SASL_SSL only: SCRAM-SHA-512 logins, the
+#                                  broker's certificate (for localhost and
+#                                  127.0.0.1) signed by a CA made at start
+#                                  (openssl; DATA_DIR/tls/ca.pem, its key
+#                                  deleted once it signed); the standard
+#                                  authorizer with allow.everyone.if.no.acl.found=
+#                                  false; one super user, admin, with a random
+#                                  password, its SCRAM credentials written at
+#                                  format time (--add-scram). The broker's own
+#                                  connections log in as admin; the controller
+#                                  listener takes SASL/PLAIN for admin alone
+#                                  (KRaft's controllers cannot check SCRAM).
+#                                  Single broker only.
 #
 # What differs between versions is kept in one place (version_settings and
 # write_node_config below, shared with scripts/kafka-cluster.sh): 3.x logs
@@ -51,6 +76,7 @@
 set -euo pipefail
 
 KAFKA_VERSION=$(printf '%s' "${SAFEACK_KAFKA_VERSION:-4.1.2}" | tr -d '[:space:]')
+SECURITY=$(printf '%s' "${SAFEACK_KAFKA_SECURITY:-plaintext}" | tr -d '[:space:]' | tr '[:upper:]' '[:lower:]')
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
 POM="$SCRIPT_DIR/kafka/pom.xml"
 
@@ -112,6 +138,11 @@ version_at_least() {
 }
 
 version_settings
+
+case "$SECURITY" in
+  plaintext | sasl_ssl) ;;
+  *) die "SAFEACK_KAFKA_SECURITY='$SECURITY': use plaintext (the default) or sasl_ssl" ;;
+esac
 
 # ---------------------------------------------------------------- java -------
 
@@ -348,6 +379,8 @@ random_cluster_id() {
 # quorum, which 3.9 and 4.x both take). EXTRA: lines appended as they are.
 write_node_config() {
   local id=$1 port=$2 cport=$3 voters=$4 nodes=$5 extra=${6:-}
+  [[ "$SECURITY" == plaintext ]] || ((nodes == 1)) ||
+    die "SAFEACK_KAFKA_SECURITY=$SECURITY is for scripts/kafka.sh's single broker; the cluster runs plaintext"
   local rf=1 isr=1 parts=1 txparts=1
   if ((nodes > 1)); then
     rf=$((nodes < 3 ? nodes : 3)) isr=2 parts=12 txparts=4
@@ -361,10 +394,7 @@ process.roles=broker,controller
 node.id=$id
 controller.quorum.voters=$voters
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://$HOST:$port,CONTROLLER://$HOST:$cport
-advertised.listeners=PLAINTEXT://$HOST:$port
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+$(listener_config "$port" "$cport")
 log.dirs=$DATA_DIR/data
 
 num.partitions=1
@@ -436,6 +466,130 @@ EOF
   } >"$CONFIG"
   write_log_configs
   printf '%s\n' "$KAFKA_VERSION" >"$DATA_DIR/version"
+}
+
+# listener_config PORT CPORT prints the listener lines of server.properties:
+# PLAINTEXT on PORT, or (SECURITY sasl_ssl) SASL_SSL with SCRAM-SHA-512, TLS
+# from $DATA_DIR/tls (make_tls), the standard authorizer and admin as the
+# only super user ($ADMIN_PASSWORD, set by make_tls). The controller
+# listener is plaintext, or SASL_PLAINTEXT with PLAIN for admin alone.
+listener_config() {
+  local port=$1 cport=$2
+  if [[ "$SECURITY" == plaintext ]]; then
+    cat <<EOF
+listeners=PLAINTEXT://$HOST:$port,CONTROLLER://$HOST:$cport
+advertised.listeners=PLAINTEXT://$HOST:$port
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+EOF
+    return
+  fi
+  local tls="$DATA_DIR/tls" pw=$ADMIN_PASSWORD
+  cat <<EOF
+listeners=SASL_SSL://$HOST:$port,CONTROLLER://$HOST:$cport
+advertised.listeners=SASL_SSL://$HOST:$port
+inter.broker.listener.name=SASL_SSL
+listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
+
+# SAFEACK_KAFKA_SECURITY=sasl_ssl: SCRAM-SHA-512 over TLS for clients and the
+# broker's own connections (as admin); PLAIN on the controller listener
+# (KRaft's controllers cannot check SCRAM: the credentials live in the
+# metadata they serve); admin the only super user; nothing allowed without
+# an ACL.
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$pw";
+sasl.mechanism.controller.protocol=PLAIN
+listener.name.controller.sasl.enabled.mechanisms=PLAIN
+listener.name.controller.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="$pw" user_admin="$pw";
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$tls/broker.p12
+ssl.keystore.password=$pw
+ssl.truststore.type=PEM
+ssl.truststore.location=$tls/ca.pem
+ssl.client.auth=none
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:admin
+EOF
+}
+
+# make_tls (SECURITY sasl_ssl) writes into $DATA_DIR/tls a CA made for this
+# run (ca.pem; its key is deleted once it signed) and the broker's key and
+# certificate, for DNS localhost and IP 127.0.0.1, signed by that CA, in a
+# PKCS12 keystore (broker.p12); sets ADMIN_PASSWORD (random, 36 hex
+# digits) and writes the admin's client settings for Kafka's tools
+# ($DATA_DIR/client.properties, mode 600). Both keys are EC P-256: a
+# test run opens hundreds of connections, and the broker's handshakes
+# cost less CPU than with RSA 2048.
+make_tls() {
+  [[ "$SECURITY" == sasl_ssl ]] || return 0
+  command -v openssl >/dev/null 2>&1 ||
+    die "SAFEACK_KAFKA_SECURITY=sasl_ssl needs openssl to make the CA and the broker's certificate"
+  [[ "$DATA_DIR" =~ ^[A-Za-z0-9_./+-]+$ ]] ||
+    die "data dir '$DATA_DIR' has characters other than letters, digits and _./+-; set SAFEACK_KAFKA_DATA_DIR"
+  local tls="$DATA_DIR/tls"
+  mkdir -p "$tls"
+  chmod 700 "$tls"
+  ADMIN_PASSWORD=$(head -c 18 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  if ! (
+    set -e
+    cd "$tls"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key -out ca.pem -days 7 \
+      -subj "/CN=safeack test CA $(date +%s)" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign"
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout broker.key -out broker.csr -subj "/CN=localhost"
+    printf '%s\n' "subjectAltName=DNS:localhost,IP:127.0.0.1" "basicConstraints=CA:FALSE" \
+      "keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth" >broker.ext
+    openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out broker.pem \
+      -days 7 -extfile broker.ext
+    openssl pkcs12 -export -in broker.pem -inkey broker.key -certfile ca.pem -name broker \
+      -out broker.p12 -passout "pass:$ADMIN_PASSWORD"
+    rm -f ca.key ca.srl broker.key broker.csr broker.ext
+  ) >"$tls/openssl.log" 2>&1; then
+    cat "$tls/openssl.log" >&2
+    die "openssl failed to make the test CA and the broker's certificate"
+  fi
+  (
+    umask 077
+    cat >"$DATA_DIR/client.properties" <<EOF
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$ADMIN_PASSWORD";
+ssl.truststore.type=PEM
+ssl.truststore.location=$tls/ca.pem
+EOF
+  )
+}
+
+# client_env prints the line start prints: the bootstrap address and, for a
+# secured broker, what a client needs to log in (see the header).
+client_env() {
+  if [[ "$SECURITY" == plaintext ]]; then
+    printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
+    return
+  fi
+  local pw
+  pw=$(sed -n 's/.*username="admin" password="\([^"]*\)".*/\1/p' "$DATA_DIR/client.properties" 2>/dev/null | head -n1)
+  [[ -n "$pw" ]] || die "no admin password in $DATA_DIR/client.properties"
+  printf 'SAFEACK_KAFKA_BROKERS=%s:%s SAFEACK_KAFKA_SASL_MECHANISM=SCRAM-SHA-512 SAFEACK_KAFKA_SASL_USER=admin SAFEACK_KAFKA_SASL_PASSWORD=%s SAFEACK_KAFKA_CA=%s SAFEACK_KAFKA_TLS_SERVER_NAME=localhost\n' \
+    "$HOST" "$PORT" "$pw" "$DATA_DIR/tls/ca.pem"
+}
+
+# tool_login FLAG: the tool flag (its name for a client config file:
+# --config, --command-config) and file that log Kafka's tools in as admin
+# on a secured broker, one a line; nothing for a plaintext one.
+tool_login() {
+  [[ "$SECURITY" == plaintext ]] || printf '%s\n' "$1" "$DATA_DIR/client.properties"
+}
+
+# check_running_security: dies when the broker already running was started
+# with another SAFEACK_KAFKA_SECURITY than this one.
+check_running_security() {
+  local running=plaintext
+  [[ -f "$DATA_DIR/security" ]] && running=$(tr -d '[:space:]' <"$DATA_DIR/security")
+  [[ "$running" == "$SECURITY" ]] ||
+    die "the broker running for $DATA_DIR was started with SAFEACK_KAFKA_SECURITY=$running, not $SECURITY: stop it first ('$0 stop') or pick another SAFEACK_KAFKA_PORT"
 }
 
 # write_log_configs writes the broker's and the tool JVMs' logging configs
@@ -554,9 +708,10 @@ cmd_start() {
   pid=$(broker_pid)
   if [[ -n "$pid" ]]; then
     check_running_version "$DATA_DIR/version"
+    check_running_security
     if tcp_open "$HOST" "$PORT"; then
-      log "broker already running (Kafka $KAFKA_VERSION, pid $pid, data dir $DATA_DIR)"
-      printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
+      log "broker already running (Kafka $KAFKA_VERSION, $SECURITY, pid $pid, data dir $DATA_DIR)"
+      client_env
       return 0
     fi
     die "a broker (pid $pid) runs for $DATA_DIR but $HOST:$PORT does not answer; run '$0 stop' first"
@@ -573,6 +728,8 @@ cmd_start() {
   remove_data_dir
   mkdir -p "$DATA_DIR/data"
   : >"$MARKER"
+  printf '%s\n' "$SECURITY" >"$DATA_DIR/security"
+  make_tls
   write_node_config 1 "$PORT" "$CONTROLLER_PORT" "1@$HOST:$CONTROLLER_PORT" 1 "${SAFEACK_KAFKA_EXTRA_PROPS:-}"
   local cluster_id
   cluster_id=$(random_cluster_id)
@@ -580,13 +737,15 @@ cmd_start() {
 
   local t0=$SECONDS
   log "formatting storage in $DATA_DIR/data (cluster id $cluster_id) ..."
+  local scram=()
+  [[ "$SECURITY" == plaintext ]] || scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$ADMIN_PASSWORD]")
   if ! run_tool kafka.tools.StorageTool format --cluster-id "$cluster_id" \
-      --config "$CONFIG" --ignore-formatted >"$DATA_DIR/format.log" 2>&1; then
+      --config "$CONFIG" --ignore-formatted "${scram[@]}" >"$DATA_DIR/format.log" 2>&1; then
     cat "$DATA_DIR/format.log" >&2 || true
     die "kafka-storage format failed"
   fi
 
-  log "starting Kafka $KAFKA_VERSION on $HOST:$PORT (controller $HOST:$CONTROLLER_PORT, heap $HEAP) ..."
+  log "starting Kafka $KAFKA_VERSION ($SECURITY) on $HOST:$PORT (controller $HOST:$CONTROLLER_PORT, heap $HEAP) ..."
   broker_argv
   launch_detached "${BROKER_ARGV[@]}"
 
@@ -603,9 +762,10 @@ cmd_start() {
     fi
     if [[ -n "$started" ]] && tcp_open "$HOST" "$PORT"; then
       # a real request: ask the broker for its cluster id and compare
-      local out
+      local out login
+      mapfile -t login < <(tool_login --config)
       if out=$(run_tool_timeout 30 org.apache.kafka.tools.ClusterTool cluster-id \
-          --bootstrap-server "$HOST:$PORT" 2>"$DATA_DIR/check.log") &&
+          --bootstrap-server "$HOST:$PORT" "${login[@]}" 2>"$DATA_DIR/check.log") &&
         grep -qF "$cluster_id" <<<"$out"; then
         answered=1
         break
@@ -631,8 +791,8 @@ cmd_start() {
     die "Kafka $KAFKA_VERSION started without share groups (data dir kept: $DATA_DIR)"
   fi
 
-  log "Kafka $KAFKA_VERSION ready in $((SECONDS - t0)) s (pid $pid, log $LOG_FILE)"
-  printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
+  log "Kafka $KAFKA_VERSION ($SECURITY) ready in $((SECONDS - t0)) s (pid $pid, log $LOG_FILE)"
+  client_env
 }
 
 # check_running_version FILE: dies when the broker or cluster already
@@ -650,9 +810,10 @@ check_running_version() {
 # feature that turns them on); earlier versions need nothing.
 check_share_groups() {
   version_at_least 4 2 || return 0
-  local out level
+  local out level login
+  mapfile -t login < <(tool_login --command-config)
   if ! out=$(run_tool_timeout 30 org.apache.kafka.tools.FeatureCommand \
-      --bootstrap-server "$1" describe 2>>"$DATA_DIR/check.log"); then
+      --bootstrap-server "$1" "${login[@]}" describe 2>>"$DATA_DIR/check.log"); then
     log "kafka-features describe failed (see $DATA_DIR/check.log)"
     return 1
   fi
@@ -685,8 +846,8 @@ cmd_status() {
     return 3
   fi
   if tcp_open "$HOST" "$PORT"; then
-    log "running (Kafka $(cat "$DATA_DIR/version" 2>/dev/null || echo '?'), pid $pid) on $HOST:$PORT, data dir $DATA_DIR"
-    printf 'SAFEACK_KAFKA_BROKERS=%s:%s\n' "$HOST" "$PORT"
+    log "running (Kafka $(cat "$DATA_DIR/version" 2>/dev/null || echo '?'), $(cat "$DATA_DIR/security" 2>/dev/null || echo plaintext), pid $pid) on $HOST:$PORT, data dir $DATA_DIR"
+    SECURITY=$(cat "$DATA_DIR/security" 2>/dev/null || echo plaintext) client_env
     return 0
   fi
   log "process $pid is alive but $HOST:$PORT does not accept connections"

@@ -1,6 +1,9 @@
 // Package kafkatest is the test broker harness: it starts an in-process
 // Kafka-protocol broker (kfake) on loopback, or uses a real cluster named by
-// SAFEACK_KAFKA_BROKERS, and gives tests unique topics and groups, synchronous
+// SAFEACK_KAFKA_BROKERS (secured, with TLS and a SASL login, when the
+// variables of security.go say so: SaramaConfig and KgoOpts connect the
+// way they say, and NewUser and Allow make least-privilege users), and
+// gives tests unique topics and groups, synchronous
 // produce with known offsets, committed offsets and high watermarks read back
 // from the broker, and (embedded only) a log of every OffsetCommit request the
 // broker receives.
@@ -106,7 +109,8 @@ type Cluster struct {
 	brokers   []string
 	kf        *kfake.Cluster // nil on a real cluster
 	version   sarama.KafkaVersion
-	superuser *sasl // SaramaConfig's login; nil: none
+	superuser *sasl     // SaramaConfig's login; nil: none
+	sec       *Security // a secured real cluster's TLS and login; nil: plaintext
 
 	seq atomic.Uint64 // makes produced values unique across the Cluster
 
@@ -152,6 +156,13 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 		}
 		if len(c.brokers) == 0 {
 			tb.Fatalf("kafkatest: %s=%q names no broker", EnvBrokers, env)
+		}
+		sec, ok, err := securityFromEnv()
+		if err != nil {
+			tb.Fatalf("kafkatest: %v", err)
+		}
+		if ok {
+			c.sec = &sec
 		}
 		tb.Cleanup(c.closeClients)
 		return c
@@ -228,8 +239,9 @@ func (c *Cluster) RequireEmbedded(tb testing.TB) {
 // manual partitioner, acks from all replicas), a short group session
 // (EmbeddedSessionTimeout, or RealSessionTimeout on a real cluster) with the
 // heartbeat at a third of it, OffsetOldest for groups without commits, and
-// short backoffs and refreshes so recovery takes milliseconds, not seconds.
-// Callers may change it freely.
+// short backoffs and refreshes so recovery takes milliseconds, not seconds;
+// on a secured cluster, TLS and the SASL login of the Env* variables
+// (security.go). Callers may change it freely.
 func (c *Cluster) SaramaConfig() *sarama.Config {
 	cfg := sarama.NewConfig()
 	cfg.Version = c.version
@@ -271,6 +283,11 @@ func (c *Cluster) SaramaConfig() *sarama.Config {
 		cfg.Net.SASL.Enable = true
 		cfg.Net.SASL.Mechanism = sarama.SASLTypePlaintext
 		cfg.Net.SASL.User, cfg.Net.SASL.Password = c.superuser.user, c.superuser.pass
+	}
+	if c.sec != nil {
+		if err := c.sec.ApplySarama(cfg); err != nil {
+			panic(err) // checked by Start
+		}
 	}
 	return cfg
 }
