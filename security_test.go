@@ -267,7 +267,6 @@ func TestSecuredShareInitialOffsetNeedsAlterConfigs(t *testing.T) {
 // SubscribeInitialize of a ShareSubscriber connects as ClientOptions say:
 // on a secured cluster, it creates the topic (for a user allowed to).
 func TestSecuredShareSubscribeInitialize(t *testing.T) {
-	t.Skip("found with issue 38: ShareSubscriber.SubscribeInitialize makes a Sarama admin with DefaultSaramaSubscriberConfig (share.go), not ClientOptions: on a secured cluster it fails at once, `cannot create cluster admin: kafka: client has run out of available brokers to talk to: unexpected EOF`")
 	t.Parallel()
 	c := startSecured(t)
 	requireShareGroups(t, c)

@@ -3,6 +3,7 @@ package safeack
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -195,18 +196,18 @@ func (s *ShareSubscriber) WaitReady(ctx context.Context) error {
 }
 
 // SubscribeInitialize creates topic with InitializeTopicDetails and waits
-// until all its partitions have leaders.
+// until all its partitions have leaders, connecting as the members do
+// (ClientOptions: TLS, SASL, a dialer).
 func (s *ShareSubscriber) SubscribeInitialize(topic string) (err error) {
 	if s.cfg.InitializeTopicDetails == nil {
 		return errors.New("safeack: InitializeTopicDetails is empty, cannot SubscribeInitialize")
 	}
-	init := &Subscriber{cfg: SubscriberConfig{
-		Brokers:                     s.cfg.Brokers,
-		OverwriteSaramaConfig:       DefaultSaramaSubscriberConfig(),
-		InitializeTopicDetails:      s.cfg.InitializeTopicDetails,
-		WaitForTopicCreationTimeout: s.cfg.WaitForTopicCreationTimeout,
-	}}
-	return init.SubscribeInitializeWithContext(context.Background(), topic)
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.WaitForTopicCreationTimeout)
+	defer cancel()
+	if err := share.InitializeTopic(ctx, s.cfg.Brokers, s.cfg.ClientOptions, topic, s.cfg.InitializeTopicDetails); err != nil {
+		return fmt.Errorf("safeack: %w", err)
+	}
+	return nil
 }
 
 // shareHost is the ShareSubscriber as its subscriptions see it
