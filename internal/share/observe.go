@@ -10,43 +10,60 @@ import (
 	"github.com/safeack/safeack/internal/sentinel"
 )
 
-// ackWaits are the acknowledgements of one member waiting for the
-// broker's answer, per partition, in the order they were given.
-type ackWaits struct {
+// partitionWaits holds what one member waits on the broker's answer for,
+// per partition, in the order given: a partition's answer (one per
+// request, not per record) settles all of it at once.
+type partitionWaits[T any] struct {
 	mu      sync.Mutex
-	waiting map[int32][]DeliveryObserver
+	waiting map[int32][]T
 }
 
-func (w *ackWaits) wait(partition int32, o DeliveryObserver) {
+func (w *partitionWaits[T]) wait(partition int32, v T) {
 	w.mu.Lock()
 	if w.waiting == nil {
-		w.waiting = make(map[int32][]DeliveryObserver)
+		w.waiting = make(map[int32][]T)
 	}
-	w.waiting[partition] = append(w.waiting[partition], o)
+	w.waiting[partition] = append(w.waiting[partition], v)
 	w.mu.Unlock()
+}
+
+// take removes and returns what waits on partition's answer.
+func (w *partitionWaits[T]) take(partition int32) []T {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	waiting := w.waiting[partition]
+	delete(w.waiting, partition)
+	return waiting
+}
+
+// partitions lists the partitions something waits on.
+func (w *partitionWaits[T]) partitions() []int32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	parts := make([]int32, 0, len(w.waiting))
+	for p := range w.waiting {
+		parts = append(parts, p)
+	}
+	return parts
+}
+
+// ackWaits are the acknowledgements of one member waiting for the
+// broker's answer.
+type ackWaits struct {
+	partitionWaits[DeliveryObserver]
 }
 
 // answered reports the broker's answer for a partition to every
 // acknowledgement of it waiting.
 func (w *ackWaits) answered(partition int32, err error) {
-	w.mu.Lock()
-	waiting := w.waiting[partition]
-	delete(w.waiting, partition)
-	w.mu.Unlock()
-	for _, o := range waiting {
+	for _, o := range w.take(partition) {
 		o.Acknowledged(err)
 	}
 }
 
 // left reports the acknowledgements still waiting when the member left.
 func (w *ackWaits) left() {
-	w.mu.Lock()
-	var parts []int32
-	for p := range w.waiting {
-		parts = append(parts, p)
-	}
-	w.mu.Unlock()
-	for _, p := range parts {
+	for _, p := range w.partitions() {
 		w.answered(p, sentinel.ErrShareAckUnconfirmed)
 	}
 }
@@ -96,28 +113,13 @@ type renewal struct {
 }
 
 // renewalWaits are the lock renewals of one member waiting for the
-// broker's answer, per partition.
-type renewalWaits struct {
-	mu      sync.Mutex
-	waiting map[int32][]renewal
-}
-
-func (w *renewalWaits) wait(partition int32, r renewal) {
-	w.mu.Lock()
-	if w.waiting == nil {
-		w.waiting = make(map[int32][]renewal)
-	}
-	w.waiting[partition] = append(w.waiting[partition], r)
-	w.mu.Unlock()
-}
+// broker's answer.
+type renewalWaits struct{ partitionWaits[renewal] }
 
 // answered moves the deadlines of a partition's renewals on when the
 // broker took them.
 func (w *renewalWaits) answered(partition int32, err error) {
-	w.mu.Lock()
-	waiting := w.waiting[partition]
-	delete(w.waiting, partition)
-	w.mu.Unlock()
+	waiting := w.take(partition)
 	if err != nil {
 		return
 	}
