@@ -121,7 +121,7 @@ func TestCompletedTailSurvivesCrash(t *testing.T) {
 
 	// Wait for a commit at offset 0 whose tail covers every other record.
 	waitForTail(t, cluster, group, topic, 0, func(tail frontier.Tail) bool {
-		return tail.Contains(1) && tail.Contains(n-1)
+		return tailCovers(tail, 1, n)
 	})
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
 	_ = child.Wait()
@@ -171,7 +171,7 @@ func TestCompletedTailSurvivesCooperativeRevoke(t *testing.T) {
 	}()
 	for p := range int32(2) {
 		waitForTailOn(t, cluster, group, topic, p, 0, func(tail frontier.Tail) bool {
-			return tail.Contains(1) && tail.Contains(perPartition-1)
+			return tailCovers(tail, 1, perPartition)
 		})
 	}
 
@@ -280,6 +280,21 @@ func consumeUntil(t *testing.T, cluster *kafkatest.Cluster, group, topic string,
 	seen := countAndAck(mustSubscribe(t, sub, topic))
 	kafkatest.WaitFor(t, 30*time.Second, "the expected records handled", func() bool { return done(seen.snapshot()) })
 	return seen.snapshot
+}
+
+// tailCovers reports whether tail lists every offset in [from, to) as
+// completed. Its two ends are not enough: each delivery's ack is turned
+// into a completion by a goroutine of its own, so a commit can list the
+// last record acked while an earlier one, acked before it, is not yet
+// completed; a consumer killed right after that commit leaves that record
+// to be handled again, as it should.
+func tailCovers(tail frontier.Tail, from, to int64) bool {
+	for _, r := range tail.Ranges {
+		if r.From <= from && to <= r.To {
+			return true
+		}
+	}
+	return false
 }
 
 // waitForTail waits until the group's commit of partition 0, read back from

@@ -501,7 +501,7 @@ func TestTruncatedLogUnderCooperativeHandover(t *testing.T) {
 	})
 	for p := range int32(2) {
 		waitForTailOn(t, c, group, topic, p, hold, func(tail frontier.Tail) bool {
-			return tail.Contains(hold+1) && tail.Contains(n-1)
+			return tailCovers(tail, hold+1, n)
 		})
 	}
 
