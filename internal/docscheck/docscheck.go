@@ -273,9 +273,10 @@ func WholeFile(b Block) bool {
 // CompileBlocks compiles every whole-file Go block of pages, each as a
 // package of its own, in a temporary module that requires the module at
 // root (the checkout, whatever the pages' directory) through a replace
-// directive. It needs no network: dependencies come
-// from the module cache (GOPROXY=off), as root's go.sum lists them. It
-// returns the compiler's report, naming each block's page and line.
+// directive. Dependencies come from the module cache, or from GOPROXY
+// where the cache lacks one (a test run of a few packages on a fresh machine
+// has not downloaded what the nested modules need), checked against the
+// go.sum files of root and its nested modules. It returns the compiler's report, naming each block's page and line.
 func CompileBlocks(root string, pages map[string]*Page) ([]Problem, error) {
 	absRoot, err := filepath.Abs(root)
 	if err != nil {
@@ -352,8 +353,8 @@ func CompileBlocks(root string, pages map[string]*Page) ([]Problem, error) {
 	cmd := exec.Command("go", append(args, "./...")...)
 	cmd.Dir = dir
 	// -mod=mod lets go add the requirements the blocks' imports need (all in
-	// root's build list); GOPROXY=off keeps it to the module cache.
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off", "GOTOOLCHAIN=local")
+	// root's build list).
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off", "GOTOOLCHAIN=local")
 	out, err := cmd.CombinedOutput()
 	if err == nil {
 		return nil, nil
