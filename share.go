@@ -42,12 +42,15 @@ var ErrShareGroupsUnsupported = sentinel.ErrShareGroupsUnsupported
 // record still unanswered half-way through its lock has the lock renewed
 // (KIP-1222), so a long handler keeps its record.
 //
-// Each Subscribe call runs Members members (one kgo client each). A member
-// takes up to MaxInFlight records per poll and polls again only once every
-// message of the last poll is answered: the share group client accepts at
-// the next poll what the last one left unanswered (Kafka's own share
-// consumer has the same rule). A slow message therefore holds its member's
-// next poll; more Members, or more processes, keep the work flowing.
+// Each Subscribe call runs Members members (one kgo client each) that hand
+// out to the same MaxInFlight handlers. A member takes up to MaxPollRecords
+// records per poll and polls again only once every message of the last
+// poll is answered: the share group client accepts at the next poll what
+// the last one left unanswered (Kafka's own share consumer has the same
+// rule). The records of a poll wait in the member, their locks renewed,
+// until handlers are free; while one member waits for its next poll (or
+// for a slow message of its last one), the other members' records keep the
+// handlers busy.
 //
 // The record of a message is found with the same context helpers as a
 // Subscriber's (MessagePartitionFromCtx, MessagePartitionOffsetFromCtx,
@@ -95,7 +98,8 @@ func NewShareSubscriber(config ShareSubscriberConfig, logger watermill.LoggerAda
 }
 
 // Subscribe joins the share group for topic and returns the channel its
-// messages arrive on. Up to MaxInFlight messages may be unanswered at once.
+// messages arrive on. Up to MaxInFlight messages are handed out and
+// unanswered at once; up to Members x MaxPollRecords records are held.
 // The channel closes when ctx is cancelled or the ShareSubscriber is closed,
 // after the drain (see Close).
 //

@@ -21,6 +21,11 @@ const (
 	// DefaultShareAckFlushInterval bounds how long an ack waits before it
 	// is sent when no fetch carries it sooner.
 	DefaultShareAckFlushInterval = 100 * time.Millisecond
+	// DefaultShareMembers is the members each Subscribe call runs: two,
+	// so that one polls while the other's records are handled.
+	DefaultShareMembers = 2
+	// defaultSharePollFactor is MaxPollRecords' default over MaxInFlight.
+	defaultSharePollFactor = 4
 )
 
 // ShareSubscriberConfig configures a ShareSubscriber: a Watermill subscriber
@@ -50,19 +55,34 @@ type ShareSubscriberConfig struct {
 	// without a word.
 	Ordering *Ordering
 
-	// MaxInFlight bounds the messages one member hands out at once: it is
-	// the number of records a member takes from the share group per poll,
-	// and its next poll waits until every message of the last one is
-	// answered (kgo accepts what a poll left unanswered when it polls
-	// again; Kafka's own share consumer has the same rule). A slow message
-	// therefore holds its member's next poll: Members gives a Subscribe
-	// call several polls in flight. A member fetches only when it polls,
-	// so no record is acquired to wait in a buffer. Default 64.
+	// MaxInFlight bounds the messages handed out by one Subscribe call and
+	// not yet acked or nacked, across its members: the concurrency a
+	// Watermill router gets from this subscriber, as with a Subscriber. A
+	// deferred completion stops counting once its message is acked.
+	// Default 64.
 	MaxInFlight int
 
+	// MaxPollRecords is the most records a member takes from the share
+	// group per poll. A member polls again only once every message of its
+	// last poll is answered (kgo accepts what a poll left unanswered when
+	// it polls again; Kafka's own share consumer has the same rule), and
+	// a broker serves one share fetch of a partition at a time, a few
+	// milliseconds each: polls of MaxInFlight records would leave the
+	// handlers idle while the next one is on its way. The records a poll
+	// brings beyond the free handlers wait in the member, their
+	// acquisition locks renewed, and are handed out as handlers free up.
+	// Up to Members x MaxPollRecords records are held by one Subscribe
+	// call at once, out of other consumers' reach until answered: lower
+	// it when many processes share few partitions and each should get a
+	// part of a short backlog. Default 4 x MaxInFlight.
+	MaxPollRecords int
+
 	// Members is how many members of the share group each Subscribe call
-	// runs (one kgo client each), all handing out on its channel: up to
-	// Members x MaxInFlight messages are unanswered at once. Default 1.
+	// runs (one kgo client each), all handing out on its channel to the
+	// same MaxInFlight handlers. Two members take turns: while one waits
+	// for its poll, or for the slowest message of its last one, the
+	// other's records keep the handlers busy. Default
+	// DefaultShareMembers.
 	Members int
 
 	// MaxDeliveries is the delivery attempt at which a Nack no longer
@@ -155,8 +175,11 @@ func (c ShareSubscriberConfig) withDefaults() ShareSubscriberConfig {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
+	if c.MaxPollRecords == 0 {
+		c.MaxPollRecords = min(defaultSharePollFactor*c.MaxInFlight, maxSharePollRecords)
+	}
 	if c.Members == 0 {
-		c.Members = 1
+		c.Members = DefaultShareMembers
 	}
 	if c.MaxDeliveries == 0 {
 		c.MaxDeliveries = DefaultShareMaxDeliveries
@@ -173,6 +196,12 @@ func (c ShareSubscriberConfig) withDefaults() ShareSubscriberConfig {
 	return c
 }
 
+// maxSharePollRecords bounds MaxPollRecords: a share fetch's MaxRecords is
+// an int32, and a broker holds at most group.share.partition.max.record.locks
+// (2,000 by default, 4,000 at most by default) records of a partition
+// acquired at once.
+const maxSharePollRecords = 1 << 16
+
 // options returns what the subscriptions need of c, c's defaults applied.
 func (c ShareSubscriberConfig) options(logger watermill.LoggerAdapter) share.Options {
 	o := share.Options{
@@ -180,6 +209,7 @@ func (c ShareSubscriberConfig) options(logger watermill.LoggerAdapter) share.Opt
 		ShareGroup:       c.ShareGroup,
 		Unmarshaler:      c.Unmarshaler,
 		MaxInFlight:      c.MaxInFlight,
+		MaxPollRecords:   c.MaxPollRecords,
 		Members:          c.Members,
 		MaxDeliveries:    c.MaxDeliveries,
 		DeadLetter:       c.DeadLetter,
@@ -218,7 +248,13 @@ func (c ShareSubscriberConfig) Validate() error {
 		return fieldError("MaxInFlight", "negative size %d", c.MaxInFlight)
 	}
 	if c.MaxInFlight > 1<<20 {
-		return fieldError("MaxInFlight", "%d is above %d records per poll", c.MaxInFlight, 1<<20)
+		return fieldError("MaxInFlight", "%d is above %d messages", c.MaxInFlight, 1<<20)
+	}
+	if c.MaxPollRecords < 0 {
+		return fieldError("MaxPollRecords", "negative size %d", c.MaxPollRecords)
+	}
+	if c.MaxPollRecords > maxSharePollRecords {
+		return fieldError("MaxPollRecords", "%d is above %d records per poll", c.MaxPollRecords, maxSharePollRecords)
 	}
 	if c.Members < 0 || c.Members > 64 {
 		return fieldError("Members", "%d is not between 1 and 64", c.Members)

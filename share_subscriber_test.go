@@ -94,7 +94,7 @@ func TestShareCloseFlushesAndReleases(t *testing.T) {
 	topic := c.NewTopic(t, 1)
 	group := c.NewGroup(t)
 	first := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
-		cfg.Members, cfg.MaxInFlight = 10, 1
+		cfg.Members, cfg.MaxInFlight, cfg.MaxPollRecords = 10, 10, 1
 		// Only Close sends the acks: nothing flushes them earlier.
 		cfg.AckFlushInterval = time.Hour
 		cfg.DrainTimeout = 200 * time.Millisecond

@@ -347,15 +347,15 @@ func startBare(ctx context.Context, env *brokerEnv, t *topic, group string, onRe
 	}}, nil
 }
 
-// applySettings sets SubscriberConfig fields by name, so the bench compiles
-// whatever fields the package has today and can switch on new ones from the
-// command line.
-func applySettings(cfg *safeack.SubscriberConfig, set map[string]string) error {
+// applySettings sets fields of cfg (a pointer to a safeack config struct)
+// by name, so the bench compiles whatever fields the package has today and
+// can switch on new ones from the command line.
+func applySettings(cfg any, set map[string]string) error {
 	v := reflect.ValueOf(cfg).Elem()
 	for name, s := range set {
 		f := v.FieldByName(name)
 		if !f.IsValid() || !f.CanSet() {
-			return fmt.Errorf("safeack.SubscriberConfig has no field %s", name)
+			return fmt.Errorf("%s has no field %s", v.Type(), name)
 		}
 		if err := setField(f, s); err != nil {
 			return fmt.Errorf("%s=%s: %w", name, s, err)

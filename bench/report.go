@@ -87,7 +87,7 @@ var colTitles = map[string]string{
 	"x:recovery":  "recovery s",
 	// share workloads
 	"x:poisoned": "poison handled",
-	"x:busiest":  "busiest member %",
+	"x:busiest":  "busiest process %",
 }
 
 // rows returns the table: header, then one row per label, ideal and refs.

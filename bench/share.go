@@ -41,10 +41,18 @@ const shareConc = safeack.DefaultMaxInFlight
 var errPoison = errors.New("bench: poison record")
 
 func shareCases(t *topicSpec, work []time.Duration, poisonEvery int) []*caseSpec {
+	share := func(label string, processes int, set map[string]string) *caseSpec {
+		return &caseSpec{label: label, kind: kindShare, topic: t, conc: shareConc, work: work, members: processes, shareSet: set, poisonEvery: poisonEvery}
+	}
 	cases := []*caseSpec{
 		{label: shareGroupLabel, kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: shareConc, work: work, share: true, poisonEvery: poisonEvery},
-		{label: "share/1 member", kind: kindShare, topic: t, conc: shareConc, work: work, members: 1, poisonEvery: poisonEvery},
-		{label: "share/3 members", kind: kindShare, topic: t, conc: shareConc, work: work, members: 3, poisonEvery: poisonEvery},
+		share("share/1 process", 1, nil),
+		// What each part of the defaults buys: the hand-out before them
+		// (one member, polls of MaxInFlight), then each part alone.
+		share("share/1, 1 member × polls of 64", 1, map[string]string{"Members": "1", "MaxPollRecords": strconv.Itoa(shareConc)}),
+		share("share/1, 2 members × polls of 64", 1, map[string]string{"Members": "2", "MaxPollRecords": strconv.Itoa(shareConc)}),
+		share("share/1, 1 member × polls of 256", 1, map[string]string{"Members": "1"}),
+		share("share/3 processes", 3, nil),
 	}
 	if work != nil {
 		cases = append(cases, &caseSpec{label: "ideal (measured, no Kafka)", kind: kindLocal, topic: t, conc: shareConc, work: work})
@@ -53,9 +61,9 @@ func shareCases(t *topicSpec, work []time.Duration, poisonEvery int) []*caseSpec
 }
 
 var shareNotes = []string{
-	fmt.Sprintf("Every row reads through a message.Router. %s: safeack.Subscriber on a consumer group, Unordered, MaxInFlight %d, in this process. share/N: safeack.ShareSubscriber (Members 1, MaxInFlight %d records per poll, InitialOffset oldest) in each of N child processes of the bench binary, one share group member per process; their CPU s and RSS MB are summed over the N processes (each from its own start to the run's end), and each reports its acks to the bench over a pipe with their times.", shareGroupLabel, shareConc, shareConc),
+	fmt.Sprintf("Every row reads through a message.Router. %s: safeack.Subscriber on a consumer group, Unordered, MaxInFlight %d, in this process. share/N: safeack.ShareSubscriber (MaxInFlight %d, InitialOffset oldest, the other fields at their defaults: Members %d, MaxPollRecords %d; rows that name them set them) in each of N child processes of the bench binary; their CPU s and RSS MB are summed over the N processes (each from its own start to the run's end), and each reports its acks to the bench over a pipe with their times.", shareGroupLabel, shareConc, shareConc, safeack.DefaultShareMembers, 4*shareConc),
 	"Share groups keep no order; the consumer-group row is Unordered too (1 partition: one member of a consumer group gets all of it, so more processes would not help it).",
-	"×group = rec/s over the consumer-group row's. busiest member % = the share of the records one member completed, the largest over the members (100 for one member). startup counts from the consumer's construction (for share rows, from starting the child processes) to the first delivery; rec/s from the first delivery to the last ack.",
+	"×group = rec/s over the consumer-group row's. busiest process % = the share of the records one process completed, the largest over the processes (100 for one process). startup counts from the consumer's construction (for share rows, from starting the child processes) to the first delivery; rec/s from the first delivery to the last ack.",
 	"Share groups commit no offsets (the broker keeps each record's state), so their end lag is blank (the consumer-group row's is measured as in the other workloads); their acks reach the broker within AckFlushInterval (100 ms) or with the next fetch.",
 }
 
@@ -249,14 +257,15 @@ func shareReady(ctx context.Context, env *brokerEnv) error {
 
 // shareMemberSpec is what a -share-member child runs.
 type shareMemberSpec struct {
-	Brokers     []string      `json:"brokers"`
-	Topic       string        `json:"topic"`
-	Group       string        `json:"group"`
-	Conc        int           `json:"conc"`
-	Work        time.Duration `json:"work"`
-	PoisonEvery int           `json:"poison_every"`
-	Label       string        `json:"label"`
-	Verbose     bool          `json:"verbose"`
+	Brokers     []string          `json:"brokers"`
+	Topic       string            `json:"topic"`
+	Group       string            `json:"group"`
+	Conc        int               `json:"conc"`
+	Work        time.Duration     `json:"work"`
+	PoisonEvery int               `json:"poison_every"`
+	Label       string            `json:"label"`
+	Verbose     bool              `json:"verbose"`
+	Set         map[string]string `json:"set"`
 }
 
 // startShare starts c.members child processes, one share group member
@@ -267,7 +276,7 @@ func startShare(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, grou
 		return nil, err
 	}
 	js, _ := json.Marshal(shareMemberSpec{Brokers: env.brokers, Topic: t.name, Group: group, Conc: c.conc,
-		Work: workOf(c), PoisonEvery: c.poisonEvery, Label: c.label, Verbose: opt.verbose})
+		Work: workOf(c), PoisonEvery: c.poisonEvery, Label: c.label, Verbose: opt.verbose, Set: c.shareSet})
 	con := &contender{failed: make(chan struct{}), ext: &extStats{}}
 	var (
 		failOnce sync.Once
@@ -397,13 +406,17 @@ func runShareMember(js string) {
 	}
 	flush := func() { mu.Lock(); _ = out.Flush(); mu.Unlock() }
 	smp := startSampler(nil)
-	sub, err := safeack.NewShareSubscriber(safeack.ShareSubscriberConfig{
+	cfg := safeack.ShareSubscriberConfig{
 		Brokers:       spec.Brokers,
 		ShareGroup:    spec.Group,
 		MaxInFlight:   spec.Conc,
-		Members:       1,
 		InitialOffset: sarama.OffsetOldest,
-	}, wmLogger(spec.Label))
+	}
+	if err := applySettings(&cfg, spec.Set); err != nil {
+		fmt.Printf("ERR %v\n", err)
+		os.Exit(1)
+	}
+	sub, err := safeack.NewShareSubscriber(cfg, wmLogger(spec.Label))
 	if err != nil {
 		fmt.Printf("ERR %v\n", err)
 		os.Exit(1)

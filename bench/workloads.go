@@ -60,10 +60,12 @@ type caseSpec struct {
 	router   bool    // safeack: consumed through a message.Router instead of reading the channel
 	rate     float64 // steady: records/s to offer
 	// The share workloads (share.go): members = child processes of a
-	// share contender; poisonEvery > 0 makes every poisonEvery-th record
+	// share contender, shareSet the ShareSubscriberConfig fields each
+	// sets (by name, as -safeack-set); poisonEvery > 0 makes every poisonEvery-th record
 	// (index % poisonEvery == poisonEvery-1) fail its handler; share marks
 	// the consumer-group row of a share workload (read through a Router).
 	members     int
+	shareSet    map[string]string
 	poisonEvery int
 	share       bool
 }

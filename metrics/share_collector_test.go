@@ -26,9 +26,11 @@ func TestShareCollectorReportsStats(t *testing.T) {
 		Brokers:       c.Brokers(),
 		ShareGroup:    c.NewGroup(t),
 		InitialOffset: sarama.OffsetOldest,
-		Members:       2,
-		MaxInFlight:   1,
-		DrainTimeout:  100 * time.Millisecond,
+		// One handler for the held record, one for the others.
+		Members:        2,
+		MaxInFlight:    2,
+		MaxPollRecords: 1,
+		DrainTimeout:   100 * time.Millisecond,
 	}, testLogger())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })

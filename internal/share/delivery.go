@@ -199,19 +199,25 @@ func (d *Delivery) fields() watermill.LogFields {
 	return watermill.LogFields{"partition": d.rec.Partition, "offset": d.rec.Offset, "delivery_count": d.rec.DeliveryCount()}
 }
 
-// watch turns the router's answer into the record's.
+// watch turns the router's answer into the record's. The handler d's
+// message held is free once the router answered (a deferred completion,
+// a dead letter sent after a Nack hold none) or d was answered without it
+// (the drain).
 func (d *Delivery) watch() {
 	select {
 	case <-d.msg.Acked():
+		<-d.sub.handlers
 		if df := d.answer(); df != nil {
 			df.ackedNow()
 			return
 		}
 		d.finish(kgo.AckAccept, Acked)
 	case <-d.msg.Nacked():
+		<-d.sub.handlers
 		d.answer()
 		d.nacked()
 	case <-d.done:
+		<-d.sub.handlers
 	}
 }
 

@@ -21,6 +21,7 @@ type Options struct {
 	ShareGroup       string
 	Unmarshaler      kafka.Unmarshaler
 	MaxInFlight      int
+	MaxPollRecords   int
 	Members          int
 	MaxDeliveries    int
 	DeadLetter       func(ctx context.Context, msg *message.Message) error

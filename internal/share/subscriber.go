@@ -22,7 +22,7 @@ import (
 )
 
 // Subscription is one Subscribe call: Members members of the share group,
-// each a kgo client, sharing one output channel.
+// each a kgo client, sharing one output channel and MaxInFlight handlers.
 type Subscription struct {
 	host      Host
 	stats     *Registry
@@ -44,6 +44,12 @@ type Subscription struct {
 	// acked is set when an ack was given since the last flush.
 	acked atomic.Bool
 
+	// handlers holds a token for each message handed out and not yet
+	// answered by the router: MaxInFlight in all, shared by the members,
+	// so that one member's records go to the handlers another member's
+	// leave free while that member waits for its poll.
+	handlers chan struct{}
+
 	mu       sync.Mutex
 	inFlight map[*Delivery]struct{}
 }
@@ -58,6 +64,7 @@ func Start(ctx context.Context, cfg *Options, host Host, topic string) (*Subscri
 		cfg:      cfg,
 		topic:    topic,
 		output:   make(chan *message.Message),
+		handlers: make(chan struct{}, cfg.MaxInFlight),
 		inFlight: make(map[*Delivery]struct{}),
 		logFields: watermill.LogFields{
 			"provider":            "safeack",
@@ -154,15 +161,16 @@ func (sub *Subscription) connect(ctx context.Context) error {
 		opts := append(slices.Clone(base),
 			kgo.ShareGroup(cfg.ShareGroup),
 			kgo.ConsumeTopics(sub.topic),
-			// At most MaxInFlight records per fetch, and a fetch only
-			// when a poll asks: records are acquired only to be handed
-			// out, never to wait in a buffer (their locks running, out
-			// of other members' reach) behind a batch still in work.
-			kgo.ShareMaxRecords(int32(cfg.MaxInFlight)),
+			// At most MaxPollRecords records per fetch, and a fetch
+			// only when a poll asks: no records are acquired beyond
+			// what the member took (they wait for handlers in the
+			// member, where their locks are renewed), none behind a
+			// batch still in work in kgo's buffer.
+			kgo.ShareMaxRecords(int32(cfg.MaxPollRecords)),
 			kgo.ShareMaxRecordsStrict(),
 			kgo.MaxConcurrentFetches(0),
 			kgo.ShareAckCallback(sub.ackResults),
-			kgo.WithHooks(readyHook{m}),
+			kgo.WithHooks(readyHook{m}, fetchHook{m}),
 		)
 		client, err := kgo.NewClient(opts...)
 		if err != nil {
@@ -194,6 +202,9 @@ type member struct {
 	// once a poll comes back without one: Ready reports it whatever the
 	// heartbeats (whose refusals readyHook cannot see) say.
 	refusal atomic.Pointer[error]
+	// fetching counts the member's share fetches sent and not answered
+	// (see fetchHook).
+	fetching atomic.Int32
 }
 
 // CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
@@ -301,7 +312,7 @@ func (m *member) run() {
 	renew := time.NewTicker(renewCheck)
 	defer renew.Stop()
 	for sub.stop.Err() == nil {
-		fetches := m.client.PollRecords(sub.stop, sub.cfg.MaxInFlight)
+		fetches := m.client.PollRecords(sub.stop, sub.cfg.MaxPollRecords)
 		if fetches.IsClientClosed() || sub.stop.Err() != nil {
 			sub.releaseRecords(fetches.Records())
 			break
@@ -354,51 +365,71 @@ func (sub *Subscription) take(m *member, recs []*kgo.Record, renew <-chan time.T
 	return batch
 }
 
-// handOut sends the batch's messages, renewing meanwhile the acquisition
-// locks of the batch's records that take long: a reader that takes one
-// message at a time keeps the member here while it handles the last one,
-// and the records not yet sent wait here too, their locks running. A
-// record whose lock ends (or is about to) before it is sent is released,
-// never handed out: the broker may have given it to another member. On
-// stop, the ones not sent are released.
+// handOut sends the batch's messages, each once a handler is free (see
+// Subscription.handlers), renewing meanwhile the acquisition locks of the
+// batch's records that take long: the records not yet sent wait here while
+// the handlers work on earlier ones, their locks running. A record whose
+// lock ends (or is about to) before it is sent is released, never handed
+// out: the broker may have given it to another member. On stop, the ones
+// not sent are released.
 func (sub *Subscription) handOut(batch []*Delivery, renew <-chan time.Time) {
 	// The margin leaves a renewal the time to reach the broker.
 	margin := renewCheck + sub.cfg.AckFlushInterval
 	for i, d := range batch {
-		d.handedAt = time.Now()
-		sub.track(d)
-		if d.expired(d.handedAt, margin) {
+		if d.expired(time.Now(), margin) {
 			d.finish(kgo.AckRelease, LockExpired)
 			continue
 		}
 		if d.unmarshalErr != nil {
+			sub.track(d)
 			go d.unmarshalFailed()
 			continue
 		}
 		if d.pastMax {
+			sub.track(d)
 			go d.giveUp()
 			continue
 		}
-		go d.watch()
-		for sent := false; !sent; {
-			select {
-			case sub.output <- d.msg:
-				sent = true
-			case now := <-renew:
-				sub.renew(batch, now)
-				if d.expired(now, margin) {
-					d.finish(kgo.AckRelease, LockExpired)
-					sent = true
-				}
-			case <-sub.stop.Done():
-				for _, rest := range batch[i:] {
-					if rest != d {
-						sub.track(rest)
-					}
-					rest.finish(kgo.AckRelease, ReleasedAtClose)
-				}
-				return
+		if !sub.send(d, batch, renew, margin) {
+			if sub.stop.Err() == nil {
+				continue // its lock ended first
 			}
+			for _, rest := range batch[i:] {
+				rest.finish(kgo.AckRelease, ReleasedAtClose)
+			}
+			return
+		}
+	}
+}
+
+// send hands d's message out once a handler is free. It reports false
+// when it did not: d's lock ended first (d released) or the subscription
+// stopped (d left to the caller).
+func (sub *Subscription) send(d *Delivery, batch []*Delivery, renew <-chan time.Time, margin time.Duration) bool {
+	var out chan<- *message.Message // nil until a handler is free
+	handlers := sub.handlers
+	for {
+		select {
+		case handlers <- struct{}{}:
+			handlers, out = nil, sub.output
+			sub.track(d) // counted in flight from now; the handler may read handedAt
+		case out <- d.msg:
+			go d.watch()
+			return true
+		case now := <-renew:
+			sub.renew(batch, now)
+			if d.expired(now, margin) {
+				if out != nil {
+					<-sub.handlers
+				}
+				d.finish(kgo.AckRelease, LockExpired)
+				return false
+			}
+		case <-sub.stop.Done():
+			if out != nil {
+				<-sub.handlers
+			}
+			return false
 		}
 	}
 }
@@ -469,10 +500,17 @@ func (sub *Subscription) releaseRecords(recs []*kgo.Record) {
 }
 
 // leave sends every ack and release, cancels the messages' contexts and
-// leaves the group.
+// leaves the group. The releases wait until no member has a share fetch
+// in flight: a fetch of a member whose poll the stop cancelled still waits
+// at the broker (up to FetchMaxWait) for records to acquire, and a record
+// released by a sibling member would be acquired by it, only to be
+// released again at its Close: a delivery spent (see MaxDeliveries).
 func (sub *Subscription) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), sub.cfg.DrainTimeout+5*time.Second)
 	defer cancel()
+	if len(sub.members) > 1 {
+		sub.awaitFetches(ctx)
+	}
 	var wg sync.WaitGroup
 	for _, m := range sub.members {
 		wg.Go(func() {
@@ -488,14 +526,44 @@ func (sub *Subscription) leave() {
 	sub.logger.Info("Left the share group", nil)
 }
 
+// fetchSettleLimit bounds leave's wait for the members' share fetches in
+// flight: kgo's FetchMaxWait (500 ms here unless ClientOptions say
+// otherwise) and a round trip.
+const fetchSettleLimit = 2 * time.Second
+
+// awaitFetches waits until no member has a share fetch in flight, or
+// fetchSettleLimit.
+func (sub *Subscription) awaitFetches(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, fetchSettleLimit)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		inFlight := false
+		for _, m := range sub.members {
+			inFlight = inFlight || m.fetching.Load() > 0
+		}
+		if !inFlight {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
 // flushLoop sends the acks given since the last flush every
-// AckFlushInterval.
+// AckFlushInterval, until the subscription stops: leave sends the rest.
 func (sub *Subscription) flushLoop(done <-chan struct{}) {
 	tick := time.NewTicker(sub.cfg.AckFlushInterval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-done:
+			return
+		case <-sub.stop.Done():
 			return
 		case <-tick.C:
 		}
@@ -534,7 +602,9 @@ func (sub *Subscription) ackResults(client *kgo.Client, results kgo.ShareAckResu
 	}
 }
 
+// track counts d in flight (Stats), handed out from now.
 func (sub *Subscription) track(d *Delivery) {
+	d.handedAt = time.Now()
 	sub.mu.Lock()
 	sub.inFlight[d] = struct{}{}
 	sub.mu.Unlock()
@@ -596,6 +666,26 @@ func (h readyHook) set(err error) {
 		p = ready.Connecting
 	}
 	sub.host.SetPhase(h.m, sub.topic, p, err)
+}
+
+// fetchHook counts a member's share fetches in flight (member.fetching).
+type fetchHook struct{ m *member }
+
+var (
+	_ kgo.HookBrokerWrite = fetchHook{}
+	_ kgo.HookBrokerRead  = fetchHook{}
+)
+
+func (h fetchHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == int16(kmsg.ShareFetch) && err == nil {
+		h.m.fetching.Add(1)
+	}
+}
+
+func (h fetchHook) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
+	if key == int16(kmsg.ShareFetch) {
+		h.m.fetching.Add(-1)
+	}
 }
 
 // kgoLogger passes kgo's warnings and errors to the Watermill logger.

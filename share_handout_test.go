@@ -1,0 +1,122 @@
+package safeack_test
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// TestShareMaxInFlightAcrossMembers: MaxInFlight bounds the messages a
+// Subscribe call hands out at once, whatever its members poll: three
+// members taking four records each hand out four messages, no fifth until
+// one is answered, and every record in the end.
+func TestShareMaxInFlightAcrossMembers(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	const maxInFlight, n = 4, 40
+	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.Members, cfg.MaxInFlight, cfg.MaxPollRecords = 3, maxInFlight, maxInFlight
+	})
+	msgs := subscribeShare(t, sub, topic)
+	c.ProduceN(t, topic, 1, n, nil)
+
+	held := make([]*message.Message, 0, maxInFlight)
+	for len(held) < maxInFlight {
+		select {
+		case m := <-msgs:
+			held = append(held, m)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("got %d of %d messages", len(held), maxInFlight)
+		}
+	}
+	select {
+	case m := <-msgs:
+		t.Fatalf("a message past MaxInFlight was handed out: %q", m.Payload)
+	case <-time.After(300 * time.Millisecond):
+	}
+	_, inFlight := shareTotals(sub)
+	require.Equal(t, maxInFlight, inFlight)
+
+	// Answer them, then every later one, counting the messages unanswered.
+	var open, most atomic.Int32
+	open.Store(maxInFlight)
+	most.Store(maxInFlight)
+	ack := func(m *message.Message) {
+		open.Add(-1)
+		m.Ack()
+	}
+	for _, m := range held {
+		ack(m)
+	}
+	seen := newShareSeen()
+	for i := range held {
+		seen.add(held[i])
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range msgs {
+			now := open.Add(1)
+			for prev := most.Load(); now > prev && !most.CompareAndSwap(prev, now); prev = most.Load() {
+			}
+			seen.add(m)
+			go func() {
+				time.Sleep(time.Millisecond)
+				ack(m)
+			}()
+		}
+	}()
+	kafkatest.WaitFor(t, 30*time.Second, "every record handled", func() bool { return seen.distinct() == n })
+	require.LessOrEqual(t, most.Load(), int32(maxInFlight), "messages unanswered at once")
+	require.NoError(t, sub.Close())
+	<-done
+}
+
+// TestShareSlowRecordDoesNotStallTheSubscription: with the defaults, a
+// message its handler holds keeps its member from polling again (kgo
+// accepts what a poll left unanswered at the next poll), but not the
+// subscription: the other member keeps the handlers fed, and every other
+// record is handled while the one stays held.
+func TestShareSlowRecordDoesNotStallTheSubscription(t *testing.T) {
+	t.Parallel()
+	c := startShareCluster(t, 0)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	sub := newShareSub(t, c, group, nil)
+	msgs := subscribeShare(t, sub, topic)
+	const n = 2_000
+	c.ProduceN(t, topic, 1, n, nil)
+
+	var mu sync.Mutex
+	var slow *message.Message
+	seen := newShareSeen()
+	go func() {
+		for m := range msgs {
+			seen.add(m)
+			mu.Lock()
+			if slow == nil {
+				slow = m // held until the end
+				mu.Unlock()
+				continue
+			}
+			mu.Unlock()
+			m.Ack()
+		}
+	}()
+	kafkatest.WaitFor(t, 30*time.Second, "every record but the held one handled", func() bool { return seen.distinct() >= n })
+	mu.Lock()
+	slow.Ack()
+	mu.Unlock()
+	kafkatest.WaitFor(t, 10*time.Second, "every record accepted", func() bool {
+		tot, _ := shareTotals(sub)
+		return tot.Accepted == n
+	})
+	require.Equal(t, n, seen.total(), "no record handed out twice")
+}
