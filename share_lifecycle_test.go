@@ -166,10 +166,25 @@ func startShareClusterN(t *testing.T, n int) *kafkatest.Cluster {
 
 // cutDialer dials normally until cut; from then on every dial is refused
 // and every write on a connection it made fails, as when the broker's host
-// is gone and its connections were reset.
+// is gone and its connections were reset. While stalled (see stall), the
+// writes on its connections wait instead: the connections stay open and
+// the broker hears nothing, as over a congested link.
 type cutDialer struct {
-	cut atomic.Bool
-	tls *tls.Config // a secured cluster's: the handshake on the cut connection
+	cut     atomic.Bool
+	stalled atomic.Pointer[chan struct{}] // closed when the stall ends
+	tls     *tls.Config                   // a secured cluster's: the handshake on the cut connection
+}
+
+// stall holds every write on d's connections until the returned func is
+// called.
+func (d *cutDialer) stall() (resume func()) {
+	ch := make(chan struct{})
+	d.stalled.Store(&ch)
+	return func() {
+		if ch := d.stalled.Swap(nil); ch != nil {
+			close(*ch)
+		}
+	}
 }
 
 // options are the kgo options that connect to c through d: kgo.Dialer,
@@ -220,6 +235,9 @@ type cutConn struct {
 }
 
 func (c *cutConn) Write(b []byte) (int, error) {
+	if ch := c.d.stalled.Load(); ch != nil {
+		<-*ch
+	}
 	if c.d.cut.Load() {
 		return 0, errCut
 	}
@@ -659,4 +677,61 @@ func TestShareSubscribeContextEnds(t *testing.T) {
 	}
 	require.NoError(t, sub.Close())
 	scope.requireNoneLeft(t, closeLeftGrace, "Close returned")
+}
+
+// TestShareAckAfterLockEndedUnconfirmed: a member whose link to the broker
+// stalls (its connections open, its writes held) cannot renew the lock of
+// the record it holds; the lock ends and the record goes to another
+// member, which accepts it. When the link is back the first member's
+// handler acks: that acknowledgement came after the lock ended (the broker
+// may take it or not: Kafka 4.4.0 answered nothing wrong), so it is
+// reported unconfirmed: AckErrors, and the Observer's Acknowledged with an
+// error wrapping ErrShareAckUnconfirmed. (A connection reset instead ends
+// the member's share session: the broker releases its records at once and
+// refuses the ack, which is reported with the broker's error.)
+func TestShareAckAfterLockEndedUnconfirmed(t *testing.T) {
+	t.Parallel()
+	const lock = 2 * time.Second
+	c := startShareCluster(t, lock)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": fmt.Sprint(lock.Milliseconds())})
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("held")})
+
+	d := &cutDialer{}
+	rec := newShareRecorder()
+	cut := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.ClientOptions = d.options(t, c)
+		cfg.Observer = rec
+	})
+	held := receive(t, subscribeShare(t, cut, topic), 20*time.Second, "the record")
+	resume := d.stall()
+	t.Cleanup(resume)
+
+	other := newShareSub(t, c, group, nil)
+	seen := answerAll(subscribeShare(t, other, topic), (*message.Message).Ack)
+	kafkatest.WaitFor(t, 30*time.Second, "the other member gets the record once its lock ended", func() bool {
+		return seen.count("held") == 1
+	})
+	kafkatest.WaitFor(t, 10*time.Second, "the other member's accept taken", func() bool {
+		tot, _ := shareTotals(other)
+		return tot.Accepted == 1
+	})
+
+	resume()
+	before, _ := shareTotals(cut)
+	held.Ack()
+	kafkatest.WaitFor(t, 10*time.Second, "the late ack counted", func() bool {
+		tot, _ := shareTotals(cut)
+		return tot.AckErrors > before.AckErrors && tot.Accepted == 1
+	})
+	kafkatest.WaitFor(t, 20*time.Second, "the late ack reported", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.acks["held#1"]) == 1
+	})
+	rec.mu.Lock()
+	a := rec.acks["held#1"][0]
+	rec.mu.Unlock()
+	assert.Equal(t, "accept", a.Ack.String())
+	assert.ErrorIs(t, a.Err, safeack.ErrShareAckUnconfirmed, "acknowledged: %+v", a)
 }
