@@ -81,10 +81,10 @@ type Delivery struct {
 	nackErr  error // for obs: the error that made the record nacked, when known
 }
 
-// newDelivery makes the delivery of r, polled at polled: its counters
-// counted, its acquisition lock's span noted for renewal. prepare makes
-// its message.
-func (sub *Subscription) newDelivery(m *member, r *kgo.Record, polled time.Time) *Delivery {
+// newDelivery makes the delivery of r, polled at polled from a fetch sent
+// at fetched: its counters counted, its acquisition lock's deadline and
+// span noted for renewal.
+func (sub *Subscription) newDelivery(m *member, r *kgo.Record, fetched, polled time.Time) *Delivery {
 	d := &Delivery{sub: sub, m: m, rec: r, cm: saramaMessage(r), done: make(chan struct{})}
 	d.ctr = sub.stats.count(r.Topic, r.Partition, func(c *Counters) {
 		c.Received++
@@ -93,9 +93,14 @@ func (sub *Subscription) newDelivery(m *member, r *kgo.Record, polled time.Time)
 		}
 		c.MaxDeliveryCount = max(c.MaxDeliveryCount, r.DeliveryCount())
 	})
-	// The lock runs from the broker's fetch: what is left of it now is a
-	// little less than its duration, a safe span to renew by.
+	// kgo counts the lock from when it decoded the fetch's answer; the
+	// broker counted it from the acquisition, before it answered and
+	// after the fetch was sent. Counted from the send, the deadline is
+	// not later than the broker's: an ack given past it is reported
+	// unconfirmed, never one the broker may have given away taken for
+	// sure.
 	if deadline := r.AcquisitionDeadline(); !deadline.IsZero() {
+		deadline = deadline.Add(-polled.Sub(fetched))
 		d.lockSpan = deadline.Sub(polled)
 		d.renewAt = polled.Add(d.lockSpan / 2)
 		d.deadline.Store(deadline.UnixNano())

@@ -117,16 +117,21 @@ type renewal struct {
 type renewalWaits struct{ partitionWaits[renewal] }
 
 // answered moves the deadlines of a partition's renewals on when the
-// broker took them.
+// broker took them in time: an answer that comes after the lock it
+// renewed had ended cannot tell whether the renewal reached the broker
+// before that end (a stalled link delivers it late, and Kafka 4.4.0 answers
+// such a renewal without an error), and the record may have gone to
+// another member meanwhile; that deadline stays where it was.
 func (w *renewalWaits) answered(partition int32, err error) {
 	waiting := w.take(partition)
 	if err != nil {
 		return
 	}
+	now := time.Now().UnixNano()
 	for _, r := range waiting {
 		for {
 			cur := r.d.deadline.Load()
-			if cur >= r.until || r.d.deadline.CompareAndSwap(cur, r.until) {
+			if cur >= r.until || now >= cur || r.d.deadline.CompareAndSwap(cur, r.until) {
 				break
 			}
 		}

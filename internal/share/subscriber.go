@@ -203,8 +203,13 @@ type member struct {
 	// heartbeats (whose refusals readyHook cannot see) say.
 	refusal atomic.Pointer[error]
 	// fetching counts the member's share fetches sent and not answered
-	// (see fetchHook).
-	fetching atomic.Int32
+	// (see fetchHook); sent holds when each was written, by broker, and
+	// answeredFrom when the earliest of those answered since the last
+	// poll returned was (unix nanoseconds, 0 none).
+	fetching     atomic.Int32
+	sentMu       sync.Mutex
+	sent         map[int32]int64
+	answeredFrom atomic.Int64
 }
 
 // CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
@@ -312,7 +317,15 @@ func (m *member) run() {
 	renew := time.NewTicker(renewCheck)
 	defer renew.Stop()
 	for sub.stop.Err() == nil {
+		pollStart := time.Now()
 		fetches := m.client.PollRecords(sub.stop, sub.cfg.MaxPollRecords)
+		// The poll's records were acquired after the fetch that brought
+		// them was sent: after pollStart (a member fetches only when it
+		// polls) unless a fetch answered before kept some in kgo's buffer.
+		fetched := pollStart
+		if from := m.answeredFrom.Swap(0); from != 0 {
+			fetched = time.Unix(0, from)
+		}
 		if fetches.IsClientClosed() || sub.stop.Err() != nil {
 			sub.releaseRecords(fetches.Records())
 			break
@@ -334,7 +347,7 @@ func (m *member) run() {
 		} else if m.refusal.Swap(nil) != nil {
 			sub.host.SetPhase(m, sub.topic, ready.Consuming, nil)
 		}
-		batch := sub.take(m, fetches.Records(), renew.C)
+		batch := sub.take(m, fetches.Records(), fetched, renew.C)
 		sub.handOut(batch, renew.C)
 		sub.await(batch, renew.C)
 	}
@@ -345,11 +358,11 @@ func (m *member) run() {
 // without an OnUnmarshalError, are answered here and not handed out. The
 // poll's locks are renewed meanwhile: a slow Unmarshaler holds the rest
 // of the poll.
-func (sub *Subscription) take(m *member, recs []*kgo.Record, renew <-chan time.Time) []*Delivery {
+func (sub *Subscription) take(m *member, recs []*kgo.Record, fetched time.Time, renew <-chan time.Time) []*Delivery {
 	polled := time.Now()
 	all := make([]*Delivery, len(recs))
 	for i, r := range recs {
-		all[i] = sub.newDelivery(m, r, polled)
+		all[i] = sub.newDelivery(m, r, fetched, polled)
 	}
 	batch := make([]*Delivery, 0, len(recs))
 	for _, d := range all {
@@ -676,15 +689,34 @@ var (
 	_ kgo.HookBrokerRead  = fetchHook{}
 )
 
-func (h fetchHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
-	if key == int16(kmsg.ShareFetch) && err == nil {
-		h.m.fetching.Add(1)
+func (h fetchHook) OnBrokerWrite(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key != int16(kmsg.ShareFetch) || err != nil {
+		return
 	}
+	m := h.m
+	m.fetching.Add(1)
+	m.sentMu.Lock()
+	if m.sent == nil {
+		m.sent = make(map[int32]int64)
+	}
+	m.sent[meta.NodeID] = time.Now().UnixNano()
+	m.sentMu.Unlock()
 }
 
-func (h fetchHook) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
-	if key == int16(kmsg.ShareFetch) {
-		h.m.fetching.Add(-1)
+func (h fetchHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
+	if key != int16(kmsg.ShareFetch) {
+		return
+	}
+	m := h.m
+	m.fetching.Add(-1)
+	m.sentMu.Lock()
+	sent := m.sent[meta.NodeID]
+	m.sentMu.Unlock()
+	for sent != 0 {
+		cur := m.answeredFrom.Load()
+		if (cur != 0 && cur <= sent) || m.answeredFrom.CompareAndSwap(cur, sent) {
+			break
+		}
 	}
 }
 
