@@ -30,7 +30,11 @@ const (
 
 // ShareSubscriberConfig configures a ShareSubscriber: a Watermill subscriber
 // on a Kafka share group (KIP-932, Kafka 4.2 and later). Field names shared
-// with SubscriberConfig have the same meaning.
+// with SubscriberConfig have the same meaning. Copied from a
+// SubscriberConfig, three fields differ: Ordering is a pointer here (nil,
+// or Unordered), the group is ShareGroup, and the client is configured with
+// kgo options (ClientOptions) rather than a Sarama config; docs/share-groups.md
+// ("From a SubscriberConfig") lists them all.
 //
 // Share groups keep no order: records of one partition are handed to any
 // member, and to one member's handlers, at the same time and complete in
