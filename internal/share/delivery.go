@@ -299,6 +299,9 @@ func (d *Delivery) finish(status kgo.AckStatus, why Reason) {
 	}
 	d.observeAnswer(status, why, late)
 	d.sub.acked.Store(true)
+	if status == kgo.AckRelease && d.ended() {
+		d.sub.releasedStopping.Store(true)
+	}
 	if d.cancel != nil {
 		d.cancel()
 	}

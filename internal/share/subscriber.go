@@ -41,8 +41,10 @@ type Subscription struct {
 	msgCtx     context.Context
 	msgCancel  context.CancelFunc
 
-	// acked is set when an ack was given since the last flush.
-	acked atomic.Bool
+	// acked is set when an ack was given since the last flush;
+	// releasedStopping once a record was released after the stop (see
+	// leave).
+	acked, releasedStopping atomic.Bool
 
 	// handlers holds a token for each message handed out and not yet
 	// answered by the router: MaxInFlight in all, shared by the members,
@@ -521,7 +523,7 @@ func (sub *Subscription) releaseRecords(recs []*kgo.Record) {
 func (sub *Subscription) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), sub.cfg.DrainTimeout+5*time.Second)
 	defer cancel()
-	if len(sub.members) > 1 {
+	if len(sub.members) > 1 && sub.releasedStopping.Load() {
 		sub.awaitFetches(ctx)
 	}
 	var wg sync.WaitGroup
