@@ -87,14 +87,14 @@ func main() {
 		pcKeys      = flag.String("pc-keys", "1,2,5,10,20,1000", "key counts for pc-published in by-key mode")
 		verbose     = flag.Bool("v", false, "log progress details to stderr")
 		wiretapF    = flag.Bool("wiretap", false, "log every Kafka request and response of each Sarama-based contender up to its first delivery, with times since the run's start (start-up phases)")
-		pc          = flag.String("pc", "auto", "Confluent Parallel Consumer contenders (pc/*): auto (build with Maven on first use, skip with a note where java or mvn is missing) or off")
+		pc          = flag.String("pc", "auto", "Java contenders, Confluent Parallel Consumer (pc/*) and Kafka's share consumer (java-share/*): auto (build with Maven on first use, skip with a note where java or mvn is missing) or off")
 		pcWarmup    = flag.Int("pc-warmup", 20000, "Parallel Consumer: records of an unmeasured warm-up pass (own group, no work) in the same JVM before the measured pass, so it runs on JIT-compiled code; 0: a cold JVM")
 		maxWait     = flag.Duration("sarama-max-wait", 0, "Consumer.MaxWaitTime of every Sarama-based contender (0: Sarama's default, 500 ms). A fetch that waits for data holds up requests queued behind it on the same broker connection, commits included (safeack reaches the group coordinator over a connection of its own)")
 		steadyRate  = flag.Int("steady-rate", 0, "steady: records/s to offer every contender (0: half of each contender's own zero-work median when zero-work ran before it, else 50,000; -quick 20,000)")
 		steadyMax   = flag.Int("steady-max-rate", 100_000, "steady: highest rate derived from zero-work (the producer child's own limit)")
 		steadyDur   = flag.Duration("steady-duration", 0, "steady: how long to produce (0: 10 s; -quick 4 s)")
 		steadyChild = flag.String("steady-produce", "", "internal: the steady workload's producer (JSON spec)")
-		pcBuildOnly = flag.Bool("pc-build", false, "build the Parallel Consumer driver into the cache directory and exit")
+		pcBuildOnly = flag.Bool("pc-build", false, "build the Java drivers (Parallel Consumer, Kafka share consumer) into the cache directory and exit")
 
 		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
 		restartChild = flag.String("restart-child", "", "internal: run the first consumer of restart-cost (JSON spec)")
@@ -157,7 +157,10 @@ func main() {
 		if err := pcReady(); err != nil {
 			fatalf("%v", err)
 		}
-		fmt.Printf("java %s\nclasspath %s\n", pcBuild.java, pcBuild.classpath)
+		if err := jshareReady(); err != nil {
+			fatalf("%v", err)
+		}
+		fmt.Printf("java %s\nclasspath %s\njava-share classpath %s\n", pcBuild.java, pcBuild.classpath, jshareBuild.classpath)
 		return
 	}
 	opt.brokers = splitList(*brokers)

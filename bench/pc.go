@@ -59,17 +59,30 @@ func pcReady() error {
 }
 
 func pcCacheDir() (string, error) {
-	if d := os.Getenv("SAFEACK_BENCH_PC_DIR"); d != "" {
+	return driverCacheDir("SAFEACK_BENCH_PC_DIR", "bench-pc")
+}
+
+func buildPC() (java, classpath string, err error) {
+	return buildJavaDriver(pcSources, "pc", pcCacheDir, "the Parallel Consumer "+pcVersion+" driver")
+}
+
+// driverCacheDir is where a Java driver is built: $env, or name in the
+// user's cache directory under safeack.
+func driverCacheDir(env, name string) (string, error) {
+	if d := os.Getenv(env); d != "" {
 		return d, nil
 	}
 	base, err := os.UserCacheDir()
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(base, "safeack", "bench-pc"), nil
+	return filepath.Join(base, "safeack", name), nil
 }
 
-func buildPC() (java, classpath string, err error) {
+// buildJavaDriver builds the Maven project under root in srcs (a pom.xml
+// and src) in the directory cacheDir names, unless its stamp (the sources'
+// hash) says it is built, and returns java and the classpath to run it.
+func buildJavaDriver(srcs embed.FS, root string, cacheDir func() (string, error), what string) (java, classpath string, err error) {
 	java, err = exec.LookPath("java")
 	if err != nil {
 		return "", "", errors.New("java not found on PATH (needs Java 17+ and Maven)")
@@ -78,16 +91,16 @@ func buildPC() (java, classpath string, err error) {
 	if err != nil {
 		return "", "", errors.New("mvn not found on PATH (needs Java 17+ and Maven)")
 	}
-	dir, err := pcCacheDir()
+	dir, err := cacheDir()
 	if err != nil {
 		return "", "", err
 	}
 	h := sha256.New()
-	err = fs.WalkDir(pcSources, "pc", func(path string, d fs.DirEntry, err error) error {
+	err = fs.WalkDir(srcs, root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
-		b, err := pcSources.ReadFile(path)
+		b, err := srcs.ReadFile(path)
 		if err != nil {
 			return err
 		}
@@ -104,20 +117,20 @@ func buildPC() (java, classpath string, err error) {
 	if b, err := os.ReadFile(filepath.Join(dir, "stamp")); err == nil && strings.TrimSpace(string(b)) == stamp {
 		return java, classpath, nil
 	}
-	logf("building the Parallel Consumer %s driver with Maven into %s (first use; Maven Central)", pcVersion, src)
+	logf("building %s with Maven into %s (first use; Maven Central)", what, src)
 	if err := os.RemoveAll(src); err != nil {
 		return "", "", err
 	}
-	err = fs.WalkDir(pcSources, "pc", func(path string, d fs.DirEntry, err error) error {
+	err = fs.WalkDir(srcs, root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel("pc", path)
+		rel, _ := filepath.Rel(root, path)
 		out := filepath.Join(src, rel)
 		if d.IsDir() {
 			return os.MkdirAll(out, 0o755)
 		}
-		b, err := pcSources.ReadFile(path)
+		b, err := srcs.ReadFile(path)
 		if err != nil {
 			return err
 		}
@@ -136,7 +149,7 @@ func buildPC() (java, classpath string, err error) {
 	if err := os.WriteFile(filepath.Join(dir, "stamp"), []byte(stamp+"\n"), 0o644); err != nil {
 		return "", "", err
 	}
-	logf("built the Parallel Consumer driver in %v", time.Since(start).Round(time.Second))
+	logf("built %s in %v", what, time.Since(start).Round(time.Second))
 	return java, classpath, nil
 }
 

@@ -90,7 +90,7 @@ func selected(label string) bool {
 // can, its warm-up topic is produced first (with -pc-warmup).
 func selectedCases(ctx context.Context, env *brokerEnv, w *workload) ([]*caseSpec, error) {
 	var cases []*caseSpec
-	pcSkipped, shareSkipped := false, false
+	pcSkipped, shareSkipped, jshareSkipped := false, false, false
 	for _, c := range w.cases {
 		if !selected(c.label) {
 			continue
@@ -102,6 +102,15 @@ func selectedCases(ctx context.Context, env *brokerEnv, w *workload) ([]*caseSpe
 					shareSkipped = true
 				}
 				continue
+			}
+			if c.javaShare {
+				if err := javaShareReady(env); err != nil {
+					if !jshareSkipped {
+						w.notes = append(w.notes, fmt.Sprintf("Java share-consumer rows (java-share/*) skipped: %v.", err))
+						jshareSkipped = true
+					}
+					continue
+				}
 			}
 		}
 		if c.kind == kindPC {

@@ -44,6 +44,11 @@ func shareCases(t *topicSpec, work []time.Duration, poisonEvery int) []*caseSpec
 	share := func(label string, processes int, set map[string]string) *caseSpec {
 		return &caseSpec{label: label, kind: kindShare, topic: t, conc: shareConc, work: work, members: processes, shareSet: set, poisonEvery: poisonEvery}
 	}
+	javaShare := func(label string, processes int, props map[string]string) *caseSpec {
+		c := share(label, processes, props)
+		c.javaShare = true
+		return c
+	}
 	cases := []*caseSpec{
 		{label: shareGroupLabel, kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: shareConc, work: work, share: true, poisonEvery: poisonEvery},
 		share("share/1 process", 1, nil),
@@ -53,6 +58,11 @@ func shareCases(t *topicSpec, work []time.Duration, poisonEvery int) []*caseSpec
 		share("share/1, 2 members × polls of 64", 1, map[string]string{"Members": "2", "MaxPollRecords": strconv.Itoa(shareConc)}),
 		share("share/1, 1 member × polls of 256", 1, map[string]string{"Members": "1"}),
 		share("share/3 processes", 3, nil),
+		// Kafka's own Java share consumer, the same way (jshare.go): its
+		// defaults, then polls held to what a Go member takes.
+		javaShare("java-share/1 process", 1, nil),
+		javaShare("java-share/1, polls of 256 (record_limit)", 1, map[string]string{"share.acquire.mode": "record_limit", "max.poll.records": strconv.Itoa(4 * shareConc)}),
+		javaShare("java-share/3 processes", 3, nil),
 	}
 	if work != nil {
 		cases = append(cases, &caseSpec{label: "ideal (measured, no Kafka)", kind: kindLocal, topic: t, conc: shareConc, work: work})
@@ -62,6 +72,7 @@ func shareCases(t *topicSpec, work []time.Duration, poisonEvery int) []*caseSpec
 
 var shareNotes = []string{
 	fmt.Sprintf("Every row reads through a message.Router. %s: safeack.Subscriber on a consumer group, Unordered, MaxInFlight %d, in this process. share/N: safeack.ShareSubscriber (MaxInFlight %d, InitialOffset oldest, the other fields at their defaults: Members %d, MaxPollRecords %d; rows that name them set them) in each of N child processes of the bench binary; their CPU s and RSS MB are summed over the N processes (each from its own start to the run's end), and each reports its acks to the bench over a pipe with their times.", shareGroupLabel, shareConc, shareConc, safeack.DefaultShareMembers, 4*shareConc),
+	fmt.Sprintf("java-share/N: Apache Kafka's own KafkaShareConsumer (kafka-clients %s, Java 17; our driver bench/jshare) in each of N child JVMs, share.acknowledgement.mode=explicit, the group's share.auto.offset.reset=earliest set with the Admin client, every other property at the client's default (max.poll.records 500, share.acquire.mode batch_optimized: a poll may pass max.poll.records to keep the broker's batches whole, here often 1,000-3,000 records), and a pool of %d worker threads: poll, hand every record to the pool, wait for all of them, acknowledge each (ACCEPT, or REJECT for a poison record), poll again (the acks ride on that poll). A record counts as done when it is acknowledged, after its whole poll finished. The record_limit row sets share.acquire.mode=record_limit and max.poll.records=%d (what a Go member takes per poll). A cold JVM (no warm-up pass, unlike pc/*); startup includes the JVM's start; CPU s and RSS MB are the JVMs' own, reported as the Go members'.", jshareClients, shareConc, 4*shareConc),
 	"Share groups keep no order; the consumer-group row is Unordered too (1 partition: one member of a consumer group gets all of it, so more processes would not help it).",
 	"×group = rec/s over the consumer-group row's. busiest process % = the share of the records one process completed, the largest over the processes (100 for one process). startup counts from the consumer's construction (for share rows, from starting the child processes) to the first delivery; rec/s from the first delivery to the last ack.",
 	"Share groups commit no offsets (the broker keeps each record's state), so their end lag is blank (the consumer-group row's is measured as in the other workloads); their acks reach the broker within AckFlushInterval (100 ms) or with the next fetch.",
@@ -271,12 +282,26 @@ type shareMemberSpec struct {
 // startShare starts c.members child processes, one share group member
 // each, and feeds their acks into tr.
 func startShare(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, group string, tr *ackTracker) (*contender, error) {
+	spec := shareMemberSpec{Brokers: env.brokers, Topic: t.name, Group: group, Conc: c.conc,
+		Work: workOf(c), PoisonEvery: c.poisonEvery, Label: c.label, Verbose: opt.verbose, Set: c.shareSet}
+	if c.javaShare {
+		if err := jshareReady(); err != nil {
+			return nil, err
+		}
+		return startShareProcs(c, tr, func() *exec.Cmd { return javaShareCommand(spec) })
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	js, _ := json.Marshal(shareMemberSpec{Brokers: env.brokers, Topic: t.name, Group: group, Conc: c.conc,
-		Work: workOf(c), PoisonEvery: c.poisonEvery, Label: c.label, Verbose: opt.verbose, Set: c.shareSet})
+	js, _ := json.Marshal(spec)
+	return startShareProcs(c, tr, func() *exec.Cmd { return exec.Command(exe, "-share-member", string(js)) })
+}
+
+// startShareProcs starts c.members child processes, each from newCmd,
+// that speak runShareMember's protocol on stdout, and feeds their acks
+// into tr.
+func startShareProcs(c *caseSpec, tr *ackTracker, newCmd func() *exec.Cmd) (*contender, error) {
 	con := &contender{failed: make(chan struct{}), ext: &extStats{}}
 	var (
 		failOnce sync.Once
@@ -310,7 +335,7 @@ func startShare(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, grou
 		return nil
 	}
 	for m := range c.members {
-		cmd := exec.Command(exe, "-share-member", string(js))
+		cmd := newCmd()
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
 			_ = stop()
@@ -362,13 +387,13 @@ func startShare(ctx context.Context, env *brokerEnv, c *caseSpec, t *topic, grou
 					mu.Unlock()
 					finished = true
 				case "ERR":
-					fail(fmt.Errorf("share member %d: %s", m, strings.Join(f[1:], " ")))
+					fail(fmt.Errorf("%s, process %d: %s", c.label, m, strings.Join(f[1:], " ")))
 				}
 			}
 			_, _ = io.Copy(io.Discard, stdout)
 			err := cmd.Wait()
 			if !finished {
-				fail(fmt.Errorf("share member %d exited before the run ended: %v", m, err))
+				fail(fmt.Errorf("%s, process %d exited before the run ended: %v", c.label, m, err))
 			}
 		}()
 	}

@@ -68,6 +68,9 @@ type caseSpec struct {
 	shareSet    map[string]string
 	poisonEvery int
 	share       bool
+	// javaShare: a share contender whose processes run Kafka's Java
+	// KafkaShareConsumer (jshare.go) instead of safeack's ShareSubscriber.
+	javaShare bool
 }
 
 // workload is a set of cases run the same way, and how to present them.
