@@ -2,6 +2,7 @@ package safeack
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -67,7 +68,8 @@ type ShareSubscriberConfig struct {
 	MaxInFlight int
 
 	// MaxPollRecords is the most records a member takes from the share
-	// group per poll. A member polls again only once every message of its
+	// group per poll (with ShareAcquireRecordLimit, the default
+	// AcquireMode; see AcquireMode for the other). A member polls again only once every message of its
 	// last poll is answered (kgo accepts what a poll left unanswered when
 	// it polls again; Kafka's own share consumer has the same rule), and
 	// a broker serves one share fetch of a partition at a time, a few
@@ -80,6 +82,19 @@ type ShareSubscriberConfig struct {
 	// it when many processes share few partitions and each should get a
 	// part of a short backlog. Default 4 x MaxInFlight.
 	MaxPollRecords int
+
+	// AcquireMode is how the broker acquires records for a member's
+	// fetch (KIP-1206). ShareAcquireRecordLimit, the default, acquires at
+	// most MaxPollRecords records, splitting the broker's stored batches:
+	// MaxPollRecords bounds what a member holds, and a short backlog is
+	// spread over the members of every process. ShareAcquireBatchOptimized
+	// (Kafka's own consumer's default) acquires whole stored batches, so a
+	// fetch may bring many more records than MaxPollRecords (all of a
+	// producer's batch; the member takes and renews them all): fewer
+	// fetches, and less CPU per record where records are small and
+	// batches large, at the cost of one member holding a whole batch
+	// while other members idle.
+	AcquireMode ShareAcquireMode
 
 	// Members is how many members of the share group each Subscribe call
 	// runs (one kgo client each), all handing out on its channel to the
@@ -200,6 +215,31 @@ func (c ShareSubscriberConfig) withDefaults() ShareSubscriberConfig {
 	return c
 }
 
+// ShareAcquireMode is how a share group's broker acquires records for a
+// fetch (KIP-1206's share.acquire.mode); see
+// ShareSubscriberConfig.AcquireMode.
+type ShareAcquireMode int
+
+// Share acquisition modes.
+const (
+	// ShareAcquireRecordLimit acquires at most MaxPollRecords records per
+	// fetch (record_limit).
+	ShareAcquireRecordLimit ShareAcquireMode = iota
+	// ShareAcquireBatchOptimized acquires whole stored batches
+	// (batch_optimized).
+	ShareAcquireBatchOptimized
+)
+
+func (m ShareAcquireMode) String() string {
+	switch m {
+	case ShareAcquireRecordLimit:
+		return "record_limit"
+	case ShareAcquireBatchOptimized:
+		return "batch_optimized"
+	}
+	return fmt.Sprintf("ShareAcquireMode(%d)", int(m))
+}
+
 // maxSharePollRecords bounds MaxPollRecords: a share fetch's MaxRecords is
 // an int32, and a broker holds at most group.share.partition.max.record.locks
 // (2,000 by default, 4,000 at most by default) records of a partition
@@ -214,6 +254,7 @@ func (c ShareSubscriberConfig) options(logger watermill.LoggerAdapter) share.Opt
 		Unmarshaler:      c.Unmarshaler,
 		MaxInFlight:      c.MaxInFlight,
 		MaxPollRecords:   c.MaxPollRecords,
+		WholeBatches:     c.AcquireMode == ShareAcquireBatchOptimized,
 		Members:          c.Members,
 		MaxDeliveries:    c.MaxDeliveries,
 		DeadLetter:       c.DeadLetter,
@@ -259,6 +300,9 @@ func (c ShareSubscriberConfig) Validate() error {
 	}
 	if c.MaxPollRecords > maxSharePollRecords {
 		return fieldError("MaxPollRecords", "%d is above %d records per poll", c.MaxPollRecords, maxSharePollRecords)
+	}
+	if c.AcquireMode != ShareAcquireRecordLimit && c.AcquireMode != ShareAcquireBatchOptimized {
+		return fieldError("AcquireMode", "%v: ShareAcquireRecordLimit or ShareAcquireBatchOptimized", c.AcquireMode)
 	}
 	if c.Members < 0 || c.Members > 64 {
 		return fieldError("Members", "%d is not between 1 and 64", c.Members)

@@ -1,6 +1,8 @@
 package safeack_test
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -119,4 +121,77 @@ func TestShareSlowRecordDoesNotStallTheSubscription(t *testing.T) {
 		return tot.Accepted == n
 	})
 	require.Equal(t, n, seen.total(), "no record handed out twice")
+}
+
+// TestShareBatchOptimizedTakesWholeBatches: with AcquireMode
+// ShareAcquireBatchOptimized the broker may acquire a whole stored batch
+// for a fetch that asked for fewer records; the member takes and hands
+// out all of it, within MaxInFlight, renewing the locks of the records
+// waiting for a handler: with handlers slow enough that the batch
+// outlasts the acquisition lock, none is released or delivered again
+// (records left in the client's buffer would have lost their locks), and
+// each is accepted once.
+func TestShareBatchOptimizedTakesWholeBatches(t *testing.T) {
+	t.Parallel()
+	const lock = 2 * time.Second
+	c := startShareCluster(t, lock)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": fmt.Sprint(lock.Milliseconds())})
+	const n, maxInFlight, work = 200, 8, 100 * time.Millisecond // 2.5 s of work
+	c.ProduceN(t, topic, 1, n, nil)                             // one stored batch
+	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.AcquireMode = safeack.ShareAcquireBatchOptimized
+		cfg.MaxInFlight, cfg.MaxPollRecords = maxInFlight, maxInFlight
+	})
+	var open, most atomic.Int32
+	seen := newShareSeen()
+	msgs := subscribeShare(t, sub, topic)
+	go func() {
+		for m := range msgs {
+			now := open.Add(1)
+			for prev := most.Load(); now > prev && !most.CompareAndSwap(prev, now); prev = most.Load() {
+			}
+			seen.add(m)
+			go func() {
+				time.Sleep(work)
+				open.Add(-1)
+				m.Ack()
+			}()
+		}
+	}()
+	kafkatest.WaitFor(t, 60*time.Second, "every record handled", func() bool { return seen.distinct() == n })
+	kafkatest.WaitFor(t, 10*time.Second, "every record accepted", func() bool {
+		tot, _ := shareTotals(sub)
+		return tot.Accepted == n
+	})
+	tot, _ := shareTotals(sub)
+	t.Logf("%+v", tot)
+	require.Equal(t, n, seen.total(), "no record handed out twice")
+	require.LessOrEqual(t, most.Load(), int32(maxInFlight), "messages unanswered at once")
+	require.Zero(t, tot.Released, "records released: their locks ran out")
+	require.Zero(t, tot.Redelivered, "records delivered again: their locks ran out")
+}
+
+// TestShareRecordAfterLongIdleHandedOut: a member that polled in vain for
+// longer than the acquisition lock (its fetches long-polling, one after
+// another) hands out the record that finally arrives, at its first
+// delivery: the lock is counted from the fetch that brought it, not from
+// when the poll began.
+func TestShareRecordAfterLongIdleHandedOut(t *testing.T) {
+	t.Parallel()
+	const lock = 2 * time.Second
+	c := startShareCluster(t, lock)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": fmt.Sprint(lock.Milliseconds())})
+	sub := newShareSub(t, c, group, nil)
+	msgs := subscribeShare(t, sub, topic)
+	require.NoError(t, sub.WaitReady(context.Background()))
+	time.Sleep(lock * 3 / 2) // the members poll in vain meanwhile: the condition under test is time passing
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("late")})
+	m := receive(t, msgs, 30*time.Second, "the record")
+	dc, _ := safeack.MessageDeliveryCountFromCtx(m.Context())
+	require.Equal(t, int32(1), dc, "the record was released before it was handed out")
+	m.Ack()
+	tot, _ := shareTotals(sub)
+	require.Zero(t, tot.Released, "records released as if their locks had ended")
 }

@@ -57,6 +57,9 @@ func shareCases(t *topicSpec, work []time.Duration, poisonEvery int) []*caseSpec
 		share("share/1, 1 member × polls of 64", 1, map[string]string{"Members": "1", "MaxPollRecords": strconv.Itoa(shareConc)}),
 		share("share/1, 2 members × polls of 64", 1, map[string]string{"Members": "2", "MaxPollRecords": strconv.Itoa(shareConc)}),
 		share("share/1, 1 member × polls of 256", 1, map[string]string{"Members": "1"}),
+		// Whole stored batches per fetch, as Kafka's own consumer does by
+		// default (AcquireMode 1 = ShareAcquireBatchOptimized).
+		share("share/1, batch-optimized", 1, map[string]string{"AcquireMode": strconv.Itoa(int(safeack.ShareAcquireBatchOptimized))}),
 		share("share/3 processes", 3, nil),
 		// Kafka's own Java share consumer, the same way (jshare.go): its
 		// defaults, then polls held to what a Go member takes.

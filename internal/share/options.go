@@ -17,11 +17,14 @@ import (
 // configuration, built once from it with the defaults applied. The fields
 // that come from the public config keep its names.
 type Options struct {
-	Brokers          []string
-	ShareGroup       string
-	Unmarshaler      kafka.Unmarshaler
-	MaxInFlight      int
-	MaxPollRecords   int
+	Brokers        []string
+	ShareGroup     string
+	Unmarshaler    kafka.Unmarshaler
+	MaxInFlight    int
+	MaxPollRecords int
+	// WholeBatches: the broker acquires whole stored batches
+	// (batch_optimized), not MaxPollRecords at most.
+	WholeBatches     bool
 	Members          int
 	MaxDeliveries    int
 	DeadLetter       func(ctx context.Context, msg *message.Message) error

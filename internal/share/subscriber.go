@@ -163,17 +163,20 @@ func (sub *Subscription) connect(ctx context.Context) error {
 		opts := append(slices.Clone(base),
 			kgo.ShareGroup(cfg.ShareGroup),
 			kgo.ConsumeTopics(sub.topic),
-			// At most MaxPollRecords records per fetch, and a fetch
-			// only when a poll asks: no records are acquired beyond
-			// what the member took (they wait for handlers in the
-			// member, where their locks are renewed), none behind a
-			// batch still in work in kgo's buffer.
+			// A fetch only when a poll asks, and all it brought taken
+			// by the poll (see run): no record waits in kgo's buffer,
+			// where no lock is renewed, and none is acquired beyond
+			// what the member took. At most MaxPollRecords records per
+			// fetch, unless whole batches were asked for: the broker
+			// then returns as many as its stored batches hold.
 			kgo.ShareMaxRecords(int32(cfg.MaxPollRecords)),
-			kgo.ShareMaxRecordsStrict(),
 			kgo.MaxConcurrentFetches(0),
 			kgo.ShareAckCallback(sub.ackResults),
 			kgo.WithHooks(readyHook{m}, fetchHook{m}),
 		)
+		if !cfg.WholeBatches {
+			opts = append(opts, kgo.ShareMaxRecordsStrict())
+		}
 		client, err := kgo.NewClient(opts...)
 		if err != nil {
 			return fmt.Errorf("%w: ClientOptions: %w", sentinel.ErrInvalidConfig, err)
@@ -205,13 +208,13 @@ type member struct {
 	// heartbeats (whose refusals readyHook cannot see) say.
 	refusal atomic.Pointer[error]
 	// fetching counts the member's share fetches sent and not answered
-	// (see fetchHook); sent holds when each was written, by broker, and
-	// answeredFrom when the earliest of those answered since the last
-	// poll returned was (unix nanoseconds, 0 none).
-	fetching     atomic.Int32
-	sentMu       sync.Mutex
-	sent         map[int32]int64
-	answeredFrom atomic.Int64
+	// (see fetchHook). sent holds when the fetch in flight to each broker
+	// was written, answered when each broker's last fetch answered since
+	// the member's last poll returned was (unix nanoseconds).
+	fetching atomic.Int32
+	sentMu   sync.Mutex
+	sent     map[int32]int64
+	answered map[int32]int64
 }
 
 // CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
@@ -320,18 +323,8 @@ func (m *member) run() {
 	defer renew.Stop()
 	for sub.stop.Err() == nil {
 		pollStart := time.Now()
-		fetches := m.client.PollRecords(sub.stop, sub.cfg.MaxPollRecords)
-		// The poll's records were acquired after the fetch that brought
-		// them was sent: after pollStart (a member fetches only when it
-		// polls) unless a fetch answered before kept some in kgo's buffer.
-		fetched := pollStart
-		if from := m.answeredFrom.Swap(0); from != 0 {
-			fetched = time.Unix(0, from)
-		}
-		if fetches.IsClientClosed() || sub.stop.Err() != nil {
-			sub.releaseRecords(fetches.Records())
-			break
-		}
+		fetches := m.client.PollRecords(sub.stop, -1) // all a fetch brought (see connect)
+		fetched := m.fetchedFrom(pollStart)
 		var refusal error
 		fetches.EachError(func(topic string, p int32, err error) {
 			if errors.Is(err, context.Canceled) {
@@ -699,7 +692,7 @@ func (h fetchHook) OnBrokerWrite(meta kgo.BrokerMetadata, key int16, _ int, _, _
 	m.fetching.Add(1)
 	m.sentMu.Lock()
 	if m.sent == nil {
-		m.sent = make(map[int32]int64)
+		m.sent, m.answered = make(map[int32]int64), make(map[int32]int64)
 	}
 	m.sent[meta.NodeID] = time.Now().UnixNano()
 	m.sentMu.Unlock()
@@ -712,14 +705,32 @@ func (h fetchHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ 
 	m := h.m
 	m.fetching.Add(-1)
 	m.sentMu.Lock()
-	sent := m.sent[meta.NodeID]
-	m.sentMu.Unlock()
-	for sent != 0 {
-		cur := m.answeredFrom.Load()
-		if (cur != 0 && cur <= sent) || m.answeredFrom.CompareAndSwap(cur, sent) {
-			break
-		}
+	if sent, ok := m.sent[meta.NodeID]; ok {
+		m.answered[meta.NodeID] = sent
 	}
+	m.sentMu.Unlock()
+}
+
+// fetchedFrom returns when the fetches that brought the records of the
+// poll that just returned were sent, at the earliest: the records were
+// acquired after that. Each broker's last fetch answered since the last
+// poll returned counts (an earlier one came back empty, or its records
+// were taken by that poll); without any, the poll's start (a member
+// fetches only when it polls).
+func (m *member) fetchedFrom(pollStart time.Time) time.Time {
+	m.sentMu.Lock()
+	defer m.sentMu.Unlock()
+	var from int64
+	for node, sent := range m.answered {
+		if from == 0 || sent < from {
+			from = sent
+		}
+		delete(m.answered, node)
+	}
+	if from == 0 {
+		return pollStart
+	}
+	return time.Unix(0, from)
 }
 
 // kgoLogger passes kgo's warnings and errors to the Watermill logger.
