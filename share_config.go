@@ -230,6 +230,7 @@ const (
 	ShareAcquireBatchOptimized
 )
 
+// String returns the mode's name in Kafka's share.acquire.mode.
 func (m ShareAcquireMode) String() string {
 	switch m {
 	case ShareAcquireRecordLimit:
