@@ -2,9 +2,7 @@ package safeack_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,11 +46,11 @@ func TestShareMaxInFlightAcrossMembers(t *testing.T) {
 	require.Equal(t, maxInFlight, inFlight)
 
 	// Answer them, then every later one, counting the messages unanswered.
-	var open, most atomic.Int32
-	open.Store(maxInFlight)
-	most.Store(maxInFlight)
+	var unanswered concurrency
+	unanswered.open.Store(maxInFlight)
+	unanswered.most.Store(maxInFlight)
 	ack := func(m *message.Message) {
-		open.Add(-1)
+		unanswered.end()
 		m.Ack()
 	}
 	for _, m := range held {
@@ -66,9 +64,7 @@ func TestShareMaxInFlightAcrossMembers(t *testing.T) {
 	go func() {
 		defer close(done)
 		for m := range msgs {
-			now := open.Add(1)
-			for prev := most.Load(); now > prev && !most.CompareAndSwap(prev, now); prev = most.Load() {
-			}
+			unanswered.begin()
 			seen.add(m)
 			go func() {
 				time.Sleep(time.Millisecond)
@@ -77,7 +73,7 @@ func TestShareMaxInFlightAcrossMembers(t *testing.T) {
 		}
 	}()
 	kafkatest.WaitFor(t, 30*time.Second, "every record handled", func() bool { return seen.distinct() == n })
-	require.LessOrEqual(t, most.Load(), int32(maxInFlight), "messages unanswered at once")
+	require.LessOrEqual(t, unanswered.most.Load(), int32(maxInFlight), "messages unanswered at once")
 	require.NoError(t, sub.Close())
 	<-done
 }
@@ -134,27 +130,23 @@ func TestShareSlowRecordDoesNotStallTheSubscription(t *testing.T) {
 func TestShareBatchOptimizedTakesWholeBatches(t *testing.T) {
 	t.Parallel()
 	const lock = 2 * time.Second
-	c := startShareCluster(t, lock)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
-	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": fmt.Sprint(lock.Milliseconds())})
+	c, topic, group := shareTopicWithLock(t, lock)
 	const n, maxInFlight, work = 200, 8, 100 * time.Millisecond // 2.5 s of work
 	c.ProduceN(t, topic, 1, n, nil)                             // one stored batch
 	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
 		cfg.AcquireMode = safeack.ShareAcquireBatchOptimized
 		cfg.MaxInFlight, cfg.MaxPollRecords = maxInFlight, maxInFlight
 	})
-	var open, most atomic.Int32
+	var held concurrency
 	seen := newShareSeen()
 	msgs := subscribeShare(t, sub, topic)
 	go func() {
 		for m := range msgs {
-			now := open.Add(1)
-			for prev := most.Load(); now > prev && !most.CompareAndSwap(prev, now); prev = most.Load() {
-			}
+			held.begin()
 			seen.add(m)
 			go func() {
 				time.Sleep(work)
-				open.Add(-1)
+				held.end()
 				m.Ack()
 			}()
 		}
@@ -167,7 +159,7 @@ func TestShareBatchOptimizedTakesWholeBatches(t *testing.T) {
 	tot, _ := shareTotals(sub)
 	t.Logf("%+v", tot)
 	require.Equal(t, n, seen.total(), "no record handed out twice")
-	require.LessOrEqual(t, most.Load(), int32(maxInFlight), "messages unanswered at once")
+	require.LessOrEqual(t, held.most.Load(), int32(maxInFlight), "messages unanswered at once")
 	require.Zero(t, tot.Released, "records released: their locks ran out")
 	require.Zero(t, tot.Redelivered, "records delivered again: their locks ran out")
 }
@@ -180,9 +172,7 @@ func TestShareBatchOptimizedTakesWholeBatches(t *testing.T) {
 func TestShareRecordAfterLongIdleHandedOut(t *testing.T) {
 	t.Parallel()
 	const lock = 2 * time.Second
-	c := startShareCluster(t, lock)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
-	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": fmt.Sprint(lock.Milliseconds())})
+	c, topic, group := shareTopicWithLock(t, lock)
 	sub := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, sub, topic)
 	require.NoError(t, sub.WaitReady(context.Background()))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,3 +213,26 @@ func shareTotals(sub *safeack.ShareSubscriber) (total safeack.ShareCounters, inF
 	}
 	return total, inFlight
 }
+
+// shareTopicWithLock starts a share cluster on which records stay
+// acquired for lock (the embedded broker's config; a group config on a
+// real one) and makes a one-partition topic and a group.
+func shareTopicWithLock(t *testing.T, lock time.Duration) (c *kafkatest.Cluster, topic, group string) {
+	t.Helper()
+	c = startShareCluster(t, lock)
+	topic, group = c.NewTopic(t, 1), c.NewGroup(t)
+	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": itoa(lock.Milliseconds())})
+	return c, topic, group
+}
+
+// concurrency counts the messages a test's handlers hold unanswered at
+// once, and the most there were.
+type concurrency struct{ open, most atomic.Int32 }
+
+func (c *concurrency) begin() {
+	now := c.open.Add(1)
+	for prev := c.most.Load(); now > prev && !c.most.CompareAndSwap(prev, now); prev = c.most.Load() {
+	}
+}
+
+func (c *concurrency) end() { c.open.Add(-1) }

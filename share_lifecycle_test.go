@@ -282,10 +282,7 @@ func TestShareReadyAfterNetworkCut(t *testing.T) {
 func TestShareLockRenewedSequentialReader(t *testing.T) {
 	t.Parallel()
 	const lock = 4 * time.Second
-	c := startShareCluster(t, lock)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
-	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": fmt.Sprint(lock.Milliseconds())})
+	c, topic, group := shareTopicWithLock(t, lock)
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("a")}, kafkatest.Record{Value: []byte("b")}, kafkatest.Record{Value: []byte("c")})
 	slow := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, slow, topic)
@@ -692,9 +689,7 @@ func TestShareSubscribeContextEnds(t *testing.T) {
 func TestShareAckAfterLockEndedUnconfirmed(t *testing.T) {
 	t.Parallel()
 	const lock = 2 * time.Second
-	c := startShareCluster(t, lock)
-	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
-	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": fmt.Sprint(lock.Milliseconds())})
+	c, topic, group := shareTopicWithLock(t, lock)
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("held")})
 
 	d := &cutDialer{}

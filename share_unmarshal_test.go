@@ -3,7 +3,6 @@ package safeack_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,10 +35,7 @@ func (u refuseBad) Unmarshal(m *sarama.ConsumerMessage) (*message.Message, error
 func TestShareSlowOnUnmarshalErrorKeepsThePollsLocks(t *testing.T) {
 	t.Parallel()
 	const lock = 2 * time.Second
-	c := startShareCluster(t, lock)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
-	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": fmt.Sprint(lock.Milliseconds())})
+	c, topic, group := shareTopicWithLock(t, lock)
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("bad")}, kafkatest.Record{Value: []byte("a")},
 		kafkatest.Record{Value: []byte("b")}, kafkatest.Record{Value: []byte("c")})
 	var calls, returned atomic.Int64
