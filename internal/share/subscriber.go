@@ -325,6 +325,10 @@ func (m *member) run() {
 		pollStart := time.Now()
 		fetches := m.client.PollRecords(sub.stop, -1) // all a fetch brought (see connect)
 		fetched := m.fetchedFrom(pollStart)
+		if fetches.IsClientClosed() || sub.stop.Err() != nil {
+			sub.releaseRecords(fetches.Records())
+			break
+		}
 		var refusal error
 		fetches.EachError(func(topic string, p int32, err error) {
 			if errors.Is(err, context.Canceled) {
