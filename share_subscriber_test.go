@@ -108,7 +108,8 @@ func TestShareCloseFlushesAndReleases(t *testing.T) {
 		case m := <-msgs:
 			held = append(held, m)
 		case <-time.After(20 * time.Second):
-			t.Fatalf("got %d of 10 records", len(held))
+			tot, inFlight := shareTotals(first)
+			t.Fatalf("got %d of 10 records; in flight %d, %+v", len(held), inFlight, tot)
 		}
 	}
 	acked := map[string]bool{}

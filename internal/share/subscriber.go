@@ -550,14 +550,7 @@ func (sub *Subscription) awaitFetches(ctx context.Context) {
 	defer cancel()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for {
-		inFlight := false
-		for _, m := range sub.members {
-			inFlight = inFlight || m.fetching.Load() > 0
-		}
-		if !inFlight {
-			return
-		}
+	for sub.fetchesInFlight() {
 		select {
 		case <-ctx.Done():
 			return
@@ -566,18 +559,38 @@ func (sub *Subscription) awaitFetches(ctx context.Context) {
 	}
 }
 
+// fetchesInFlight reports whether a member has a share fetch in flight.
+func (sub *Subscription) fetchesInFlight() bool {
+	for _, m := range sub.members {
+		if m.fetching.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // flushLoop sends the acks given since the last flush every
-// AckFlushInterval, until the subscription stops: leave sends the rest.
+// AckFlushInterval: lock renewals, and the answers of the messages
+// handed out, also while the subscription drains. Once it stops, nothing
+// is sent until the members' fetches in flight are answered (see leave),
+// for at most fetchSettleLimit.
 func (sub *Subscription) flushLoop(done <-chan struct{}) {
 	tick := time.NewTicker(sub.cfg.AckFlushInterval)
 	defer tick.Stop()
+	var stopped time.Time
 	for {
 		select {
 		case <-done:
 			return
-		case <-sub.stop.Done():
-			return
 		case <-tick.C:
+		}
+		if sub.stop.Err() != nil && len(sub.members) > 1 {
+			if stopped.IsZero() {
+				stopped = time.Now()
+			}
+			if sub.fetchesInFlight() && time.Since(stopped) < fetchSettleLimit {
+				continue
+			}
 		}
 		if !sub.acked.Swap(false) {
 			continue
