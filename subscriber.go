@@ -141,11 +141,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		sub.Abort()
 		return nil, ErrSubscriberClosed
 	}
-	held = false // released when the subscription ends
-	sub.Run(ctx, func() {
-		s.releaseInstance()
-		s.subs.Done()
-	})
+	held = false // released when the subscription's member has left
+	sub.Run(ctx, s.releaseInstance, s.subs.Done)
 	return sub.Output(), nil
 }
 

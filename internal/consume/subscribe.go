@@ -99,8 +99,11 @@ func (s *Subscription) Abort() {
 
 // Run reports the subscription joining (without a consumer group,
 // consuming) and returns; its consumer runs in a goroutine until ctx ends
-// or the host closes, and done is called once the output is closed.
-func (s *Subscription) Run(ctx context.Context, done func()) {
+// or the host closes. left is called once its group member has left, before
+// the output closes (a reader that sees the channel closed may subscribe
+// again at once, as the same static member), and done once the output is
+// closed.
+func (s *Subscription) Run(ctx context.Context, left, done func()) {
 	sub := s.sub
 	if sub.cfg.ConsumerGroup == "" {
 		sub.setPhase(ready.Consuming, nil)
@@ -125,6 +128,7 @@ func (s *Subscription) Run(ctx context.Context, done func()) {
 			sub.txn.close()
 		}
 		sub.host.Ended(sub)
+		left()
 		close(sub.output)
 	}()
 }
