@@ -55,9 +55,11 @@ type ShareSubscriberConfig struct {
 	Unmarshaler kafka.Unmarshaler
 
 	// Ordering must be nil or point to Unordered: share groups promise no
-	// order. A configuration carried over from a Subscriber with
-	// OrderByKey or OrderByPartition is refused rather than run unordered
-	// without a word.
+	// order. It is a pointer because the zero Ordering is OrderByKey: a
+	// SubscriberConfig's Ordering: Unordered becomes Ordering: &u (u :=
+	// safeack.Unordered), or is left out. A configuration carried over
+	// from a Subscriber with OrderByKey or OrderByPartition is refused
+	// rather than run unordered without a word.
 	Ordering *Ordering
 
 	// MaxInFlight bounds the messages handed out by one Subscribe call and
