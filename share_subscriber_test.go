@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -168,6 +169,10 @@ func TestShareCloseFlushesAndReleases(t *testing.T) {
 
 // TestShareTwoMembersOnePartition: two members of one share group on a
 // single partition both get records, and together handle every record.
+// Each handler holds its record until both members got one: a member
+// holds at most Members x MaxPollRecords records, so the one assigned
+// first cannot take them all before the other is assigned (a heartbeat
+// later), however fast it handles them.
 func TestShareTwoMembersOnePartition(t *testing.T) {
 	t.Parallel()
 	c := startShareCluster(t, 0)
@@ -176,22 +181,31 @@ func TestShareTwoMembersOnePartition(t *testing.T) {
 	const n = 300
 	seen := newShareSeen()
 	var per [2]atomic.Int64
+	both := make(chan struct{})
+	var bothOnce sync.Once
 	for i := range 2 {
 		sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) { cfg.MaxInFlight = 8 })
 		msgs := subscribeShare(t, sub, topic)
 		go func() {
 			for m := range msgs {
 				go func() {
-					time.Sleep(2 * time.Millisecond)
 					seen.add(m)
 					per[i].Add(1)
+					if per[0].Load() > 0 && per[1].Load() > 0 {
+						bothOnce.Do(func() { close(both) })
+					}
+					select {
+					case <-both:
+					case <-time.After(30 * time.Second):
+					}
+					time.Sleep(2 * time.Millisecond)
 					m.Ack()
 				}()
 			}
 		}()
 	}
 	c.ProduceN(t, topic, 1, n, nil)
-	kafkatest.WaitFor(t, 30*time.Second, "every record handled", func() bool { return seen.distinct() == n })
+	kafkatest.WaitFor(t, 60*time.Second, "every record handled", func() bool { return seen.distinct() == n })
 	t.Logf("member 0: %d, member 1: %d, deliveries %d", per[0].Load(), per[1].Load(), seen.total())
 	assert.Positive(t, per[0].Load(), "member 0 got no work")
 	assert.Positive(t, per[1].Load(), "member 1 got no work")
