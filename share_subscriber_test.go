@@ -108,7 +108,11 @@ func TestShareCloseFlushesAndReleases(t *testing.T) {
 		select {
 		case m := <-msgs:
 			held = append(held, m)
-		case <-time.After(20 * time.Second):
+		case <-time.After(45 * time.Second):
+			// Longer than the acquisition lock (30 s): a record whose
+			// acquisition never reached a member comes back by then.
+			// Seen twice in full share runs on a loaded real broker: one
+			// of the ten not received by any member within 20 s.
 			tot, inFlight := shareTotals(first)
 			t.Fatalf("got %d of 10 records; in flight %d, %+v", len(held), inFlight, tot)
 		}
