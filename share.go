@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -64,11 +62,7 @@ type ShareSubscriber struct {
 	cfg  ShareSubscriberConfig
 	opts share.Options
 
-	closing   chan struct{}
-	closeOnce sync.Once
-	closed    atomic.Bool
-	lifecycle sync.Mutex // orders a subscription's start against Close
-	subs      sync.WaitGroup
+	subscriptions
 
 	ready ready.Tracker
 	stats share.Registry
@@ -91,9 +85,9 @@ func NewShareSubscriber(config ShareSubscriberConfig, logger watermill.LoggerAda
 	}
 	cfg := config.withDefaults()
 	return &ShareSubscriber{
-		cfg:     cfg,
-		opts:    cfg.options(logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()})),
-		closing: make(chan struct{}),
+		cfg:           cfg,
+		opts:          cfg.options(logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()})),
+		subscriptions: subscriptions{closing: make(chan struct{})},
 	}, nil
 }
 
@@ -118,13 +112,7 @@ func (s *ShareSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		return nil, err
 	}
-	s.lifecycle.Lock()
-	closed := s.closed.Load()
-	if !closed {
-		s.subs.Add(1) // before Close can Wait
-	}
-	s.lifecycle.Unlock()
-	if closed {
+	if !s.admit() {
 		sub.Abort()
 		return nil, ErrSubscriberClosed
 	}
@@ -151,12 +139,7 @@ func CheckShareGroups(ctx context.Context, brokers []string, opts ...kgo.Opt) er
 // share group, every message context is cancelled and every output channel
 // is closed. Safe to call more than once.
 func (s *ShareSubscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.lifecycle.Lock()
-		s.closed.Store(true)
-		s.lifecycle.Unlock()
-		close(s.closing)
-	})
+	s.beginClose()
 	s.subs.Wait()
 	return nil
 }

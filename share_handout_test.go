@@ -139,7 +139,7 @@ func TestShareBatchOptimizedTakesWholeBatches(t *testing.T) {
 	const lock = 3 * time.Second
 	c, topic, group := shareTopicWithLock(t, lock)
 	const n, maxInFlight, work = 320, 8, 100 * time.Millisecond
-	c.ProduceN(t, topic, 1, n, nil)                             // one stored batch
+	c.ProduceN(t, topic, 1, n, nil) // one stored batch
 	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
 		cfg.AcquireMode = safeack.ShareAcquireBatchOptimized
 		cfg.MaxInFlight, cfg.MaxPollRecords = maxInFlight, maxInFlight

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -27,14 +25,7 @@ type Subscriber struct {
 	// SubscriberConfig.options).
 	opts consume.Options
 
-	closing   chan struct{}
-	closeOnce sync.Once
-	closed    atomic.Bool
-	// lifecycle orders Subscribe's start of a subscription against Close:
-	// a subscription either starts before Close sets closed (and Close
-	// waits for it in subs) or not at all.
-	lifecycle sync.Mutex
-	subs      sync.WaitGroup
+	subscriptions
 	// instanceTopic is the topic of the live subscription that holds the
 	// static member (Consumer.Group.InstanceId), if any; under lifecycle.
 	// Every subscription is a group member of its own, and two members
@@ -78,10 +69,10 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 	cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
 	logger = logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()})
 	return &Subscriber{
-		cfg:     cfg,
-		opts:    cfg.options(logger, commitEvery, config.TailMetadataBudget == 0),
-		logger:  logger,
-		closing: make(chan struct{}),
+		cfg:           cfg,
+		opts:          cfg.options(logger, commitEvery, config.TailMetadataBudget == 0),
+		logger:        logger,
+		subscriptions: subscriptions{closing: make(chan struct{})},
 	}, nil
 }
 
@@ -131,13 +122,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		return nil, err
 	}
-	s.lifecycle.Lock()
-	closed := s.closed.Load()
-	if !closed {
-		s.subs.Add(1) // before Close can Wait
-	}
-	s.lifecycle.Unlock()
-	if closed {
+	if !s.admit() {
 		sub.Abort()
 		return nil, ErrSubscriberClosed
 	}
@@ -202,12 +187,7 @@ func (s *Subscriber) releaseInstance() {
 // still returns at the bound, logs an Error, and that subscription's
 // output channel closes when the call returns.
 func (s *Subscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.lifecycle.Lock()
-		s.closed.Store(true)
-		s.lifecycle.Unlock()
-		close(s.closing)
-	})
+	s.beginClose()
 	done := make(chan struct{})
 	go func() {
 		s.subs.Wait()
