@@ -207,11 +207,11 @@ type member struct {
 	// once a poll comes back without one: Ready reports it whatever the
 	// heartbeats (whose refusals readyHook cannot see) say.
 	refusal atomic.Pointer[error]
-	// fetching counts the member's share fetches sent and not answered
-	// (see fetchHook). sent holds when the fetch in flight to each broker
-	// was written, answered when each broker's last fetch answered since
-	// the member's last poll returned was (unix nanoseconds).
-	fetching atomic.Int32
+	// The member's share fetches (see fetchHook), under sentMu: sent holds
+	// when the fetch in flight to each broker was written (a client has
+	// one at most: it fetches only when polled), answered when each
+	// broker's last fetch answered since the member's last poll returned
+	// was (unix nanoseconds).
 	sentMu   sync.Mutex
 	sent     map[int32]int64
 	answered map[int32]int64
@@ -562,7 +562,7 @@ func (sub *Subscription) awaitFetches(ctx context.Context) {
 // fetchesInFlight reports whether a member has a share fetch in flight.
 func (sub *Subscription) fetchesInFlight() bool {
 	for _, m := range sub.members {
-		if m.fetching.Load() > 0 {
+		if m.fetchInFlight() {
 			return true
 		}
 	}
@@ -693,7 +693,8 @@ func (h readyHook) set(err error) {
 	sub.host.SetPhase(h.m, sub.topic, p, err)
 }
 
-// fetchHook counts a member's share fetches in flight (member.fetching).
+// fetchHook notes when a member's share fetches are sent and answered
+// (member.sent and member.answered).
 type fetchHook struct{ m *member }
 
 var (
@@ -706,7 +707,6 @@ func (h fetchHook) OnBrokerWrite(meta kgo.BrokerMetadata, key int16, _ int, _, _
 		return
 	}
 	m := h.m
-	m.fetching.Add(1)
 	m.sentMu.Lock()
 	if m.sent == nil {
 		m.sent, m.answered = make(map[int32]int64), make(map[int32]int64)
@@ -720,12 +720,20 @@ func (h fetchHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ 
 		return
 	}
 	m := h.m
-	m.fetching.Add(-1)
 	m.sentMu.Lock()
 	if sent, ok := m.sent[meta.NodeID]; ok {
 		m.answered[meta.NodeID] = sent
+		delete(m.sent, meta.NodeID)
 	}
 	m.sentMu.Unlock()
+}
+
+// fetchInFlight reports whether the member has a share fetch sent and not
+// answered.
+func (m *member) fetchInFlight() bool {
+	m.sentMu.Lock()
+	defer m.sentMu.Unlock()
+	return len(m.sent) > 0
 }
 
 // fetchedFrom returns when the fetches that brought the records of the
