@@ -3,11 +3,14 @@ package safeack_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -191,4 +194,60 @@ func TestShareRecordAfterLongIdleHandedOut(t *testing.T) {
 	m.Ack()
 	tot, _ := shareTotals(sub)
 	require.Zero(t, tot.Released, "records released as if their locks had ended")
+}
+
+// TestShareRecordFetchedBetweenPollsKeepsItsLock: kgo may send a share
+// fetch just after a poll returned (its strict pull mode reads "a poll is
+// active" a moment late), so a record can be acquired and buffered while
+// the member's handlers still hold the poll's messages. That record's lock
+// is renewed while it waits: it is handed out with its first delivery,
+// not released late and delivered again. The test widens kgo's window
+// with a hook that slows the poll's return, so that the stray fetch
+// happens, and checks that it did.
+func TestShareRecordFetchedBetweenPollsKeepsItsLock(t *testing.T) {
+	t.Parallel()
+	const lock = 2 * time.Second
+	c, topic, group := shareTopicWithLock(t, lock)
+	stray := &strayFetchHook{delay: 50 * time.Millisecond}
+	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
+		cfg.Members, cfg.MaxInFlight, cfg.MaxPollRecords = 1, 1, 1
+		cfg.ClientOptions = append(cfg.ClientOptions, kgo.WithHooks(stray))
+	})
+	msgs := subscribeShare(t, sub, topic)
+	require.NoError(t, sub.WaitReady(context.Background()))
+
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("first")})
+	first := receive(t, msgs, 30*time.Second, "the first record")
+	// The member's next fetch went out as its poll returned: it waits at
+	// the broker for this record.
+	c.Produce(t, topic, kafkatest.Record{Value: []byte("second")})
+	kafkatest.WaitFor(t, 10*time.Second, "the second record buffered by a fetch sent after the poll", func() bool {
+		return stray.buffered.Load() >= 2
+	})
+	time.Sleep(lock * 2) // the condition under test: the buffered record's lock would have ended twice
+	first.Ack()
+
+	second := receive(t, msgs, 30*time.Second, "the second record")
+	dc, _ := safeack.MessageDeliveryCountFromCtx(second.Context())
+	assert.Equal(t, int32(1), dc, "the buffered record's lock ended: it was delivered again")
+	second.Ack()
+	tot, _ := shareTotals(sub)
+	assert.Zero(t, tot.Released, "records released as if their locks had ended")
+	assert.Zero(t, tot.AckErrors, "acknowledgements given after a lock ended")
+}
+
+// strayFetchHook counts the records kgo buffers and slows each poll's
+// return (kgo runs OnFetchRecordUnbuffered inside PollRecords), widening
+// the moment in which kgo grants a fetch after the poll took its records.
+type strayFetchHook struct {
+	delay    time.Duration
+	buffered atomic.Int32
+}
+
+func (h *strayFetchHook) OnFetchRecordBuffered(*kgo.Record) { h.buffered.Add(1) }
+
+func (h *strayFetchHook) OnFetchRecordUnbuffered(_ *kgo.Record, polled bool) {
+	if polled {
+		time.Sleep(h.delay)
+	}
 }

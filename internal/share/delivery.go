@@ -81,18 +81,13 @@ type Delivery struct {
 	nackErr  error // for obs: the error that made the record nacked, when known
 }
 
-// newDelivery makes the delivery of r, polled at polled from a fetch sent
-// at fetched: its counters counted, its acquisition lock's deadline and
-// span noted for renewal.
+// newDelivery makes the delivery of r, taken at polled (as kgo buffered
+// it, or as the member's poll returned it) from a fetch sent at fetched:
+// its acquisition lock's deadline and span noted for renewal. The poll
+// that takes it counts it (received).
 func (sub *Subscription) newDelivery(m *member, r *kgo.Record, fetched, polled time.Time) *Delivery {
 	d := &Delivery{sub: sub, m: m, rec: r, cm: saramaMessage(r), done: make(chan struct{})}
-	d.ctr = sub.stats.count(r.Topic, r.Partition, func(c *Counters) {
-		c.Received++
-		if n := r.DeliveryCount(); n > 1 {
-			c.Redelivered++
-		}
-		c.MaxDeliveryCount = max(c.MaxDeliveryCount, r.DeliveryCount())
-	})
+	d.ctr = sub.stats.count(r.Topic, r.Partition, func(*Counters) {})
 	// kgo counts the lock from when it decoded the fetch's answer; the
 	// broker counted it from the acquisition, before it answered and
 	// after the fetch was sent. Counted from the send, the deadline is
@@ -106,6 +101,18 @@ func (sub *Subscription) newDelivery(m *member, r *kgo.Record, fetched, polled t
 		d.deadline.Store(deadline.UnixNano())
 	}
 	return d
+}
+
+// received counts d's record as received, once its member's poll took it.
+func (sub *Subscription) received(d *Delivery) {
+	n := d.rec.DeliveryCount()
+	sub.stats.update(d.ctr, func(c *Counters) {
+		c.Received++
+		if n > 1 {
+			c.Redelivered++
+		}
+		c.MaxDeliveryCount = max(c.MaxDeliveryCount, n)
+	})
 }
 
 // prepare unmarshals d's record and reports whether d is to be handed

@@ -209,12 +209,17 @@ type member struct {
 	refusal atomic.Pointer[error]
 	// The member's share fetches (see fetchHook), under sentMu: sent holds
 	// when the fetch in flight to each broker was written (a client has
-	// one at most: it fetches only when polled), answered when each
+	// one at most: it fetches when polled, and as a poll returns; see
+	// member.buffer), answered when each
 	// broker's last fetch answered since the member's last poll returned
 	// was (unix nanoseconds).
 	sentMu   sync.Mutex
 	sent     map[int32]int64
 	answered map[int32]int64
+	// buffered are the deliveries of the records kgo buffered for the
+	// member's next poll (under bufferedMu; see member.buffer).
+	bufferedMu sync.Mutex
+	buffered   []*Delivery
 }
 
 // CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
@@ -347,8 +352,8 @@ func (m *member) run() {
 			sub.host.SetPhase(m, sub.topic, ready.Consuming, nil)
 		}
 		batch := sub.take(m, fetches.Records(), fetched, renew.C)
-		sub.handOut(batch, renew.C)
-		sub.await(batch, renew.C)
+		sub.handOut(m, batch, renew.C)
+		sub.await(m, batch, renew.C)
 	}
 }
 
@@ -359,15 +364,26 @@ func (m *member) run() {
 // of the poll.
 func (sub *Subscription) take(m *member, recs []*kgo.Record, fetched time.Time, renew <-chan time.Time) []*Delivery {
 	polled := time.Now()
+	buffered := m.takeBuffered()
 	all := make([]*Delivery, len(recs))
 	for i, r := range recs {
-		all[i] = sub.newDelivery(m, r, fetched, polled)
+		// The poll returns what kgo buffered, in order; kgo may have
+		// left a record out (a partition no longer the member's).
+		for len(buffered) > 0 && buffered[0].rec != r {
+			buffered = buffered[1:]
+		}
+		if len(buffered) > 0 {
+			all[i], buffered = buffered[0], buffered[1:]
+		} else {
+			all[i] = sub.newDelivery(m, r, fetched, polled)
+		}
+		sub.received(all[i])
 	}
 	batch := make([]*Delivery, 0, len(recs))
 	for _, d := range all {
 		select {
 		case now := <-renew:
-			sub.renew(all, now)
+			sub.renewHeld(m, all, now)
 		default:
 		}
 		if sub.prepare(d) {
@@ -384,7 +400,7 @@ func (sub *Subscription) take(m *member, recs []*kgo.Record, fetched time.Time, 
 // lock ends (or is about to) before it is sent is released, never handed
 // out: the broker may have given it to another member. On stop, the ones
 // not sent are released.
-func (sub *Subscription) handOut(batch []*Delivery, renew <-chan time.Time) {
+func (sub *Subscription) handOut(m *member, batch []*Delivery, renew <-chan time.Time) {
 	// The margin leaves a renewal the time to reach the broker.
 	margin := renewCheck + sub.cfg.AckFlushInterval
 	for i, d := range batch {
@@ -402,7 +418,7 @@ func (sub *Subscription) handOut(batch []*Delivery, renew <-chan time.Time) {
 			go d.giveUp()
 			continue
 		}
-		if !sub.send(d, batch, renew, margin) {
+		if !sub.send(m, d, batch, renew, margin) {
 			if sub.stop.Err() == nil {
 				continue // its lock ended first
 			}
@@ -417,7 +433,7 @@ func (sub *Subscription) handOut(batch []*Delivery, renew <-chan time.Time) {
 // send hands d's message out once a handler is free. It reports false
 // when it did not: d's lock ended first (d released) or the subscription
 // stopped (d left to the caller).
-func (sub *Subscription) send(d *Delivery, batch []*Delivery, renew <-chan time.Time, margin time.Duration) bool {
+func (sub *Subscription) send(m *member, d *Delivery, batch []*Delivery, renew <-chan time.Time, margin time.Duration) bool {
 	var out chan<- *message.Message // nil until a handler is free
 	handlers := sub.handlers
 	for {
@@ -429,7 +445,7 @@ func (sub *Subscription) send(d *Delivery, batch []*Delivery, renew <-chan time.
 			go d.watch()
 			return true
 		case now := <-renew:
-			sub.renew(batch, now)
+			sub.renewHeld(m, batch, now)
 			if d.expired(now, margin) {
 				if out != nil {
 					<-sub.handlers
@@ -449,21 +465,21 @@ func (sub *Subscription) send(d *Delivery, batch []*Delivery, renew <-chan time.
 // await waits until every delivery of the batch is answered, renewing the
 // acquisition locks of those that take long. On stop it waits up to
 // DrainTimeout more, then releases the rest.
-func (sub *Subscription) await(batch []*Delivery, renew <-chan time.Time) {
+func (sub *Subscription) await(m *member, batch []*Delivery, renew <-chan time.Time) {
 	for i := 0; i < len(batch); {
 		select {
 		case <-batch[i].done:
 			i++
 		case now := <-renew:
-			sub.renew(batch[i:], now)
+			sub.renewHeld(m, batch[i:], now)
 		case <-sub.stop.Done():
-			sub.drain(batch[i:], renew)
+			sub.drain(m, batch[i:], renew)
 			return
 		}
 	}
 }
 
-func (sub *Subscription) drain(batch []*Delivery, renew <-chan time.Time) {
+func (sub *Subscription) drain(m *member, batch []*Delivery, renew <-chan time.Time) {
 	timer := time.NewTimer(sub.cfg.DrainTimeout)
 	defer timer.Stop()
 	for i := 0; i < len(batch); {
@@ -472,7 +488,7 @@ func (sub *Subscription) drain(batch []*Delivery, renew <-chan time.Time) {
 			i++
 			continue
 		case now := <-renew:
-			sub.renew(batch[i:], now)
+			sub.renewHeld(m, batch[i:], now)
 			continue
 		case <-timer.C:
 		}
@@ -480,6 +496,15 @@ func (sub *Subscription) drain(batch []*Delivery, renew <-chan time.Time) {
 			rest.finish(kgo.AckRelease, ReleasedAtClose)
 		}
 		return
+	}
+}
+
+// renewHeld renews the locks of the member's batch and of the records
+// kgo buffered for its next poll (see member.buffer).
+func (sub *Subscription) renewHeld(m *member, batch []*Delivery, now time.Time) {
+	sub.renew(batch, now)
+	if waiting := m.bufferedNow(); len(waiting) > 0 {
+		sub.renew(waiting, now)
 	}
 }
 
@@ -698,9 +723,12 @@ func (h readyHook) set(err error) {
 type fetchHook struct{ m *member }
 
 var (
-	_ kgo.HookBrokerWrite = fetchHook{}
-	_ kgo.HookBrokerRead  = fetchHook{}
+	_ kgo.HookBrokerWrite         = fetchHook{}
+	_ kgo.HookBrokerRead          = fetchHook{}
+	_ kgo.HookFetchRecordBuffered = fetchHook{}
 )
+
+func (h fetchHook) OnFetchRecordBuffered(r *kgo.Record) { h.m.buffer(r) }
 
 func (h fetchHook) OnBrokerWrite(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
 	if key != int16(kmsg.ShareFetch) || err != nil {
@@ -728,6 +756,62 @@ func (h fetchHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ 
 	m.sentMu.Unlock()
 }
 
+// buffer makes the delivery of a record kgo just buffered, so that its
+// acquisition lock is renewed until the member's next poll takes it.
+// Records wait there when a fetch was sent after the member's poll had
+// taken its records: kgo (MaxConcurrentFetches(0)) allows a fetch while a
+// poll is active, and reads that a moment after the poll took the buffered
+// records, so the next fetch can go out as the poll returns. Its records
+// then wait for the next poll, which comes once the member's handlers
+// answered the poll's messages: longer than a lock when they run long.
+func (m *member) buffer(r *kgo.Record) {
+	now := time.Now()
+	d := m.sub.newDelivery(m, r, m.lastFetchSent(now), now)
+	m.bufferedMu.Lock()
+	m.buffered = append(m.buffered, d)
+	m.bufferedMu.Unlock()
+}
+
+// takeBuffered returns the deliveries of the records kgo buffered, in
+// order, for the poll that just returned them.
+func (m *member) takeBuffered() []*Delivery {
+	m.bufferedMu.Lock()
+	defer m.bufferedMu.Unlock()
+	ds := m.buffered
+	m.buffered = nil
+	return ds
+}
+
+// bufferedNow returns the deliveries waiting for the member's next poll.
+func (m *member) bufferedNow() []*Delivery {
+	m.bufferedMu.Lock()
+	defer m.bufferedMu.Unlock()
+	return slices.Clone(m.buffered)
+}
+
+// lastFetchSent returns when the fetches answered since the member's last
+// poll were sent, at the earliest (or, without any, or): a record kgo
+// buffers came with one of them.
+func (m *member) lastFetchSent(or time.Time) time.Time {
+	m.sentMu.Lock()
+	defer m.sentMu.Unlock()
+	return m.earliestAnswered(or)
+}
+
+// earliestAnswered is lastFetchSent under sentMu.
+func (m *member) earliestAnswered(or time.Time) time.Time {
+	var from int64
+	for _, sent := range m.answered {
+		if from == 0 || sent < from {
+			from = sent
+		}
+	}
+	if from == 0 {
+		return or
+	}
+	return time.Unix(0, from)
+}
+
 // fetchInFlight reports whether the member has a share fetch sent and not
 // answered.
 func (m *member) fetchInFlight() bool {
@@ -740,22 +824,15 @@ func (m *member) fetchInFlight() bool {
 // poll that just returned were sent, at the earliest: the records were
 // acquired after that. Each broker's last fetch answered since the last
 // poll returned counts (an earlier one came back empty, or its records
-// were taken by that poll); without any, the poll's start (a member
-// fetches only when it polls).
+// were taken by that poll); without any, the poll's start. The records'
+// deliveries are made as kgo buffers them (member.buffer); this serves
+// any it did not tell of.
 func (m *member) fetchedFrom(pollStart time.Time) time.Time {
 	m.sentMu.Lock()
 	defer m.sentMu.Unlock()
-	var from int64
-	for node, sent := range m.answered {
-		if from == 0 || sent < from {
-			from = sent
-		}
-		delete(m.answered, node)
-	}
-	if from == 0 {
-		return pollStart
-	}
-	return time.Unix(0, from)
+	from := m.earliestAnswered(pollStart)
+	clear(m.answered)
+	return from
 }
 
 // kgoLogger passes kgo's warnings and errors to the Watermill logger.
