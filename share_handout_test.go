@@ -199,18 +199,19 @@ func TestShareRecordAfterLongIdleHandedOut(t *testing.T) {
 // TestShareRecordFetchedBetweenPollsKeepsItsLock: kgo may send a share
 // fetch just after a poll returned (its strict pull mode reads "a poll is
 // active" a moment late), so a record can be acquired and buffered while
-// the member's handlers still hold the poll's messages. That record's lock
-// is renewed while it waits: it is handed out with its first delivery,
-// not released late and delivered again. The test widens kgo's window
-// with a hook that slows the poll's return, so that the stray fetch
-// happens, and checks that it did.
+// the member's handlers still hold the poll's messages. The member cannot
+// poll it (a poll accepts the previous poll's unanswered records): it
+// hands that record out as soon as a handler is free, renewing its lock
+// meanwhile, rather than leave it until its slowest handler is done. The
+// test widens kgo's window with a hook that slows the poll's return, so
+// that the stray fetch happens.
 func TestShareRecordFetchedBetweenPollsKeepsItsLock(t *testing.T) {
 	t.Parallel()
 	const lock = 2 * time.Second
 	c, topic, group := shareTopicWithLock(t, lock)
 	stray := &strayFetchHook{delay: 50 * time.Millisecond}
 	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
-		cfg.Members, cfg.MaxInFlight, cfg.MaxPollRecords = 1, 1, 1
+		cfg.Members, cfg.MaxInFlight, cfg.MaxPollRecords = 1, 2, 1
 		cfg.ClientOptions = append(cfg.ClientOptions, kgo.WithHooks(stray))
 	})
 	msgs := subscribeShare(t, sub, topic)
@@ -219,21 +220,30 @@ func TestShareRecordFetchedBetweenPollsKeepsItsLock(t *testing.T) {
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("first")})
 	first := receive(t, msgs, 30*time.Second, "the first record")
 	// The member's next fetch went out as its poll returned: it waits at
-	// the broker for this record.
+	// the broker for this record. The member itself polls again only once
+	// first is answered.
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("second")})
-	kafkatest.WaitFor(t, 10*time.Second, "the second record buffered by a fetch sent after the poll", func() bool {
-		return stray.buffered.Load() >= 2
-	})
-	time.Sleep(lock * 2) // the condition under test: the buffered record's lock would have ended twice
-	first.Ack()
-
-	second := receive(t, msgs, 30*time.Second, "the second record")
+	second := receive(t, msgs, 10*time.Second, "the second record, while the first is held")
+	assert.Equal(t, "second", string(second.Payload))
 	dc, _ := safeack.MessageDeliveryCountFromCtx(second.Context())
-	assert.Equal(t, int32(1), dc, "the buffered record's lock ended: it was delivered again")
+	assert.Equal(t, int32(1), dc, "the second record's delivery count")
+
+	time.Sleep(lock * 2) // the condition under test: both locks would have ended twice
+	first.Ack()
 	second.Ack()
+	kafkatest.WaitFor(t, 10*time.Second, "both records accepted", func() bool {
+		tot, _ := shareTotals(sub)
+		return tot.Accepted == 2
+	})
 	tot, _ := shareTotals(sub)
 	assert.Zero(t, tot.Released, "records released as if their locks had ended")
 	assert.Zero(t, tot.AckErrors, "acknowledgements given after a lock ended")
+	assert.Zero(t, tot.Redelivered, "records delivered again")
+	select {
+	case m := <-msgs:
+		t.Fatalf("record %s delivered again (delivery count %v)", m.Payload, m.Metadata)
+	case <-time.After(lock):
+	}
 }
 
 // strayFetchHook counts the records kgo buffers and slows each poll's

@@ -220,6 +220,9 @@ type member struct {
 	// member's next poll (under bufferedMu; see member.buffer).
 	bufferedMu sync.Mutex
 	buffered   []*Delivery
+	// early are the records handed out before a poll returned them
+	// (takeEarly; the member's goroutine only).
+	early map[*kgo.Record]struct{}
 }
 
 // CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
@@ -352,7 +355,7 @@ func (m *member) run() {
 			sub.host.SetPhase(m, sub.topic, ready.Consuming, nil)
 		}
 		batch := sub.take(m, fetches.Records(), fetched, renew.C)
-		sub.handOut(m, batch, renew.C)
+		sub.handOut(m, batch, nil, renew.C)
 		sub.await(m, batch, renew.C)
 	}
 }
@@ -365,31 +368,72 @@ func (m *member) run() {
 func (sub *Subscription) take(m *member, recs []*kgo.Record, fetched time.Time, renew <-chan time.Time) []*Delivery {
 	polled := time.Now()
 	buffered := m.takeBuffered()
-	all := make([]*Delivery, len(recs))
-	for i, r := range recs {
+	all := make([]*Delivery, 0, len(recs))
+	for _, r := range recs {
+		if _, ok := m.early[r]; ok {
+			delete(m.early, r) // handed out while it waited (takeEarly), and answered
+			continue
+		}
 		// The poll returns what kgo buffered, in order; kgo may have
 		// left a record out (a partition no longer the member's).
 		for len(buffered) > 0 && buffered[0].rec != r {
 			buffered = buffered[1:]
 		}
+		var d *Delivery
 		if len(buffered) > 0 {
-			all[i], buffered = buffered[0], buffered[1:]
+			d, buffered = buffered[0], buffered[1:]
 		} else {
-			all[i] = sub.newDelivery(m, r, fetched, polled)
+			d = sub.newDelivery(m, r, fetched, polled)
 		}
-		sub.received(all[i])
+		all = append(all, d)
 	}
-	batch := make([]*Delivery, 0, len(recs))
+	return sub.prepareAll(m, all, nil, renew)
+}
+
+// prepareAll counts the deliveries as received and prepares them (see
+// prepare), renewing meanwhile their locks and those of held; it returns
+// those to hand out.
+func (sub *Subscription) prepareAll(m *member, all, held []*Delivery, renew <-chan time.Time) []*Delivery {
+	batch := make([]*Delivery, 0, len(all))
+	for _, d := range all {
+		sub.received(d)
+	}
 	for _, d := range all {
 		select {
 		case now := <-renew:
 			sub.renewHeld(m, all, now)
+			sub.renew(held, now)
 		default:
 		}
 		if sub.prepare(d) {
 			batch = append(batch, d)
 		}
 	}
+	return batch
+}
+
+// takeEarly hands out the records kgo buffered while the member waits for
+// its poll's messages to be answered (see member.buffer), as handlers free
+// up, instead of leaving them until the member's next poll: that poll
+// waits for the member's slowest handler. It cannot poll them sooner: a
+// poll accepts every record of the previous one still unanswered. It
+// returns the deliveries handed out, for the member to wait for as for its
+// poll's (the poll that returns them from kgo's buffer skips them, see
+// take); held are the poll's deliveries still unanswered, renewed
+// meanwhile.
+func (sub *Subscription) takeEarly(m *member, held []*Delivery, renew <-chan time.Time) []*Delivery {
+	waiting := m.takeBuffered()
+	if len(waiting) == 0 {
+		return nil
+	}
+	if m.early == nil {
+		m.early = make(map[*kgo.Record]struct{})
+	}
+	for _, d := range waiting {
+		m.early[d.rec] = struct{}{}
+	}
+	batch := sub.prepareAll(m, waiting, held, renew)
+	sub.handOut(m, batch, held, renew)
 	return batch
 }
 
@@ -400,7 +444,7 @@ func (sub *Subscription) take(m *member, recs []*kgo.Record, fetched time.Time, 
 // lock ends (or is about to) before it is sent is released, never handed
 // out: the broker may have given it to another member. On stop, the ones
 // not sent are released.
-func (sub *Subscription) handOut(m *member, batch []*Delivery, renew <-chan time.Time) {
+func (sub *Subscription) handOut(m *member, batch, held []*Delivery, renew <-chan time.Time) {
 	// The margin leaves a renewal the time to reach the broker.
 	margin := renewCheck + sub.cfg.AckFlushInterval
 	for i, d := range batch {
@@ -418,7 +462,7 @@ func (sub *Subscription) handOut(m *member, batch []*Delivery, renew <-chan time
 			go d.giveUp()
 			continue
 		}
-		if !sub.send(m, d, batch, renew, margin) {
+		if !sub.send(m, d, batch, held, renew, margin) {
 			if sub.stop.Err() == nil {
 				continue // its lock ended first
 			}
@@ -433,7 +477,7 @@ func (sub *Subscription) handOut(m *member, batch []*Delivery, renew <-chan time
 // send hands d's message out once a handler is free. It reports false
 // when it did not: d's lock ended first (d released) or the subscription
 // stopped (d left to the caller).
-func (sub *Subscription) send(m *member, d *Delivery, batch []*Delivery, renew <-chan time.Time, margin time.Duration) bool {
+func (sub *Subscription) send(m *member, d *Delivery, batch, held []*Delivery, renew <-chan time.Time, margin time.Duration) bool {
 	var out chan<- *message.Message // nil until a handler is free
 	handlers := sub.handlers
 	for {
@@ -446,6 +490,7 @@ func (sub *Subscription) send(m *member, d *Delivery, batch []*Delivery, renew <
 			return true
 		case now := <-renew:
 			sub.renewHeld(m, batch, now)
+			sub.renew(held, now)
 			if d.expired(now, margin) {
 				if out != nil {
 					<-sub.handlers
@@ -472,6 +517,10 @@ func (sub *Subscription) await(m *member, batch []*Delivery, renew <-chan time.T
 			i++
 		case now := <-renew:
 			sub.renewHeld(m, batch[i:], now)
+			if early := sub.takeEarly(m, batch[i:], renew); len(early) > 0 {
+				batch = append(slices.Clone(batch[i:]), early...)
+				i = 0
+			}
 		case <-sub.stop.Done():
 			sub.drain(m, batch[i:], renew)
 			return
