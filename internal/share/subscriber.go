@@ -216,10 +216,10 @@ type member struct {
 	sentMu   sync.Mutex
 	sent     map[int32]int64
 	answered map[int32]int64
-	// buffered are the deliveries of the records kgo buffered for the
-	// member's next poll (under bufferedMu; see member.buffer).
+	// buffered are the records kgo buffered for the member's next poll
+	// (under bufferedMu; see member.buffer).
 	bufferedMu sync.Mutex
-	buffered   []*Delivery
+	buffered   []bufferedRecord
 	// early are the records handed out before a poll returned them
 	// (takeEarly; the member's goroutine only).
 	early map[*kgo.Record]struct{}
@@ -367,7 +367,7 @@ func (m *member) run() {
 // of the poll.
 func (sub *Subscription) take(m *member, recs []*kgo.Record, fetched time.Time, renew <-chan time.Time) []*Delivery {
 	polled := time.Now()
-	buffered := m.takeBuffered()
+	buffered := m.takeBuffered(fetched)
 	all := make([]*Delivery, 0, len(recs))
 	for _, r := range recs {
 		if _, ok := m.early[r]; ok {
@@ -422,7 +422,7 @@ func (sub *Subscription) prepareAll(m *member, all, held []*Delivery, renew <-ch
 // take); held are the poll's deliveries still unanswered, renewed
 // meanwhile.
 func (sub *Subscription) takeEarly(m *member, held []*Delivery, renew <-chan time.Time) []*Delivery {
-	waiting := m.takeBuffered()
+	waiting := m.takeBuffered(m.lastFetchSent(time.Now()))
 	if len(waiting) == 0 {
 		return nil
 	}
@@ -805,37 +805,73 @@ func (h fetchHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ 
 	m.sentMu.Unlock()
 }
 
-// buffer makes the delivery of a record kgo just buffered, so that its
-// acquisition lock is renewed until the member's next poll takes it.
-// Records wait there when a fetch was sent after the member's poll had
-// taken its records: kgo (MaxConcurrentFetches(0)) allows a fetch while a
-// poll is active, and reads that a moment after the poll took the buffered
-// records, so the next fetch can go out as the poll returns. Its records
-// then wait for the next poll, which comes once the member's handlers
-// answered the poll's messages: longer than a lock when they run long.
+// buffer notes a record kgo just buffered, and when, so that the member
+// renews its acquisition lock while it waits and hands it out as a
+// handler frees up (takeEarly). Records wait there when a fetch was sent
+// after the member's poll had taken its records: kgo
+// (MaxConcurrentFetches(0)) allows a fetch while a poll is active, and
+// reads that a moment after the poll took the buffered records, so the
+// next fetch can go out as the poll returns. Its records would otherwise
+// wait for the member's next poll, which comes once its handlers answered
+// the poll's messages: longer than a lock when they run long.
+//
+// It runs on kgo's fetch path, so it only notes: the record's delivery is
+// made when the member needs it (bufferedRecord.delivery).
 func (m *member) buffer(r *kgo.Record) {
 	now := time.Now()
-	d := m.sub.newDelivery(m, r, m.lastFetchSent(now), now)
 	m.bufferedMu.Lock()
-	m.buffered = append(m.buffered, d)
+	m.buffered = append(m.buffered, bufferedRecord{rec: r, at: now})
 	m.bufferedMu.Unlock()
 }
 
+// bufferedRecord is a record kgo buffered for the member's next poll, when
+// it did, and its delivery once made.
+type bufferedRecord struct {
+	rec *kgo.Record
+	at  time.Time
+	d   *Delivery
+}
+
+// delivery returns b's delivery, made now if need be from a fetch sent at
+// fetched.
+func (b *bufferedRecord) delivery(m *member, fetched time.Time) *Delivery {
+	if b.d == nil {
+		b.d = m.sub.newDelivery(m, b.rec, fetched, b.at)
+	}
+	return b.d
+}
+
 // takeBuffered returns the deliveries of the records kgo buffered, in
-// order, for the poll that just returned them.
-func (m *member) takeBuffered() []*Delivery {
+// order, made from fetches sent at fetched where not made yet.
+func (m *member) takeBuffered(fetched time.Time) []*Delivery {
 	m.bufferedMu.Lock()
-	defer m.bufferedMu.Unlock()
-	ds := m.buffered
+	bs := m.buffered
 	m.buffered = nil
+	m.bufferedMu.Unlock()
+	ds := make([]*Delivery, len(bs))
+	for i := range bs {
+		ds[i] = bs[i].delivery(m, fetched)
+	}
 	return ds
 }
 
-// bufferedNow returns the deliveries waiting for the member's next poll.
+// bufferedNow returns the deliveries of the records waiting in kgo's
+// buffer for the member's next poll, made now where need be.
 func (m *member) bufferedNow() []*Delivery {
 	m.bufferedMu.Lock()
+	n := len(m.buffered)
+	m.bufferedMu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	fetched := m.lastFetchSent(time.Now())
+	m.bufferedMu.Lock()
 	defer m.bufferedMu.Unlock()
-	return slices.Clone(m.buffered)
+	ds := make([]*Delivery, len(m.buffered))
+	for i := range m.buffered {
+		ds[i] = m.buffered[i].delivery(m, fetched)
+	}
+	return ds
 }
 
 // lastFetchSent returns when the fetches answered since the member's last
