@@ -93,7 +93,8 @@ func NewShareSubscriber(config ShareSubscriberConfig, logger watermill.LoggerAda
 
 // Subscribe joins the share group for topic and returns the channel its
 // messages arrive on. Up to MaxInFlight messages are handed out and
-// unanswered at once; up to Members x MaxPollRecords records are held.
+// unanswered at once; up to Members x MaxPollRecords records are held
+// (twice that at most, see MaxPollRecords).
 // The channel closes when ctx is cancelled or the ShareSubscriber is closed,
 // after the drain (see Close).
 //

@@ -80,9 +80,10 @@ type ShareSubscriberConfig struct {
 	// brings beyond the free handlers wait in the member, their
 	// acquisition locks renewed, and are handed out as handlers free up.
 	// Up to Members x MaxPollRecords records are held by one Subscribe
-	// call at once, out of other consumers' reach until answered: lower
-	// it when many processes share few partitions and each should get a
-	// part of a short backlog. Default 4 x MaxInFlight.
+	// call at once (twice that at most, when a member's client fetched
+	// again as its poll returned), out of other consumers' reach until
+	// answered: lower it when many processes share few partitions and
+	// each should get a part of a short backlog. Default 4 x MaxInFlight.
 	MaxPollRecords int
 
 	// AcquireMode is how the broker acquires records for a member's
