@@ -373,14 +373,15 @@ func (refusingUnmarshaler) Unmarshal(m *sarama.ConsumerMessage) (*message.Messag
 }
 
 // TestShareLockRenewed: a handler that takes three times the acquisition
-// lock (1 s here) keeps its record: its lock is renewed, no other member
+// lock (2 s here) keeps its record: its lock is renewed, no other member
 // gets the record meanwhile, and its Ack is accepted.
 func TestShareLockRenewed(t *testing.T) {
 	t.Parallel()
-	c := startShareCluster(t, time.Second)
-	topic := c.NewTopic(t, 1)
-	group := c.NewGroup(t)
-	setShareGroupConfigs(t, c, group, map[string]string{"share.record.lock.duration.ms": "1000"})
+	// 2 s: a renewal sent at half the lock must be answered within the
+	// other half, and a broker loaded by CI's parallel runs took longer
+	// than 500 ms once (a 1 s lock: the ack was counted late).
+	const lock = 2 * time.Second
+	c, topic, group := shareTopicWithLock(t, lock)
 	slow := newShareSub(t, c, group, nil)
 	msgs := subscribeShare(t, slow, topic)
 	c.Produce(t, topic, kafkatest.Record{Value: []byte("slow")})
@@ -389,13 +390,13 @@ func TestShareLockRenewed(t *testing.T) {
 	other := newShareSub(t, c, group, nil)
 	others := subscribeShare(t, other, topic)
 	seen := answerAll(others, (*message.Message).Ack)
-	time.Sleep(3 * time.Second) // the handler's work: three lock durations
+	time.Sleep(3 * lock) // the handler's work: three lock durations
 	m.Ack()
 	kafkatest.WaitFor(t, 10*time.Second, "the slow record accepted", func() bool {
 		tot, _ := shareTotals(slow)
 		return tot.Accepted == 1
 	})
-	time.Sleep(1500 * time.Millisecond) // a lock expiring after the ack would show now
+	time.Sleep(lock * 3 / 2) // a lock expiring after the ack would show now
 	tot, _ := shareTotals(slow)
 	assert.Zero(t, tot.AckErrors, "the broker refused the ack: the lock had expired")
 	assert.GreaterOrEqual(t, tot.LockRenewals, uint64(2))
