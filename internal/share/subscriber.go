@@ -401,8 +401,7 @@ func (sub *Subscription) prepareAll(m *member, all, held []*Delivery, renew <-ch
 	for _, d := range all {
 		select {
 		case now := <-renew:
-			sub.renewHeld(m, all, now)
-			sub.renew(held, now)
+			sub.renewHeld(m, now, all, held)
 		default:
 		}
 		if sub.prepare(d) {
@@ -489,8 +488,7 @@ func (sub *Subscription) send(m *member, d *Delivery, batch, held []*Delivery, r
 			go d.watch()
 			return true
 		case now := <-renew:
-			sub.renewHeld(m, batch, now)
-			sub.renew(held, now)
+			sub.renewHeld(m, now, batch, held)
 			if d.expired(now, margin) {
 				if out != nil {
 					<-sub.handlers
@@ -516,7 +514,7 @@ func (sub *Subscription) await(m *member, batch []*Delivery, renew <-chan time.T
 		case <-batch[i].done:
 			i++
 		case now := <-renew:
-			sub.renewHeld(m, batch[i:], now)
+			sub.renewHeld(m, now, batch[i:])
 			if early := sub.takeEarly(m, batch[i:], renew); len(early) > 0 {
 				batch = append(slices.Clone(batch[i:]), early...)
 				i = 0
@@ -537,7 +535,7 @@ func (sub *Subscription) drain(m *member, batch []*Delivery, renew <-chan time.T
 			i++
 			continue
 		case now := <-renew:
-			sub.renewHeld(m, batch[i:], now)
+			sub.renewHeld(m, now, batch[i:])
 			continue
 		case <-timer.C:
 		}
@@ -548,13 +546,13 @@ func (sub *Subscription) drain(m *member, batch []*Delivery, renew <-chan time.T
 	}
 }
 
-// renewHeld renews the locks of the member's batch and of the records
-// kgo buffered for its next poll (see member.buffer).
-func (sub *Subscription) renewHeld(m *member, batch []*Delivery, now time.Time) {
-	sub.renew(batch, now)
-	if waiting := m.bufferedNow(); len(waiting) > 0 {
-		sub.renew(waiting, now)
+// renewHeld renews the locks of the member's deliveries in batches and of
+// the records kgo buffered for its next poll (see member.buffer).
+func (sub *Subscription) renewHeld(m *member, now time.Time, batches ...[]*Delivery) {
+	for _, batch := range batches {
+		sub.renew(batch, now)
 	}
+	sub.renew(m.bufferedNow(), now)
 }
 
 // renewCheck is how often a member looks for acquisition locks to renew.
@@ -859,14 +857,11 @@ func (m *member) takeBuffered(fetched time.Time) []*Delivery {
 // buffer for the member's next poll, made now where need be.
 func (m *member) bufferedNow() []*Delivery {
 	m.bufferedMu.Lock()
-	n := len(m.buffered)
-	m.bufferedMu.Unlock()
-	if n == 0 {
+	defer m.bufferedMu.Unlock()
+	if len(m.buffered) == 0 {
 		return nil
 	}
 	fetched := m.lastFetchSent(time.Now())
-	m.bufferedMu.Lock()
-	defer m.bufferedMu.Unlock()
 	ds := make([]*Delivery, len(m.buffered))
 	for i := range m.buffered {
 		ds[i] = m.buffered[i].delivery(m, fetched)
