@@ -3,7 +3,6 @@ package safeack_test
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -386,35 +385,46 @@ func TestMiddlewareDeferredUnresolvedAtClose(t *testing.T) {
 		handles = make(map[int64]*safeack.Completion)
 		release = make(chan struct{})
 	)
-	mwRouter(t, sub, topic, func(m *message.Message) error {
-		comp, err := safeack.CompletionFromCtx(m.Context())
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		handles[comp.Offset()] = comp
-		mu.Unlock()
-		if comp.Offset() == 1 {
-			comp.Done() // early: waits for the router's answer...
-			<-release   // ...which comes after Close
-		}
-		return nil
-	}, safeack.DeferredCompletion)
+	// Other tests run subscribers in this process at the same time: the
+	// goroutines checked below are this router's and its subscription's,
+	// told apart by the scope's label.
+	scope := newGoroutineScope(t)
+	scope.inScope(func() {
+		mwRouter(t, sub, topic, func(m *message.Message) error {
+			comp, err := safeack.CompletionFromCtx(m.Context())
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			handles[comp.Offset()] = comp
+			mu.Unlock()
+			if comp.Offset() == 1 {
+				comp.Done() // early: waits for the router's answer...
+				<-release   // ...which comes after Close
+			}
+			return nil
+		}, safeack.DeferredCompletion)
+	})
 	c.ProduceN(t, topic, 1, 2, nil)
 	kafkatest.WaitFor(t, mwWait, "both records pending", func() bool {
 		ps, ok := statsOf(sub, topic, 0)
 		return ok && ps.Deferred == 2 && ps.InFlight == 2 && ps.HasUnfinished && ps.OldestUnfinished == 0
 	})
 
+	// The check below is not vacuous: offset 1's answer is awaited now.
+	require.NotEmpty(t, scope.in("partition.(*Worker).await"), "no goroutine of this test awaits offset 1's answer")
+
 	start := time.Now()
 	require.NoError(t, sub.Close())
 	assert.Less(t, time.Since(start), drain+5*time.Second)
-	kafkatest.WaitFor(t, mwWait, "no subscriber goroutine left", func() bool {
-		buf := make([]byte, 1<<20)
-		stacks := string(buf[:runtime.Stack(buf, true)])
-		return !strings.Contains(stacks, "partition.(*Worker).await") &&
-			!strings.Contains(stacks, "partition.(*Deferral).Resolve")
-	})
+	var left []string
+	if !kafkatest.Poll(mwWait, 10*time.Millisecond, func() bool {
+		left = scope.in("partition.(*Worker).await", "partition.(*Deferral).Resolve")
+		return len(left) == 0
+	}) {
+		t.Fatalf("%v after Close, goroutines of this subscriber still wait for a record's answer; their stacks: %s",
+			mwWait, writeArtifact(t, "goroutines-left", strings.Join(left, "\n\n")))
+	}
 	mu.Lock()
 	handles[0].Done()
 	handles[0].Fail(errors.New("late"))

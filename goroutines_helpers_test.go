@@ -39,18 +39,46 @@ func (s goroutineScope) inScope(f func()) {
 	pprof.Do(context.Background(), pprof.Labels(goroutineLabel, s.name), func(context.Context) { f() })
 }
 
-// running returns how many goroutines of the scope are alive, and their
-// stacks.
-func (s goroutineScope) running() (int, string) {
+// records returns the goroutine profile's records of the scope's
+// goroutines: each one stack, with how many goroutines have it.
+func (s goroutineScope) records() []string {
 	var buf bytes.Buffer
 	_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
 	// Each record: "N @ 0x...", then "# labels: {...}" when labelled,
 	// then its frames; records are separated by a blank line.
 	want := strconv.Quote(goroutineLabel) + ":" + strconv.Quote(s.name)
+	var own []string
+	for _, rec := range strings.Split(buf.String(), "\n\n") {
+		if strings.Contains(rec, want) {
+			own = append(own, rec)
+		}
+	}
+	return own
+}
+
+// in returns the records of the scope's goroutines that are in any of
+// the given functions (matched against the frames, e.g.
+// "partition.(*Worker).await").
+func (s goroutineScope) in(funcs ...string) []string {
+	var found []string
+	for _, rec := range s.records() {
+		for _, f := range funcs {
+			if strings.Contains(rec, f) {
+				found = append(found, rec)
+				break
+			}
+		}
+	}
+	return found
+}
+
+// running returns how many goroutines of the scope are alive, and their
+// stacks.
+func (s goroutineScope) running() (int, string) {
 	n := 0
 	var stacks strings.Builder
-	for _, rec := range strings.Split(buf.String(), "\n\n") {
-		if !strings.Contains(rec, want) || strings.Contains(rec, breakerTimer) {
+	for _, rec := range s.records() {
+		if strings.Contains(rec, breakerTimer) {
 			continue
 		}
 		if m := countRe.FindStringSubmatch(rec); m != nil {
