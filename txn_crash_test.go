@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +30,12 @@ const (
 	envTxnChildGrp  = "SAFEACK_TEST_TXN_GROUP"
 	envTxnChildID   = "SAFEACK_TEST_TXN_ID"
 	envTxnChildCoop = "SAFEACK_TEST_TXN_COOP" // "1": cooperative-sticky balancing
+
+	// txnChildStopAt is how many inputs' outputs the parent waits to see
+	// before it stops or kills the child; the child handles a few more
+	// than that (txnChildFastRecords) at full speed, then slowly.
+	txnChildStopAt      = 500
+	txnChildFastRecords = 600
 )
 
 // TestHelperTxnRouterProcess is not a test: TestTxnRouterSIGKILL re-executes
@@ -62,10 +69,24 @@ func TestHelperTxnRouterProcess(t *testing.T) {
 		}
 	}()
 	var att attempts
+	// Quick for the first records, then slow (about 80 a second): the
+	// parent stops or kills this process once its reader sees the first
+	// outputs, and most of the input must still be to do then, however
+	// late that reader is. At full speed the rest took under a second, and
+	// on a loaded CI machine the reader once saw every output at its first
+	// look (commits took up to 12 s in a local run under heavier load).
+	fast, slow := transform(&att, 3*time.Millisecond), transform(&att, 200*time.Millisecond)
+	var handled atomic.Int64
+	paced := func(msg *message.Message) ([]*message.Message, error) {
+		if handled.Add(1) <= txnChildFastRecords {
+			return fast(msg)
+		}
+		return slow(msg)
+	}
 	router, err := message.NewRouter(message.RouterConfig{}, nil)
 	require.NoError(t, err)
 	router.AddMiddleware(pub.Middleware)
-	router.AddHandler("transform", r.in, sub, r.out, pub, transform(&att, 3*time.Millisecond))
+	router.AddHandler("transform", r.in, sub, r.out, pub, paced)
 	_ = router.Run(context.Background())
 	select {} // killed by the parent
 }
@@ -90,7 +111,7 @@ func TestTxnRouterSIGKILL(t *testing.T) {
 	const txnID = "txn-crash"
 
 	cmd, _ := startTxnChild(t, c, r, txnID)
-	kafkatest.WaitFor(t, 90*time.Second, "the child's first outputs", func() bool { return rd.seen(ids) >= 500 })
+	kafkatest.WaitFor(t, 90*time.Second, "the child's first outputs", func() bool { return rd.seen(ids) >= txnChildStopAt })
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_ = cmd.Wait()
 	before := rd.seen(ids)
@@ -196,7 +217,7 @@ func txnZombieFencedByGeneration(t *testing.T, coop bool) {
 	ids := r.inputIDs()
 
 	zombie, zombieStats := startTxnChildBalanced(t, c, r, "txn-zombie-old", coop)
-	kafkatest.WaitFor(t, 90*time.Second, "the first member's outputs", func() bool { return rd.seen(ids) >= 500 })
+	kafkatest.WaitFor(t, 90*time.Second, "the first member's outputs", func() bool { return rd.seen(ids) >= txnChildStopAt })
 	require.NoError(t, zombie.Process.Signal(syscall.SIGSTOP))
 	stopped := rd.seen(ids)
 	t.Logf("stopped the first member with %d of %d inputs' outputs visible", stopped, len(ids))
