@@ -134,7 +134,7 @@ func dumpGoroutines(t *testing.T) string {
 // writeArtifact writes text to a file that outlives the test, in
 // $SAFEACK_TEST_ARTIFACTS (CI keeps it) or else the system's temporary
 // directory, and returns its path.
-func writeArtifact(t *testing.T, what, text string) string {
+func writeArtifact(t testing.TB, what, text string) string {
 	t.Helper()
 	dir := os.Getenv("SAFEACK_TEST_ARTIFACTS")
 	if dir == "" {

@@ -32,7 +32,7 @@ const mwWait = 15 * time.Second // deadline of every wait in these tests
 // closes it at the end of the test (which closes sub).
 func mwRouter(t *testing.T, sub message.Subscriber, topic string, h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) *message.Router {
 	t.Helper()
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, testLogger())
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, keptLogger(t))
 	require.NoError(t, err)
 	r.AddMiddleware(mws...)
 	r.AddConsumerHandler("h", topic, sub, h)

@@ -93,7 +93,7 @@ func setShareGroupConfigs(t *testing.T, c *kafkatest.Cluster, group string, conf
 // is closed at cleanup.
 func newShareSub(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.ShareSubscriberConfig)) *safeack.ShareSubscriber {
 	t.Helper()
-	return newShareSubLogged(t, c, group, testLogger(), mod)
+	return newShareSubLogged(t, c, group, keptLogger(t), mod)
 }
 
 // newShareSubLogged is newShareSub logging to logger.

@@ -157,7 +157,7 @@ func waitCond(timeout time.Duration, cond func() bool) bool {
 // closes it at the end of the test.
 func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
 	t.Helper()
-	return newLoggedSubscriber(t, c, group, testLogger(), mod)
+	return newLoggedSubscriber(t, c, group, keptLogger(t), mod)
 }
 
 // newLoggedSubscriber is newTestSubscriber logging to logger.
