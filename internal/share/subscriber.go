@@ -846,11 +846,7 @@ func (m *member) takeBuffered(fetched time.Time) []*Delivery {
 	bs := m.buffered
 	m.buffered = nil
 	m.bufferedMu.Unlock()
-	ds := make([]*Delivery, len(bs))
-	for i := range bs {
-		ds[i] = bs[i].delivery(m, fetched)
-	}
-	return ds
+	return m.deliveries(bs, fetched)
 }
 
 // bufferedNow returns the deliveries of the records waiting in kgo's
@@ -861,10 +857,15 @@ func (m *member) bufferedNow() []*Delivery {
 	if len(m.buffered) == 0 {
 		return nil
 	}
-	fetched := m.lastFetchSent(time.Now())
-	ds := make([]*Delivery, len(m.buffered))
-	for i := range m.buffered {
-		ds[i] = m.buffered[i].delivery(m, fetched)
+	return m.deliveries(m.buffered, m.lastFetchSent(time.Now()))
+}
+
+// deliveries returns the deliveries of bs, made from fetches sent at
+// fetched where not made yet (and kept in bs).
+func (m *member) deliveries(bs []bufferedRecord, fetched time.Time) []*Delivery {
+	ds := make([]*Delivery, len(bs))
+	for i := range bs {
+		ds[i] = bs[i].delivery(m, fetched)
 	}
 	return ds
 }
