@@ -51,8 +51,10 @@ func (l *logTail) Write(p []byte) (int, error) {
 	for line := range strings.SplitSeq(strings.TrimRight(string(p), "\n"), "\n") {
 		l.lines = append(l.lines, line)
 	}
-	if over := len(l.lines) - keptLogLines; over > 0 {
-		l.lines = append(l.lines[:0], l.lines[over:]...)
+	// Dropped in bulk, not line by line, so that a chatty test does not
+	// copy the whole tail on every line it logs.
+	if len(l.lines) >= 2*keptLogLines {
+		l.lines = append(l.lines[:0], l.lines[len(l.lines)-keptLogLines:]...)
 	}
 	return len(p), nil
 }
@@ -60,5 +62,5 @@ func (l *logTail) Write(p []byte) (int, error) {
 func (l *logTail) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n") + "\n"
+	return strings.Join(l.lines[max(0, len(l.lines)-keptLogLines):], "\n") + "\n"
 }
