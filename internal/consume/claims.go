@@ -158,9 +158,9 @@ type claimWatch struct {
 	overdueAfter time.Duration
 
 	mu    sync.Mutex
-	sess  sarama.ConsumerGroupSession // nil between sessions
-	parts map[int32]*claimState       // the session's assignment
-	stop  chan struct{}               // closed by end
+	sess  groupSession          // nil between sessions
+	parts map[int32]*claimState // the session's assignment
+	stop  chan struct{}         // closed by end
 	// failures counts the sessions in a row that ended because Sarama gave
 	// a claim up (see rejoinDelay).
 	failures int
@@ -190,7 +190,7 @@ func newClaimWatch(sub *subscription, client sarama.Client) *claimWatch {
 // partitions in listErrs, whose start offsets their leaders did not answer
 // for, are held back (Sarama would ask the same leaders as it starts their
 // claims, fail, and end the session). It returns the held partitions.
-func (w *claimWatch) begin(sess sarama.ConsumerGroupSession, claimed []int32, listErrs map[int32]error) map[int32]bool {
+func (w *claimWatch) begin(sess groupSession, claimed []int32, listErrs map[int32]error) map[int32]bool {
 	now := time.Now()
 	parts := make(map[int32]*claimState, len(claimed))
 	held := make(map[int32]bool)
@@ -302,7 +302,7 @@ func (w *claimWatch) claimError(partition int32, err error) {
 }
 
 // run checks the session's claims every claimCheckEvery until stop closes.
-func (w *claimWatch) run(sess sarama.ConsumerGroupSession, stop <-chan struct{}) {
+func (w *claimWatch) run(sess groupSession, stop <-chan struct{}) {
 	t := time.NewTicker(claimCheckEvery)
 	defer t.Stop()
 	for {
@@ -321,7 +321,7 @@ func (w *claimWatch) run(sess sarama.ConsumerGroupSession, stop <-chan struct{})
 // a new Setup), refreshes the metadata while a claim waits (Sarama's wait
 // reads it), releases the held claims whose leaders answer, and reports the
 // claims that are overdue.
-func (w *claimWatch) check(sess sarama.ConsumerGroupSession, stop <-chan struct{}) {
+func (w *claimWatch) check(sess groupSession, stop <-chan struct{}) {
 	now := time.Now()
 	assigned := sess.Claims()[w.sub.topic]
 	var waiting, held, due []int32
@@ -437,7 +437,7 @@ func (w *claimWatch) forgetLocked(partition int32) {
 // returns without being revoked, and one whose start failed never ran
 // ConsumeClaim) is logged, and makes the next rejoin wait (see
 // rejoinDelay).
-func (w *claimWatch) end(sess sarama.ConsumerGroupSession) {
+func (w *claimWatch) end(sess groupSession) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stop != nil {

@@ -153,8 +153,8 @@ type groupHandler struct {
 // Setup reads the committed offsets and metadata of the claimed partitions
 // (one OffsetFetch per session), pins the start of those without a commit
 // (see pinStarts) and starts the session's commits.
-func (h *groupHandler) Setup(sess sarama.ConsumerGroupSession) error {
-	sess = guardSession(sess)
+func (h *groupHandler) Setup(saramaSess sarama.ConsumerGroupSession) error {
+	sess := guardSession(saramaSess)
 	claimed := sess.Claims()[h.sub.topic]
 	h.sub.logger.Debug("Consumer group session started", h.sub.logFields.Add(watermill.LogFields{
 		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(claimed),
@@ -282,7 +282,7 @@ func (h *groupHandler) committedOffset(partition int32) (c kclient.CommittedOffs
 // instead (read back until the coordinator holds it) and it reports ended:
 // the claim returns, which ends the session, and the next one starts there.
 // unchecked: the check could not run yet (see newEpochWatch).
-func (h *groupHandler) checkAddedClaim(sess sarama.ConsumerGroupSession, partition int32, c kclient.CommittedOffset) (ended, unchecked bool) {
+func (h *groupHandler) checkAddedClaim(sess groupSession, partition int32, c kclient.CommittedOffset) (ended, unchecked bool) {
 	marks := map[int32]kclient.CommittedOffset{partition: c}
 	truncated, notChecked := h.checkLeaderEpochs(sess, marks)
 	if len(truncated) == 0 {
@@ -312,8 +312,8 @@ func withPartition(m map[int32]bool, partition int32) map[int32]bool {
 // the subscription stops, this final commit may wait closeCommitWait for
 // the brokers (finalCommitWait at a rebalance); the shutdown deadline then
 // leaves CloseGrace to leave the group.
-func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
-	sess = guardSession(sess)
+func (h *groupHandler) Cleanup(saramaSess sarama.ConsumerGroupSession) error {
+	sess := guardSession(saramaSess)
 	h.watch.end(sess)
 	h.sub.setPhase(ready.Joining, nil) // the session is over: rejoining, or stopping
 	wait := h.sub.cfg.finalCommitWait()
@@ -342,8 +342,8 @@ func (h *groupHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
 }
 
 // ConsumeClaim runs one partition until it is revoked.
-func (h *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
-	sess = guardSession(sess)
+func (h *groupHandler) ConsumeClaim(saramaSess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	sess := guardSession(saramaSess)
 	h.watch.claimStarted(claim.Partition())
 	defer h.watch.claimEnded(claim.Partition())
 	// Nothing is taken from the claim, handed out or shown in Stats before

@@ -42,7 +42,7 @@ var _ committer = (*offsetCommitter)(nil)
 // nothing lost.
 func (o *offsetCommitter) withoutCommitted(string, error) error { return nil }
 
-func (o *offsetCommitter) begin(sess sarama.ConsumerGroupSession, _ map[int32]kclient.CommittedOffset) {
+func (o *offsetCommitter) begin(sess groupSession, _ map[int32]kclient.CommittedOffset) {
 	o.mu.Lock()
 	o.final = make(map[int32]kclient.CommittedOffset)
 	o.mu.Unlock()
@@ -66,7 +66,7 @@ func (o *offsetCommitter) stopLoop(ctx context.Context) {
 // finish commits the session's final marks and reads them back, committing
 // again until the coordinator holds the last mark of every claim the
 // session ended (see sessionOffsets.confirm).
-func (o *offsetCommitter) finish(ctx context.Context, sess sarama.ConsumerGroupSession) {
+func (o *offsetCommitter) finish(ctx context.Context, sess groupSession) {
 	o.mu.Lock()
 	final := o.final
 	o.final = nil
@@ -74,7 +74,7 @@ func (o *offsetCommitter) finish(ctx context.Context, sess sarama.ConsumerGroupS
 	o.h.offsets.confirm(ctx, sess, final)
 }
 
-func (o *offsetCommitter) claim(sess sarama.ConsumerGroupSession, p int32) claimCommits {
+func (o *offsetCommitter) claim(sess groupSession, p int32) claimCommits {
 	h := o.h
 	return claimCommits{
 		marker:        sessionMarker{sess, h},
@@ -88,7 +88,7 @@ func (o *offsetCommitter) claim(sess sarama.ConsumerGroupSession, p int32) claim
 }
 
 // ended takes the final position of a claim whose worker returned.
-func (o *offsetCommitter) ended(sess sarama.ConsumerGroupSession, p int32, offset int64, meta string) {
+func (o *offsetCommitter) ended(sess groupSession, p int32, offset int64, meta string) {
 	h := o.h
 	if sess.Context().Err() != nil || h.sub.stopping(h.ctx) {
 		// The session ends: finish confirms its final commit, once for
@@ -136,7 +136,7 @@ const maxEarlyCommitGap = 100 * time.Millisecond
 // commit the coordinator did not take is sent again, paced as every
 // commit read back until held (backoff.Doubling), at most
 // maxEarlyCommitRetries times. It ends when the subscription stops.
-func (o *offsetCommitter) commitLoop(sess sarama.ConsumerGroupSession, stop, done, soon chan struct{}) {
+func (o *offsetCommitter) commitLoop(sess groupSession, stop, done, soon chan struct{}) {
 	defer close(done)
 	h := o.h
 	interval := h.sub.cfg.CommitEvery
@@ -249,13 +249,13 @@ func (o *offsetCommitter) confirm(sent map[int32]int64) (behind bool) {
 // other at the coordinator, each holding its drain (and so Close) while a
 // broker was slow to answer, or for Net.ReadTimeout when it did not.
 type sessionMarker struct {
-	sarama.ConsumerGroupSession
+	groupSession
 	h *groupHandler
 }
 
 func (m sessionMarker) Commit() {
 	if m.Context().Err() == nil && !m.h.sub.stopping(m.h.ctx) {
-		m.ConsumerGroupSession.Commit()
+		m.groupSession.Commit()
 	}
 }
 
@@ -284,7 +284,7 @@ type sessionOffsets struct {
 // commit is sent in the background, beside the claims' first fetches, and
 // the returned channel closes once the coordinator holds it (see
 // commitPinned). ConsumeClaim hands nothing out before that.
-func (s sessionOffsets) pinStarts(sess sarama.ConsumerGroupSession, claimed []int32, committed map[int32]kclient.CommittedOffset,
+func (s sessionOffsets) pinStarts(sess groupSession, claimed []int32, committed map[int32]kclient.CommittedOffset,
 	starts map[int32]int64, startErrs map[int32]error) <-chan struct{} {
 	pinned := make(map[int32]int64)
 	for _, p := range claimed {
@@ -321,7 +321,7 @@ func (s sessionOffsets) pinStarts(sess sarama.ConsumerGroupSession, claimed []in
 // commitUntilHeld): a record handed out while the group has no commit is
 // skipped by the next owner at OffsetNewest if this member dies before it
 // is committed.
-func (s sessionOffsets) commitPinned(sess sarama.ConsumerGroupSession, starts map[int32]int64) {
+func (s sessionOffsets) commitPinned(sess groupSession, starts map[int32]int64) {
 	want := make(map[int32]kclient.CommittedOffset, len(starts))
 	for p, start := range starts {
 		want[p] = kclient.CommittedOffset{Offset: start}
@@ -353,7 +353,7 @@ func (s sessionOffsets) commitPinned(sess sarama.ConsumerGroupSession, starts ma
 // last answered, and the last read's error (sentinel.ErrInstanceFenced when the
 // session was fenced: its positions are not this member's to commit any
 // more).
-func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.ConsumerGroupSession, want map[int32]kclient.CommittedOffset,
+func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess groupSession, want map[int32]kclient.CommittedOffset,
 	waiting func(missing map[int32]int64, err error, retryIn time.Duration)) (missing map[int32]int64, lastHeld map[int32]kclient.CommittedOffset, err error) {
 	parts := make([]int32, 0, len(want))
 	for p, w := range want {
@@ -401,7 +401,7 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess sarama.Consume
 // coordinator does not hold when ctx ends is logged as an Error, partition
 // by partition. The assignments of marks are over: an Observer is told of
 // their final positions (see subscription.observeFinal).
-func (s sessionOffsets) confirm(ctx context.Context, sess sarama.ConsumerGroupSession, marks map[int32]kclient.CommittedOffset) {
+func (s sessionOffsets) confirm(ctx context.Context, sess groupSession, marks map[int32]kclient.CommittedOffset) {
 	start := time.Now()
 	missing, held, err := s.commitUntilHeld(ctx, sess, marks, nil)
 	fenced := errors.Is(err, sentinel.ErrInstanceFenced)

@@ -82,7 +82,7 @@ type txnCommitter struct {
 	marks       map[int32]txnMark                 // latest position per partition since the last snapshot
 	covered     map[int32]coverage                // what the group's committed position covers, per partition
 	held        map[int32]kclient.CommittedOffset // the position the group holds for each current assignment: its start or last transaction
-	sess        sarama.ConsumerGroupSession       // the current session: its generation and member id fence the offsets
+	sess        groupSession                      // the current session: its generation and member id fence the offsets
 	owners      map[int32]*txnMarker              // the marker of each partition's current assignment
 	endSession  func()                            // ends the current session's assignments
 	committing  bool
@@ -231,7 +231,7 @@ func (c *txnCommitter) closeClient() {
 // once a rebalance has moved their partitions on (KIP-447). committed is
 // what the group had committed when the session started; end ends the
 // session's assignments.
-func (c *txnCommitter) beginSession(sess sarama.ConsumerGroupSession, committed map[int32]kclient.CommittedOffset, end func()) {
+func (c *txnCommitter) beginSession(sess groupSession, committed map[int32]kclient.CommittedOffset, end func()) {
 	covered := make(map[int32]coverage, len(committed))
 	held := make(map[int32]kclient.CommittedOffset, len(committed))
 	for p, co := range committed {

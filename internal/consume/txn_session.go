@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
@@ -36,7 +35,7 @@ func (t *txnSessionCommitter) withoutCommitted(what string, err error) error {
 // begin starts the session's epoch (see txnCommitter.beginSession); a
 // transaction that fails ends every assignment of the session, whose next
 // one fetches from the committed offsets.
-func (t *txnSessionCommitter) begin(sess sarama.ConsumerGroupSession, committed map[int32]kclient.CommittedOffset) {
+func (t *txnSessionCommitter) begin(sess groupSession, committed map[int32]kclient.CommittedOffset) {
 	t.c.beginSession(sess, committed, t.h.workers.endAll)
 	t.stop, t.done = make(chan struct{}), make(chan struct{})
 	go t.commitLoop(t.stop, t.done)
@@ -53,14 +52,14 @@ func (t *txnSessionCommitter) stopLoop(ctx context.Context) {
 
 // finish commits what the session's drained partitions completed and ends
 // the epoch (see txnCommitter.finishSession).
-func (t *txnSessionCommitter) finish(context.Context, sarama.ConsumerGroupSession) {
+func (t *txnSessionCommitter) finish(context.Context, groupSession) {
 	t.c.finishSession()
 }
 
 // claim gives the claim a marker of its own: a new assignment of the
 // partition, which owns its positions and outputs until the claim returns.
 // Its drain commits the final position in a transaction (Commit).
-func (t *txnSessionCommitter) claim(_ sarama.ConsumerGroupSession, p int32) claimCommits {
+func (t *txnSessionCommitter) claim(_ groupSession, p int32) claimCommits {
 	m := t.c.newMarker(p)
 	return claimCommits{
 		marker:     m,
