@@ -15,7 +15,6 @@ import (
 
 	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/kclient"
-	"github.com/safeack/safeack/internal/partition"
 	"github.com/safeack/safeack/internal/ready"
 )
 
@@ -133,18 +132,17 @@ type groupHandler struct {
 	fenced atomic.Bool
 
 	// Per session, set in Setup and read by the claims it starts.
-	committed map[int32]kclient.CommittedOffset
-	// truncated lists the partitions whose log the leader-epoch check
-	// found truncated under the commit, unchecked those whose commit it
-	// could not check yet (see checkLeaderEpochs).
-	truncated map[int32]bool
-	unchecked map[int32]bool
+	mu sync.Mutex
+	// starts is what Setup prepared for the session's first claim of each
+	// partition (see takeClaimStart).
+	starts map[int32]claimStart
+	// truncatedAdded lists the partitions whose log the leader-epoch check
+	// of an added claim found truncated (see checkAddedClaim): that ended
+	// the session, and the next one's claim counts the truncation.
+	truncatedAdded map[int32]bool
 	// pinned closes once the commit of the session's pinned starts
 	// returned (see pinStarts).
-	pinned <-chan struct{}
-	// first holds the session's early fetches (see subscription.fetchFirstRecords).
-	first   map[int32]*firstFetch
-	mu      sync.Mutex
+	pinned  <-chan struct{}
 	workers WorkerSet // the running claims'
 	// claims counts the ConsumeClaims running (see ConsumeClaim).
 	claims atomic.Int32
@@ -213,17 +211,9 @@ func (h *groupHandler) Setup(saramaSess sarama.ConsumerGroupSession) error {
 	// the group's earlier members may have.
 	first := h.sub.fetchFirstRecords(h.client, fetchStarts(claimed, withoutPartitions(committed, held)))
 	h.mu.Lock()
-	h.committed = withoutPartitions(committed, held)
-	// A truncation found for an added claim (checkAddedClaim) ended the
-	// last session; it is counted by this one's claim of the partition.
-	for _, p := range claimed {
-		if h.truncated[p] {
-			truncated = withPartition(truncated, p)
-		}
-	}
-	h.truncated, h.unchecked = truncated, unchecked
+	h.starts = claimStarts(claimed, withoutPartitions(committed, held), truncated, unchecked, h.truncationsNotCountedLocked(), first)
+	h.truncatedAdded = nil
 	h.pinned = pinned
-	h.first = first
 	h.mu.Unlock()
 	h.commits.begin(sess, committed)
 	h.sub.setPhase(ready.Consuming, nil)
@@ -249,55 +239,6 @@ var closedChan = func() chan struct{} {
 	close(c)
 	return c
 }()
-
-// kclient.CommittedOffset returns what Setup read for partition. A cooperative
-// rebalance can add a claim to a running session without a new Setup; such
-// a partition is read on its own (fromSetup false). A failed read is
-// logged and returned.
-func (h *groupHandler) committedOffset(partition int32) (c kclient.CommittedOffset, ok, fromSetup bool, err error) {
-	h.mu.Lock()
-	c, ok = h.committed[partition]
-	// Setup's read serves the session's first claim of the partition only:
-	// one that comes back later in the session (cooperative) is read again,
-	// for the commit and completed tail its last owner left since.
-	delete(h.committed, partition)
-	h.mu.Unlock()
-	if ok {
-		return c, true, true, nil
-	}
-	fetched, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
-	if err != nil {
-		h.sub.logger.Error("Cannot read committed metadata; the completed tail is not skipped", err,
-			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition}))
-		return kclient.CommittedOffset{}, false, false, err
-	}
-	c, ok = fetched[partition]
-	return c, ok, false, nil
-}
-
-// checkAddedClaim runs the leader-epoch check (see checkLeaderEpochs) for
-// a claim that came without Setup: cooperative rebalancing adds claims to
-// a running session. Its fetch started at the commit already, so a
-// truncation found cannot move it back: the divergence point is committed
-// instead (read back until the coordinator holds it) and it reports ended:
-// the claim returns, which ends the session, and the next one starts there.
-// unchecked: the check could not run yet (see newEpochWatch).
-func (h *groupHandler) checkAddedClaim(sess groupSession, partition int32, c kclient.CommittedOffset) (ended, unchecked bool) {
-	marks := map[int32]kclient.CommittedOffset{partition: c}
-	truncated, notChecked := h.checkLeaderEpochs(sess, marks)
-	if len(truncated) == 0 {
-		return false, notChecked[partition]
-	}
-	h.mu.Lock()
-	h.truncated = withPartition(h.truncated, partition)
-	h.mu.Unlock()
-	ctx, cancel := h.sub.halt.within(h.sub.cfg.finalCommitWait())
-	defer cancel()
-	h.offsets.confirm(ctx, sess, marks)
-	h.sub.logger.Info("Ending the session so that the truncated partition starts again where its log diverged",
-		h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition, "start": marks[partition].Offset}))
-	return true, false
-}
 
 // withPartition returns m with partition set, made if m is nil.
 func withPartition(m map[int32]bool, partition int32) map[int32]bool {
@@ -338,130 +279,6 @@ func (h *groupHandler) Cleanup(saramaSess sarama.ConsumerGroupSession) error {
 	if closing {
 		h.sub.halt.arm(CloseGrace)
 	}
-	return nil
-}
-
-// ConsumeClaim runs one partition until it is revoked.
-func (h *groupHandler) ConsumeClaim(saramaSess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
-	sess := guardSession(saramaSess)
-	h.watch.claimStarted(claim.Partition())
-	defer h.watch.claimEnded(claim.Partition())
-	// Nothing is taken from the claim, handed out or shown in Stats before
-	// the session's pinned starts are committed; Sarama made the claim
-	// (resolving its start, starting its fetch) meanwhile.
-	h.mu.Lock()
-	pinned := h.pinned
-	h.mu.Unlock()
-	<-pinned
-	if sess.Context().Err() != nil || h.sub.stopping(h.ctx) {
-		// The session ended first, perhaps before the coordinator held
-		// the start: the assignment is over, and its records are the next
-		// owner's.
-		return nil
-	}
-	h.claims.Add(1)
-	defer func() {
-		if h.claims.Add(-1) == 0 && h.sub.halt.isStopping() {
-			// Every claim is over and the subscription stops: its fetches
-			// are not needed any more. Sarama runs Cleanup, and so the
-			// final commit, only once each claim's partition consumer has
-			// closed, which waits for a Fetch in flight (Net.ReadTimeout
-			// when its leader does not answer). The coordinator's requests
-			// have connections of their own.
-			if tc, ok := h.client.(*kclient.TrackedClient); ok && tc.CoordConns != nil {
-				tc.Client.(*kclient.CoordinatorClient).Keep()
-				tc.Conns.Abandon()
-			}
-		}
-	}()
-	commit, haveCommit, fromSetup, err := h.committedOffset(claim.Partition())
-	if err != nil {
-		if err := h.commits.withoutCommitted("the committed offset of a claim", err); err != nil {
-			return err // ends the session, whose next Setup reads the commits again
-		}
-	}
-	var unchecked bool // the commit's leader epoch could not be checked yet
-	if haveCommit && !fromSetup {
-		var ended bool
-		if ended, unchecked = h.checkAddedClaim(sess, claim.Partition(), commit); ended {
-			return nil
-		}
-	}
-	messages := claim.Messages()
-	var start partition.Start
-	backfill := h.backfillFromStart(claim)
-	if backfill {
-		done := make(chan struct{})
-		defer close(done)
-		messages = h.backfill(claim, done)
-		start = h.logStart(claim)
-	} else {
-		start = h.startOf(claim)
-	}
-	// Where completed offsets go: the session's marks, or the transaction.
-	commits := h.commits.claim(sess, claim.Partition())
-	defer commits.done()
-	a := partition.Assignment{
-		Topic:          claim.Topic(),
-		Partition:      claim.Partition(),
-		Start:          start,
-		Marker:         commits.marker,
-		Deliveries:     commits.deliveries,
-		Pauser:         h.group,
-		HighWaterMark:  claim.HighWaterMarkOffset,
-		RequestCommit:  commits.requestCommit,
-		StartCommitted: commits.startCommitted,
-		// A backfilled claim's start is resolved here, without a commit:
-		// the worker commits it before anything is handed out, as Setup
-		// does for the session's first claims (pinStarts).
-		PinStart: backfill && start.Resolved,
-	}
-	h.mu.Lock()
-	truncated := h.truncated[claim.Partition()]
-	delete(h.truncated, claim.Partition())
-	if fromSetup {
-		unchecked = h.unchecked[claim.Partition()]
-	}
-	delete(h.unchecked, claim.Partition())
-	if ff := h.first[claim.Partition()]; ff != nil && !backfill && start.Resolved && ff.from == start.Offset {
-		a.FirstRecords = ff.records
-	}
-	delete(h.first, claim.Partition()) // for the session's first claim of the partition only
-	h.mu.Unlock()
-	var watch *epochWatch // the marks' epochs are checked while consuming (see epochWatch)
-	if !h.sub.cfg.DisableCompletedTail {
-		from := kclient.CommittedOffset{Offset: -1} // no commit: the claim's start is resolved later
-		if haveCommit {
-			from = commit
-		}
-		watch = newEpochWatch(h, a.Marker, claim.Topic(), claim.Partition(), from, unchecked)
-		a.Marker, a.LeaderEpoch = watch, watch.epoch
-	}
-	w, err := h.sub.newWorker(sess.Context(), a)
-	if err != nil {
-		return err
-	}
-	commits.bind(w, commit, haveCommit)
-	if truncated {
-		w.CountLogTruncation()
-	}
-	if haveCommit {
-		w.StartFromCommit(commit.Offset, commit.Metadata)
-	}
-	if watch != nil {
-		watch.start(sess.Context(), w)
-		defer watch.close()
-	}
-	h.workers.Add(w)
-	h.sub.leaders.started(w)
-	h.sub.host.Attach(w)
-	defer func() {
-		h.sub.host.Detach(w)
-		h.sub.leaders.ended(w)
-		h.workers.Remove(w)
-	}()
-	w.Run(messages, h.sub.host.Closing())
-	commits.end(w, watch)
 	return nil
 }
 
