@@ -144,7 +144,7 @@ func (h *groupHandler) committedOffset(partition int32, st claimStart) (c kclien
 	if st.fromSetup {
 		return st.committed, true, nil
 	}
-	fetched, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{partition})
+	fetched, err := h.reads.Committed([]int32{partition})
 	if err != nil {
 		h.sub.logger.Error("Cannot read committed metadata; the completed tail is not skipped", err,
 			h.sub.logFields.Add(watermill.LogFields{"kafka_partition": partition}))

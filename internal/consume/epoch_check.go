@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kclient"
@@ -118,7 +117,7 @@ func (h *groupHandler) checkLeaderEpochs(sess groupSession, committed map[int32]
 			continue
 		}
 		start := a.endOffset
-		if first, err := h.client.GetOffset(h.sub.topic, p, sarama.OffsetOldest); err == nil && first > start {
+		if first, err := h.reads.LogStart(p); err == nil && first > start {
 			start = first // a start below the log's would fall back to Offsets.Initial
 		}
 		tail, _ := frontier.DecodeTail(c.Metadata, c.Offset)

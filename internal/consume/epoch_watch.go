@@ -33,7 +33,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/frontier"
@@ -152,7 +151,7 @@ func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int
 	x.validated.Store(frontier.NoLeaderEpoch)
 	ce, haveEpoch := frontier.LeaderEpochOf(committed.Metadata)
 	haveEpoch = haveEpoch && committed.Offset >= 0
-	_, e, err := h.client.LeaderAndEpoch(topic, p)
+	e, err := h.reads.LeaderEpoch(p)
 	switch {
 	case unchecked && haveEpoch && (err != nil || e > ce):
 		x.validated.Store(ce)
@@ -195,7 +194,7 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 		if time.Now().Before(retryAt) {
 			continue
 		}
-		_, e, err := x.h.client.LeaderAndEpoch(x.topic, x.partition)
+		e, err := x.h.reads.LeaderEpoch(x.partition)
 		if err != nil {
 			// No leader in the metadata: the read refreshed it (and
 			// waited for it), which is not to be done every tick.
@@ -331,7 +330,7 @@ type divergenceTaker interface {
 // notBelowLogStart is at, or the partition's log start when at is below
 // it (at when the log start cannot be read).
 func (x *epochWatch) notBelowLogStart(at int64) int64 {
-	if first, err := x.h.client.GetOffset(x.topic, x.partition, sarama.OffsetOldest); err == nil && first > at {
+	if first, err := x.h.reads.LogStart(x.partition); err == nil && first > at {
 		return first
 	}
 	return at

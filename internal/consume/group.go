@@ -14,7 +14,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/internal/backoff"
-	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/ready"
 )
 
@@ -52,8 +51,9 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		<-errsDone
 	}()
 
+	reads := saramaReads{client: client, group: sub.cfg.ConsumerGroup, topic: sub.topic}
 	gh := &groupHandler{sub: sub, ctx: ctx, client: client, group: group, epochs: epochs, watch: watch,
-		offsets: sessionOffsets{sub: sub, client: client}}
+		offsets: sessionOffsets{sub: sub, reads: reads}, reads: reads}
 	gh.commits = newCommitter(gh)
 	var handler sarama.ConsumerGroupHandler = gh
 	if sub.cfg.Tracer != nil {
@@ -113,6 +113,8 @@ type groupHandler struct {
 	ctx    context.Context
 	client sarama.Client
 	group  sarama.ConsumerGroup
+	// reads is what the engine-neutral parts read of the cluster.
+	reads  clusterReads
 	epochs *epochClient // sends the leader-epoch checks (see checkLeaderEpochs)
 	// watch follows the claims of each session's assignment (see claimWatch).
 	watch *claimWatch
@@ -173,7 +175,7 @@ func (h *groupHandler) Setup(saramaSess sarama.ConsumerGroupSession) error {
 		}))
 		maps.Copy(startErrs, noLeader)
 	})
-	committed, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, claimed)
+	committed, err := h.reads.Committed(claimed)
 	listing.Wait()
 	// The claims of partitions whose leaders did not answer wait for them
 	// (see claimWatch). They are left out of the checks and fetches below,
@@ -298,6 +300,6 @@ func (h *groupHandler) listHighWaterMarks() {
 	h.hwmListedAt.Store(now)
 	go func() {
 		defer h.hwmListing.Store(false)
-		h.sub.leaders.listed(h.workers.setHighWaterMarks(h.client, h.sub.topic))
+		h.sub.leaders.listed(h.workers.setHighWaterMarks(h.reads))
 	}()
 }

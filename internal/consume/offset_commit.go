@@ -77,7 +77,7 @@ func (o *offsetCommitter) claim(sess groupSession, p int32) claimCommits {
 		marker:        sessionMarker{sess, h},
 		requestCommit: o.commitSoon,
 		startCommitted: func(offset int64) bool {
-			held, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, []int32{p})
+			held, err := h.reads.Committed([]int32{p})
 			return err == nil && held[p].Offset == offset
 		},
 		ended: func(offset int64, meta string) { o.ended(sess, p, offset, meta) },
@@ -221,7 +221,7 @@ func (o *offsetCommitter) confirm(sent map[int32]int64) (behind bool) {
 	for _, w := range workers {
 		parts = append(parts, w.Partition())
 	}
-	committed, err := kclient.FetchCommitted(h.client, h.sub.cfg.ConsumerGroup, h.sub.topic, parts)
+	committed, err := h.reads.Committed(parts)
 	if err != nil {
 		h.sub.logger.Debug("Cannot read back committed offsets", h.sub.logFields.Add(watermill.LogFields{"err": err.Error()}))
 		return len(sent) > 0

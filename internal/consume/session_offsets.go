@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/kclient"
@@ -18,8 +17,8 @@ import (
 // a start has no outputs), the divergence point of a truncated log, and
 // the offset committer's final positions.
 type sessionOffsets struct {
-	sub    *subscription
-	client sarama.Client
+	sub   *subscription
+	reads clusterReads
 }
 
 // pinStarts commits a start position for the claimed partitions on which
@@ -121,7 +120,7 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess groupSession, 
 	for !sessionFenced(sess.Context()) {
 		callWithin(ctx, sess.Commit)
 		var held map[int32]kclient.CommittedOffset
-		held, err = fetchCommittedWithin(ctx, s.client, s.sub.cfg.ConsumerGroup, s.sub.topic, parts)
+		held, err = fetchCommittedWithin(ctx, s.reads, parts)
 		if err == nil {
 			lastHeld = held
 		}
