@@ -14,33 +14,12 @@ import (
 	"github.com/safeack/safeack/internal/partition"
 )
 
-// ConsumeClaim runs one partition until it is revoked.
-func (h *groupHandler) ConsumeClaim(saramaSess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
-	sess := guardSession(saramaSess)
-	h.watch.claimStarted(claim.Partition())
-	defer h.watch.claimEnded(claim.Partition())
-	if !h.admitClaim(sess) {
-		// The session ended first, perhaps before the coordinator held
-		// the start: the assignment is over, and its records are the next
-		// owner's.
-		return nil
-	}
-	defer h.claimReturned()
-	origin, run, err := h.claimOrigin(sess, claim.Partition())
-	if !run {
-		return err
-	}
-	feed := h.claimFeed(claim)
-	defer feed.close()
-	return h.runClaim(sess, claim, origin, feed)
-}
-
 // admitClaim waits until the session's pinned starts are committed:
 // nothing is taken from a claim, handed out or shown in Stats before;
 // Sarama made the claim (resolving its start, starting its fetch)
 // meanwhile. It reports false when the session ended or the subscription
 // stops first; otherwise the claim is counted until claimReturned.
-func (h *groupHandler) admitClaim(sess groupSession) bool {
+func (h *member) admitClaim(sess groupSession) bool {
 	h.mu.Lock()
 	pinned := h.pinned
 	h.mu.Unlock()
@@ -52,19 +31,10 @@ func (h *groupHandler) admitClaim(sess groupSession) bool {
 	return true
 }
 
-// claimReturned uncounts an admitted claim. When it was the last and the
-// subscription stops, the fetches are not needed any more: Sarama runs
-// Cleanup, and so the final commit, only once each claim's partition
-// consumer has closed, which waits for a Fetch in flight (Net.ReadTimeout
-// when its leader does not answer). The coordinator's requests have
-// connections of their own.
-func (h *groupHandler) claimReturned() {
-	if h.claims.Add(-1) == 0 && h.sub.halt.isStopping() {
-		if tc, ok := h.client.(*kclient.TrackedClient); ok && tc.CoordConns != nil {
-			tc.Client.(*kclient.CoordinatorClient).Keep()
-			tc.Conns.Abandon()
-		}
-	}
+// claimReturned uncounts an admitted claim. It reports whether it was the
+// last while the subscription stops: the fetches are not needed any more.
+func (h *member) claimReturned() (lastWhileStopping bool) {
+	return h.claims.Add(-1) == 0 && h.sub.halt.isStopping()
 }
 
 // claimStart is what a session's Setup prepared for its first claim of a
@@ -109,7 +79,7 @@ func claimStarts(claimed []int32, committed map[int32]kclient.CommittedOffset, t
 
 // takeClaimStart returns what Setup prepared for the claim of partition,
 // for the session's first claim of it only.
-func (h *groupHandler) takeClaimStart(partition int32) claimStart {
+func (h *member) takeClaimStart(partition int32) claimStart {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := h.starts[partition]
@@ -125,7 +95,7 @@ func (h *groupHandler) takeClaimStart(partition int32) claimStart {
 // claim counted yet: found by an added claim's check, or by a Setup whose
 // claim of the partition did not run. The next session's claim counts
 // them. Callers hold h.mu.
-func (h *groupHandler) truncationsNotCountedLocked() map[int32]bool {
+func (h *member) truncationsNotCountedLocked() map[int32]bool {
 	out := maps.Clone(h.truncatedAdded)
 	for p, st := range h.starts {
 		if st.truncated {
@@ -140,7 +110,7 @@ func (h *groupHandler) truncationsNotCountedLocked() map[int32]bool {
 // rebalance added to a running session without a new Setup (or that comes
 // back later in the session, for the commit and completed tail its last
 // owner left since), one read now. A failed read is logged and returned.
-func (h *groupHandler) committedOffset(partition int32, st claimStart) (c kclient.CommittedOffset, ok bool, err error) {
+func (h *member) committedOffset(partition int32, st claimStart) (c kclient.CommittedOffset, ok bool, err error) {
 	if st.fromSetup {
 		return st.committed, true, nil
 	}
@@ -161,7 +131,7 @@ func (h *groupHandler) committedOffset(partition int32, st claimStart) (c kclien
 // instead (read back until the coordinator holds it) and it reports ended:
 // the claim returns, which ends the session, and the next one starts there.
 // unchecked: the check could not run yet (see newEpochWatch).
-func (h *groupHandler) checkAddedClaim(sess groupSession, partition int32, c kclient.CommittedOffset) (ended, unchecked bool) {
+func (h *member) checkAddedClaim(sess groupSession, partition int32, c kclient.CommittedOffset) (ended, unchecked bool) {
 	marks := map[int32]kclient.CommittedOffset{partition: c}
 	truncated, notChecked := h.checkLeaderEpochs(sess, marks)
 	if len(truncated) == 0 {
@@ -191,7 +161,7 @@ type origin struct {
 // check (see checkAddedClaim). run false: the claim returns at once, with
 // err (nil, or the error that ends the session, whose next Setup reads the
 // commits again).
-func (h *groupHandler) claimOrigin(sess groupSession, partition int32) (o origin, run bool, err error) {
+func (h *member) claimOrigin(sess groupSession, partition int32) (o origin, run bool, err error) {
 	o.claimStart = h.takeClaimStart(partition)
 	o.commit, o.haveCommit, err = h.committedOffset(partition, o.claimStart)
 	if err != nil {
@@ -217,14 +187,6 @@ type feed struct {
 	done     chan struct{} // closed by close: the backfill stops
 }
 
-func (h *groupHandler) claimFeed(claim sarama.ConsumerGroupClaim) feed {
-	if !h.backfillFromStart(claim) {
-		return feed{messages: claim.Messages(), start: h.startOf(claim)}
-	}
-	done := make(chan struct{})
-	return feed{messages: h.backfill(claim, done), start: h.logStart(claim), backfill: true, done: done}
-}
-
 func (f feed) close() {
 	if f.done != nil {
 		close(f.done)
@@ -233,7 +195,7 @@ func (f feed) close() {
 
 // runClaim runs the claim's partition worker until the claim ends, its
 // completed positions going to the session's committer.
-func (h *groupHandler) runClaim(sess groupSession, claim sarama.ConsumerGroupClaim, o origin, f feed) error {
+func (h *member) runClaim(sess groupSession, claim groupClaim, o origin, f feed) error {
 	// Where completed offsets go: the session's marks, or the transaction.
 	commits := h.commits.claim(sess, claim.Partition())
 	defer commits.done()
@@ -243,7 +205,7 @@ func (h *groupHandler) runClaim(sess groupSession, claim sarama.ConsumerGroupCla
 		Start:          f.start,
 		Marker:         commits.marker,
 		Deliveries:     commits.deliveries,
-		Pauser:         h.group,
+		Pauser:         h.pauser,
 		HighWaterMark:  claim.HighWaterMarkOffset,
 		RequestCommit:  commits.requestCommit,
 		StartCommitted: commits.startCommitted,

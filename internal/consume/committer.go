@@ -40,7 +40,7 @@ type committer interface {
 
 // newCommitter returns the committer of h's subscription: transactional
 // when it has a transactional producer.
-func newCommitter(h *groupHandler) committer {
+func newCommitter(h *member) committer {
 	if h.sub.txn != nil {
 		return &txnSessionCommitter{h: h, c: h.sub.txn}
 	}

@@ -61,3 +61,13 @@ type clusterReads interface {
 	// metadata (cached; an error when it names no leader).
 	LeaderEpoch(partition int32) (int32, error)
 }
+
+// groupClaim is one partition of a session as the engine claims it; its
+// records come to the claim's worker as a feed.
+type groupClaim interface {
+	Topic() string
+	Partition() int32
+	// HighWaterMarkOffset is the partition's high-water mark as the
+	// claim's last fetch saw it.
+	HighWaterMarkOffset() int64
+}

@@ -55,7 +55,7 @@ type epochAnswer struct {
 // noted in unchecked, and its claim's epochWatch checks the commit while
 // consuming (see newEpochWatch). One that can never run (no client for the
 // config, a refused ACL, an unsupported request) is not tried again.
-func (h *groupHandler) checkLeaderEpochs(sess groupSession, committed map[int32]kclient.CommittedOffset) (truncated, unchecked map[int32]bool) {
+func (h *member) checkLeaderEpochs(sess groupSession, committed map[int32]kclient.CommittedOffset) (truncated, unchecked map[int32]bool) {
 	epochs := make(map[int32]int32)
 	for p, c := range committed {
 		if c.Offset < 0 {

@@ -100,7 +100,7 @@ const epochRecheckAfter = time.Second
 // validated the new epoch (fetched before the election,
 // still in Sarama's buffers): Sarama drops the batches' leader epochs.
 type epochWatch struct {
-	h         *groupHandler
+	h         *member
 	marker    partition.Marker // the claim's (see commits.claim)
 	topic     string
 	partition int32
@@ -145,7 +145,7 @@ type epochWatch struct {
 // covers (its offset and completed tail), not against what the claim
 // took: every record the claim takes comes from the new leader. The marks
 // are held there until the answer (see run).
-func newEpochWatch(h *groupHandler, marker partition.Marker, topic string, p int32, committed kclient.CommittedOffset, unchecked bool) *epochWatch {
+func newEpochWatch(h *member, marker partition.Marker, topic string, p int32, committed kclient.CommittedOffset, unchecked bool) *epochWatch {
 	x := &epochWatch{h: h, marker: marker, topic: topic, partition: p, budget: h.sub.cfg.TailMetadataBudget,
 		diverged: -1, checking: -1, offset: committed.Offset, meta: committed.Metadata, stop: make(chan struct{})}
 	x.validated.Store(frontier.NoLeaderEpoch)

@@ -7,13 +7,13 @@ import (
 	"maps"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/internal/backoff"
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/ready"
 )
 
@@ -52,9 +52,9 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 	}()
 
 	reads := saramaReads{client: client, group: sub.cfg.ConsumerGroup, topic: sub.topic}
-	gh := &groupHandler{sub: sub, ctx: ctx, client: client, group: group, epochs: epochs, watch: watch,
-		offsets: sessionOffsets{sub: sub, reads: reads}, reads: reads}
-	gh.commits = newCommitter(gh)
+	gh := &groupHandler{client: client, group: group, watch: watch, member: &member{sub: sub, ctx: ctx, pauser: group, epochs: epochs,
+		offsets: sessionOffsets{sub: sub, reads: reads}, reads: reads}}
+	gh.commits = newCommitter(gh.member)
 	var handler sarama.ConsumerGroupHandler = gh
 	if sub.cfg.Tracer != nil {
 		handler = sub.cfg.Tracer.WrapConsumerGroupHandler(handler)
@@ -107,47 +107,14 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 	return nil
 }
 
-// groupHandler is the sarama.ConsumerGroupHandler of one subscription.
+// groupHandler is the sarama.ConsumerGroupHandler of one subscription:
+// Sarama's sessions and claims, handed to the engine-neutral member.
 type groupHandler struct {
-	sub    *subscription
-	ctx    context.Context
+	*member
 	client sarama.Client
 	group  sarama.ConsumerGroup
-	// reads is what the engine-neutral parts read of the cluster.
-	reads  clusterReads
-	epochs *epochClient // sends the leader-epoch checks (see checkLeaderEpochs)
 	// watch follows the claims of each session's assignment (see claimWatch).
 	watch *claimWatch
-	// commits is where the sessions' completed positions go, chosen once
-	// (see newCommitter); offsets commits and reads back through a
-	// session, in either mode (pinned starts, truncations).
-	commits committer
-	offsets sessionOffsets
-
-	// hwmListing: a listing of high-water marks runs; hwmListedAt: when
-	// the last one started, in Unix nanoseconds (see listHighWaterMarks).
-	hwmListing  atomic.Bool
-	hwmListedAt atomic.Int64
-
-	// fenced is set by Cleanup when the coordinator fenced the session's
-	// member (see sentinel.ErrInstanceFenced).
-	fenced atomic.Bool
-
-	// Per session, set in Setup and read by the claims it starts.
-	mu sync.Mutex
-	// starts is what Setup prepared for the session's first claim of each
-	// partition (see takeClaimStart).
-	starts map[int32]claimStart
-	// truncatedAdded lists the partitions whose log the leader-epoch check
-	// of an added claim found truncated (see checkAddedClaim): that ended
-	// the session, and the next one's claim counts the truncation.
-	truncatedAdded map[int32]bool
-	// pinned closes once the commit of the session's pinned starts
-	// returned (see pinStarts).
-	pinned  <-chan struct{}
-	workers WorkerSet // the running claims'
-	// claims counts the ConsumeClaims running (see ConsumeClaim).
-	claims atomic.Int32
 }
 
 // Setup reads the committed offsets and metadata of the claimed partitions
@@ -183,123 +150,64 @@ func (h *groupHandler) Setup(saramaSess sarama.ConsumerGroupSession) error {
 	// and check their commits as the claims a cooperative rebalance adds do
 	// (see kclient.CommittedOffset).
 	held := h.watch.begin(sess, claimed, startErrs)
+	start, err := h.prepareSession(sess, claimed, committed, err, held, starts, startErrs)
 	if err != nil {
-		if err := h.commits.withoutCommitted("committed offsets", err); err != nil {
-			// Sarama runs Cleanup.
-			h.mu.Lock()
-			h.pinned = closedChan
-			h.mu.Unlock()
-			return err
-		}
-	}
-	var pinned <-chan struct{} = closedChan
-	var truncated, unchecked map[int32]bool
-	if err != nil {
-		// Without the tail every record after the committed offset is
-		// redelivered: more repeats, nothing lost. Partitions without a
-		// commit start at their first record (fixStart).
-		h.sub.logger.Error("Cannot read committed offsets; completed tails are not skipped this session", err, h.sub.logFields)
-		committed = nil
-	} else {
-		// Epochs earlier members committed are checked even with
-		// DisableCompletedTail (reading is not writing).
-		checked := withoutPartitions(committed, held)
-		truncated, unchecked = h.checkLeaderEpochs(sess, checked)
-		maps.Copy(committed, checked)
-		pinned = h.offsets.pinStarts(sess, claimed, committed, starts, startErrs)
+		return err // Sarama runs Cleanup
 	}
 	// Committed tails are read (and their records skipped) even with
 	// DisableCompletedTail, which only stops this member writing them:
 	// the group's earlier members may have.
-	first := h.sub.fetchFirstRecords(h.client, fetchStarts(claimed, withoutPartitions(committed, held)))
-	h.mu.Lock()
-	h.starts = claimStarts(claimed, withoutPartitions(committed, held), truncated, unchecked, h.truncationsNotCountedLocked(), first)
-	h.truncatedAdded = nil
-	h.pinned = pinned
-	h.mu.Unlock()
-	h.commits.begin(sess, committed)
-	h.sub.setPhase(ready.Consuming, nil)
+	first := h.sub.fetchFirstRecords(h.client, fetchStarts(claimed, withoutPartitions(start.committed, held)))
+	h.beginSession(sess, claimed, start, held, first)
 	return nil
 }
 
-// withoutPartitions returns m without the partitions in drop: m itself
-// when there are none, a copy otherwise.
-func withoutPartitions[V any](m map[int32]V, drop map[int32]bool) map[int32]V {
-	if len(drop) == 0 || m == nil {
-		return m
-	}
-	out := maps.Clone(m)
-	for p := range drop {
-		delete(out, p)
-	}
-	return out
-}
-
-// closedChan is a channel that is always closed.
-var closedChan = func() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}()
-
-// withPartition returns m with partition set, made if m is nil.
-func withPartition(m map[int32]bool, partition int32) map[int32]bool {
-	if m == nil {
-		m = make(map[int32]bool)
-	}
-	m[partition] = true
-	return m
-}
-
-// Cleanup stops the commit loop and commits what the claims ended with. When
-// the subscription stops, this final commit may wait closeCommitWait for
-// the brokers (finalCommitWait at a rebalance); the shutdown deadline then
-// leaves CloseGrace to leave the group.
+// Cleanup ends the session (see member.endSession).
 func (h *groupHandler) Cleanup(saramaSess sarama.ConsumerGroupSession) error {
 	sess := guardSession(saramaSess)
 	h.watch.end(sess)
-	h.sub.setPhase(ready.Joining, nil) // the session is over: rejoining, or stopping
-	wait := h.sub.cfg.finalCommitWait()
-	closing := h.sub.halt.isStopping()
-	if closing {
-		wait = h.sub.cfg.closeCommitWait()
-		h.sub.halt.arm(wait + CloseGrace)
-	}
-	ctx, cancel := h.sub.halt.within(wait)
-	defer cancel()
-	h.commits.stopLoop(ctx)
-	h.mu.Lock()
-	pinned := h.pinned
-	h.mu.Unlock()
-	waitOr(ctx, pinned)
-	if sessionFenced(sess.Context()) {
-		// The records are the fencing member's now: nothing more is
-		// committed (sess and the transactions refuse to).
-		h.fenced.Store(true)
-	}
-	h.commits.finish(ctx, sess)
-	if closing {
-		h.sub.halt.arm(CloseGrace)
-	}
+	h.endSession(sess, func() bool { return sessionFenced(sess.Context()) })
 	return nil
 }
 
-// hwmListEvery is the least time between two listings of a session's
-// high-water marks: the transactional commit loop ticks every 100 ms.
-const hwmListEvery = time.Second
-
-// listHighWaterMarks lists the high-water marks of the session's
-// partitions, for Stats (see WorkerSet.setHighWaterMarks), on a goroutine of its own
-// so that a broker slow to answer never holds a commit up, at most one
-// listing at a time and one per hwmListEvery. The commit loops call it.
-func (h *groupHandler) listHighWaterMarks() {
-	now := time.Now().UnixNano()
-	if now-h.hwmListedAt.Load() < int64(hwmListEvery) || !h.hwmListing.CompareAndSwap(false, true) {
-		return
+// ConsumeClaim runs one partition until it is revoked.
+func (h *groupHandler) ConsumeClaim(saramaSess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	sess := guardSession(saramaSess)
+	h.watch.claimStarted(claim.Partition())
+	defer h.watch.claimEnded(claim.Partition())
+	if !h.admitClaim(sess) {
+		// The session ended first, perhaps before the coordinator held
+		// the start: the assignment is over, and its records are the next
+		// owner's.
+		return nil
 	}
-	h.hwmListedAt.Store(now)
-	go func() {
-		defer h.hwmListing.Store(false)
-		h.sub.leaders.listed(h.workers.setHighWaterMarks(h.reads))
+	defer func() {
+		if h.claimReturned() {
+			// Every claim is over and the subscription stops: the fetches
+			// are not needed any more. Sarama runs Cleanup, and so the
+			// final commit, only once each claim's partition consumer has
+			// closed, which waits for a Fetch in flight (Net.ReadTimeout
+			// when its leader does not answer). The coordinator's requests
+			// have connections of their own.
+			if tc, ok := h.client.(*kclient.TrackedClient); ok && tc.CoordConns != nil {
+				tc.Client.(*kclient.CoordinatorClient).Keep()
+				tc.Conns.Abandon()
+			}
+		}
 	}()
+	origin, run, err := h.claimOrigin(sess, claim.Partition())
+	if !run {
+		return err
+	}
+	feed := h.claimFeed(claim)
+	defer feed.close()
+	return h.runClaim(sess, claim, origin, feed)
+}
+
+func (h *groupHandler) claimFeed(claim sarama.ConsumerGroupClaim) feed {
+	if !h.backfillFromStart(claim) {
+		return feed{messages: claim.Messages(), start: h.startOf(claim)}
+	}
+	done := make(chan struct{})
+	return feed{messages: h.backfill(claim, done), start: h.logStart(claim), backfill: true, done: done}
 }

@@ -39,7 +39,7 @@ type commitObservation struct {
 // observeCommit starts observing a commit of the session's marks: call it
 // just before sess.Commit, then sent after it and confirmed after the
 // positions were read back.
-func (h *groupHandler) observeCommit() *commitObservation {
+func (h *member) observeCommit() *commitObservation {
 	a := h.sub.commits
 	if a == nil {
 		return nil

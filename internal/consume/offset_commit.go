@@ -19,7 +19,7 @@ import (
 // until the coordinator holds it (Sarama reports no refused commit, and
 // drops a revoked partition's marks).
 type offsetCommitter struct {
-	h *groupHandler
+	h *member
 
 	// Per session: set by begin, ended by stopLoop.
 	stop chan struct{}
@@ -247,7 +247,7 @@ func (o *offsetCommitter) confirm(sent map[int32]int64) (behind bool) {
 // broker was slow to answer, or for Net.ReadTimeout when it did not.
 type sessionMarker struct {
 	groupSession
-	h *groupHandler
+	h *member
 }
 
 func (m sessionMarker) Commit() {

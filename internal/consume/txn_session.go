@@ -15,7 +15,7 @@ import (
 // transactions carry the session's positions with the outputs of the
 // records they cover, once per commit interval and at each drain.
 type txnSessionCommitter struct {
-	h *groupHandler
+	h *member
 	c *txnCommitter
 
 	// Per session: set by begin, ended by stopLoop.
