@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/IBM/sarama"
-	"github.com/safeack/safeack/internal/kclient"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -18,40 +16,31 @@ import (
 var errNoEpochAnswer = errors.New("OffsetForLeaderEpoch: no answer for the partition")
 
 // epochClient sends the leader-epoch checks of one consumer group: a
-// franz-go client set up from the Sarama config (Sarama has no
-// OffsetForLeaderEpoch request), made at the first check and kept until
-// the group is closed, so that a cooperative rebalance handing over many
-// partitions (each checked by its claim) costs no client per partition.
+// franz-go client (Sarama has no OffsetForLeaderEpoch request), made at the
+// first check and kept until the group is closed, so that a cooperative
+// rebalance handing over many partitions (each checked by its claim) costs
+// no client per partition.
 type epochClient struct {
-	client sarama.Client
-	seeds  []string
+	// connection returns the options that reach the cluster: the engine's
+	// connection settings and seed brokers (see kgoConnection).
+	connection func() ([]kgo.Opt, error)
 
 	mu sync.Mutex
 	cl *kgo.Client
 }
 
-// get returns the franz-go client, making it if need be. Its TLS, SASL
-// PLAIN, SCRAM and OAUTHBEARER settings, proxy and local address are
-// carried over from the Sarama config; a SASL mechanism that cannot be
-// (GSSAPI) is an error.
+// get returns the franz-go client, making it if need be.
 func (e *epochClient) get() (*kgo.Client, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.cl != nil {
 		return e.cl, nil
 	}
-	opts, err := kclient.KgoOptions(e.client.Config())
+	opts, err := e.connection()
 	if err != nil {
 		return nil, fmt.Errorf("leader-epoch check: %w", err)
 	}
-	addrs := make([]string, 0, 3)
-	for _, b := range e.client.Brokers() {
-		addrs = append(addrs, b.Addr())
-	}
-	if len(addrs) == 0 {
-		addrs = e.seeds
-	}
-	opts = append(opts, kgo.SeedBrokers(addrs...), kgo.RetryTimeout(epochCheckTimeout))
+	opts = append(opts, kgo.RetryTimeout(epochCheckTimeout))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, err

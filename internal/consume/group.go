@@ -18,7 +18,7 @@ import (
 )
 
 func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client) error {
-	epochs := &epochClient{client: client, seeds: sub.cfg.Brokers}
+	epochs := &epochClient{connection: kgoConnection(client, sub.cfg.Brokers)}
 	defer epochs.close() // after the group's sessions ended (group.Close below)
 	watch := newClaimWatch(sub, client)
 	group, err := sarama.NewConsumerGroupFromClient(sub.cfg.ConsumerGroup, &groupClient{Client: client, watch: watch})
