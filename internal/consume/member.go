@@ -106,13 +106,20 @@ func (h *member) prepareSession(sess groupSession, claimed []int32, committed ma
 // them (see takeClaimStart), with the early fetches (first), and starts
 // the session's commits.
 func (h *member) beginSession(sess groupSession, claimed []int32, start sessionStart, held map[int32]bool, first map[int32]*firstFetch) {
+	h.prepareClaims(claimed, start, held, first)
+	h.commits.begin(sess, start.committed)
+	h.sub.setPhase(ready.Consuming, nil)
+}
+
+// prepareClaims keeps, for the session's first claim of each claimed
+// partition, what its start found (see takeClaimStart); a truncation no
+// claim counted yet carries over to a claimed partition's.
+func (h *member) prepareClaims(claimed []int32, start sessionStart, held map[int32]bool, first map[int32]*firstFetch) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.starts = claimStarts(claimed, withoutPartitions(start.committed, held), start.truncated, start.unchecked, h.truncationsNotCountedLocked(), first)
 	h.truncatedAdded = nil
 	h.pinned = start.pinned
-	h.mu.Unlock()
-	h.commits.begin(sess, start.committed)
-	h.sub.setPhase(ready.Consuming, nil)
 }
 
 // endSession stops the commit loop and commits what the claims ended with. When
