@@ -86,7 +86,7 @@ func (sub *subscription) consumeGroup(ctx context.Context, client sarama.Client)
 		// id, which the coordinator (a new one loads it with the group)
 		// still counts as a member for a session timeout. A new member id
 		// would make the whole group wait for the old one to expire.
-		wait, ok := rejoin.next(time.Now(), sub.rejoinWindow(), coordinatorMoving(err))
+		wait, ok := rejoin.next(time.Now(), rejoinWindow(sub.cfg.OverwriteSaramaConfig), coordinatorMoving(err))
 		if !ok {
 			return err
 		}

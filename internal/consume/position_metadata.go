@@ -69,3 +69,11 @@ func withLeaderEpoch(offset int64, meta string, epoch int32, budget int) string 
 	}
 	return out
 }
+
+// CommittedTail is the completed tail a commit at offset with metadata
+// carries: empty when the metadata does not decode (it then covers less,
+// never more).
+func CommittedTail(offset int64, metadata string) frontier.Tail {
+	tail, _ := frontier.DecodeTail(metadata, offset)
+	return tail
+}

@@ -152,7 +152,7 @@ func (s sessionOffsets) commitUntilHeld(ctx context.Context, sess groupSession, 
 // everything acked since the last commit the coordinator took. What the
 // coordinator does not hold when ctx ends is logged as an Error, partition
 // by partition. The assignments of marks are over: an Observer is told of
-// their final positions (see subscription.observeFinal).
+// their final positions (see commitReports.final).
 func (s sessionOffsets) confirm(ctx context.Context, sess groupSession, marks map[int32]kclient.CommittedOffset) {
 	start := time.Now()
 	missing, held, err := s.commitUntilHeld(ctx, sess, marks, nil)
@@ -177,7 +177,7 @@ func (s sessionOffsets) confirm(ctx context.Context, sess groupSession, marks ma
 			finalHeld[p] = m
 		}
 	}
-	s.sub.observeFinal(start, took, false, finalHeld, notHeld, err)
+	s.sub.commits.final(start, took, false, finalHeld, notHeld, err)
 }
 
 // logUncommitted reports final positions the group coordinator does not

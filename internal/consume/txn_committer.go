@@ -280,7 +280,7 @@ func (c *txnCommitter) finishSession() {
 	c.resetLocked()
 	c.sess, c.endSession, c.sessionOpen = nil, nil, false
 	c.mu.Unlock()
-	c.sub.observeFinal(time.Now(), 0, true, held, notHeld, nil)
+	c.sub.commits.final(time.Now(), 0, true, held, notHeld, nil)
 }
 
 // endAssignmentsLocked returns the final positions of the current
@@ -294,7 +294,7 @@ func (c *txnCommitter) endAssignmentsLocked(failed map[int32]txnMark) (held, not
 }
 
 // finalLocked adds the final position of partition p's assignment, which
-// ends, to held or notHeld, for observeFinal: the position of a
+// ends, to held or notHeld, for commitReports.final: the position of a
 // transaction that failed (failed) or of a mark no transaction took yet
 // is not held; otherwise the group holds the assignment's last committed
 // position, or the one it started from. Callers hold mu.

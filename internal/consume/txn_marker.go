@@ -47,7 +47,7 @@ func (m *txnMarker) release() {
 	delete(c.covered, p)
 	delete(c.held, p)
 	c.mu.Unlock()
-	c.sub.observeFinal(time.Now(), 0, true, held, notHeld, nil)
+	c.sub.commits.final(time.Now(), 0, true, held, notHeld, nil)
 }
 
 // txnMarker is the partition.Marker of a partition in transactional mode:

@@ -1,8 +1,10 @@
 package consume
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -128,7 +130,7 @@ func (c *txnCommitter) commit() {
 	err, answered := c.awaitTxn(done)
 	took := time.Since(start)
 	if answered {
-		c.sub.observeTxn(start, took, marks, len(outputs), err)
+		c.report(start, took, marks, len(outputs), err)
 	}
 
 	c.mu.Lock()
@@ -360,11 +362,26 @@ func (c *txnCommitter) abort(epoch uint64, marks map[int32]txnMark, cause error)
 		end = c.endSession
 	}
 	c.mu.Unlock()
-	c.sub.observeFinal(time.Now(), 0, true, held, notHeld, cause)
+	c.sub.commits.final(time.Now(), 0, true, held, notHeld, cause)
 	c.pub.count(func(s *TxnStats) { s.Aborted++ })
 	c.sub.logger.Error("Transaction failed and was aborted; its partitions restart from their committed offsets", cause,
 		c.sub.logFields.Add(watermill.LogFields{"transactional_id": c.id}))
 	if end != nil {
 		end()
 	}
+}
+
+// report tells the host of a transaction of the commit path.
+func (c *txnCommitter) report(start time.Time, took time.Duration, marks map[int32]txnMark, outputs int, err error) {
+	a := c.sub.commits
+	if a == nil {
+		return
+	}
+	ev := CommitReport{Topic: c.sub.topic, Group: a.group, Transactional: true, Outputs: outputs,
+		Start: start, Duration: took, Err: err, Partitions: make([]CommittedPartition, 0, len(marks))}
+	for p, mk := range marks {
+		ev.Partitions = append(ev.Partitions, committedPartition(p, mk.offset, mk.metadata))
+	}
+	slices.SortFunc(ev.Partitions, func(x, y CommittedPartition) int { return cmp.Compare(x.Partition, y.Partition) })
+	a.host.Committed(ev)
 }
