@@ -3,8 +3,6 @@ package consume
 import (
 	"context"
 
-	"github.com/IBM/sarama"
-
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
@@ -28,21 +26,21 @@ type committer interface {
 	// begin starts committing for a session whose claims start from
 	// committed (what Setup read; nil when it could not): its commit loop
 	// runs until stopLoop.
-	begin(sess sarama.ConsumerGroupSession, committed map[int32]kclient.CommittedOffset)
+	begin(sess groupSession, committed map[int32]kclient.CommittedOffset)
 	// claim returns where the completed positions of a claim of partition
 	// go, for the claim's worker.
-	claim(sess sarama.ConsumerGroupSession, partition int32) claimCommits
+	claim(sess groupSession, partition int32) claimCommits
 	// stopLoop stops the session's commit loop and waits, until ctx ends,
 	// for its commit in flight. It may be called without begin (a Setup
 	// that failed).
 	stopLoop(ctx context.Context)
 	// finish commits what the session's claims ended with, within ctx.
-	finish(ctx context.Context, sess sarama.ConsumerGroupSession)
+	finish(ctx context.Context, sess groupSession)
 }
 
 // newCommitter returns the committer of h's subscription: transactional
 // when it has a transactional producer.
-func newCommitter(h *groupHandler) committer {
+func newCommitter(h *member) committer {
 	if h.sub.txn != nil {
 		return &txnSessionCommitter{h: h, c: h.sub.txn}
 	}

@@ -7,14 +7,32 @@
 // Subscriber, host.go) is told of readiness, owned and unclaimed
 // partitions and commits, and Options (options.go) is its configuration.
 // subscription.go: the reconnect loop, one connection at a time, in one of
-// two modes: group.go, the consumer-group session (Setup, ConsumeClaim,
-// Cleanup), or nogroup.go, every partition without a group.
-// start_positions.go: where each partition starts. committer.go: where a
-// session's completed positions go, chosen by newCommitter: offset
-// commits (offset_commit.go) or Kafka transactions (txn_*.go, with the
-// publisher's shared side in txn.go). Beside the session: claims.go
-// (claims that do not start, leaders that stop answering), epoch_check.go
-// (leader epochs and log truncation), backfill.go and first_fetch.go (the
-// records below a pinned start, the early first fetch), shutdown.go (the
-// bounded end), observe.go (commit reports).
+// two modes: a consumer group, or nogroup.go, every partition without a
+// group. start_positions.go: where each partition starts.
+//
+// A consumer group has two sides. The engine-neutral one names no client
+// library's types (but the record, Sarama's ConsumerMessage, which the
+// public API hands to the Unmarshaler): engine.go says what an engine
+// gives it (groupSession, groupClaim, clusterReads); member.go is the
+// group member, each session's start and end; claim.go one claim's life
+// (admission, where it starts, its worker's run, the hand-over);
+// committer.go where a session's completed positions go: offset commits
+// (offset_commit.go, with session_offsets.go for the commits read back
+// until the coordinator holds them) or the transactional committer
+// (txn_session.go); epoch_check.go and epoch_watch.go the leader-epoch
+// checks (epoch_client.go sends them); position_metadata.go edits of a
+// position's metadata; leader_loss.go, workers.go and observe.go what
+// Stats, Unclaimed and the Observer are told; shutdown.go the bounded end.
+//
+// The other side is the engine: Sarama's consumer group. group.go runs it
+// (consumeGroup) and hands its sessions and claims to the member
+// (groupHandler: Setup, ConsumeClaim, Cleanup); sarama_cluster.go answers
+// clusterReads; group_client.go and claim_watch.go keep Sarama from giving
+// up on partitions without a leader and report claims that do not start;
+// backfill.go and first_fetch.go fetch the records below a pinned start
+// and a new claim's first records early; fenced.go and rejoin.go read
+// Sarama's errors; connect.go makes the client. Kafka transactions run on
+// Sarama's producer: txn.go (the publisher's shared side), txn_committer.go
+// (the committer's life), txn_marker.go, txn_coverage.go, txn_run.go (one
+// transaction), txn_delivery.go and txn_output_topics.go.
 package consume

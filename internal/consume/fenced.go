@@ -42,10 +42,10 @@ func (sub *subscription) fenced() error {
 // again (each refusal logged by Sarama), and nothing the fenced member
 // still completes is its to commit.
 type fenceGuard struct {
-	sarama.ConsumerGroupSession
+	groupSession
 }
 
-func guardSession(sess sarama.ConsumerGroupSession) sarama.ConsumerGroupSession {
+func guardSession(sess groupSession) groupSession {
 	if _, ok := sess.(fenceGuard); ok {
 		return sess
 	}
@@ -56,18 +56,18 @@ func (g fenceGuard) fenced() bool { return sessionFenced(g.Context()) }
 
 func (g fenceGuard) MarkOffset(topic string, partition int32, offset int64, metadata string) {
 	if !g.fenced() {
-		g.ConsumerGroupSession.MarkOffset(topic, partition, offset, metadata)
+		g.groupSession.MarkOffset(topic, partition, offset, metadata)
 	}
 }
 
 func (g fenceGuard) ResetOffset(topic string, partition int32, offset int64, metadata string) {
 	if !g.fenced() {
-		g.ConsumerGroupSession.ResetOffset(topic, partition, offset, metadata)
+		g.groupSession.ResetOffset(topic, partition, offset, metadata)
 	}
 }
 
 func (g fenceGuard) Commit() {
 	if !g.fenced() {
-		g.ConsumerGroupSession.Commit()
+		g.groupSession.Commit()
 	}
 }

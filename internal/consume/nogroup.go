@@ -160,7 +160,7 @@ func (c *noGroupConsumer) listHighWaterMarks() {
 			return
 		case <-t.C:
 		}
-		c.sub.leaders.listed(c.workers.setHighWaterMarks(c.client, c.sub.topic))
+		c.sub.leaders.listed(c.workers.setHighWaterMarks(saramaReads{client: c.client, topic: c.sub.topic}))
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/safeack/safeack/frontier"
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 	"github.com/safeack/safeack/internal/sentinel"
@@ -18,8 +17,8 @@ import (
 // commit that sends nothing new (Sarama then sends no request) is not
 // reported.
 type commitReports struct {
-	host  Host
-	group string
+	host         Host
+	topic, group string
 
 	mu        sync.Mutex
 	confirmed map[int32]kclient.CommittedOffset
@@ -39,7 +38,7 @@ type commitObservation struct {
 // observeCommit starts observing a commit of the session's marks: call it
 // just before sess.Commit, then sent after it and confirmed after the
 // positions were read back.
-func (h *groupHandler) observeCommit() *commitObservation {
+func (h *member) observeCommit() *commitObservation {
 	a := h.sub.commits
 	if a == nil {
 		return nil
@@ -94,30 +93,15 @@ func (c *commitObservation) confirmed() {
 	c.a.host.Committed(ev)
 }
 
-// observeTxn reports a transaction of the transactional commit path.
-func (sub *subscription) observeTxn(start time.Time, took time.Duration, marks map[int32]txnMark, outputs int, err error) {
-	a := sub.commits
-	if a == nil {
-		return
-	}
-	ev := CommitReport{Topic: sub.topic, Group: a.group, Transactional: true, Outputs: outputs,
-		Start: start, Duration: took, Err: err, Partitions: make([]CommittedPartition, 0, len(marks))}
-	for p, mk := range marks {
-		ev.Partitions = append(ev.Partitions, committedPartition(p, mk.offset, mk.metadata))
-	}
-	slices.SortFunc(ev.Partitions, func(x, y CommittedPartition) int { return cmp.Compare(x.Partition, y.Partition) })
-	a.host.Committed(ev)
-}
-
-// observeFinal reports the final commit of assignments that ended, with
+// final reports the final commit of assignments that ended, with
 // the last position each one tried: one CommitEvent with Final set for
 // the positions the group holds (held), and one whose Err wraps
 // sentinel.ErrCommitNotConfirmed (and cause, when not nil) for those it does not
 // (notHeld). An Observer's spans of acked deliveries that neither covers
 // end with it: those records are the next owner's to hand out again.
-func (sub *subscription) observeFinal(start time.Time, took time.Duration, transactional bool,
+// Nil reports nothing.
+func (a *commitReports) final(start time.Time, took time.Duration, transactional bool,
 	held, notHeld map[int32]kclient.CommittedOffset, cause error) {
-	a := sub.commits
 	if a == nil {
 		return
 	}
@@ -125,7 +109,7 @@ func (sub *subscription) observeFinal(start time.Time, took time.Duration, trans
 		if len(positions) == 0 {
 			return
 		}
-		ev := CommitReport{Topic: sub.topic, Group: a.group, Transactional: transactional, Final: true,
+		ev := CommitReport{Topic: a.topic, Group: a.group, Transactional: transactional, Final: true,
 			Start: start, Duration: took, Err: err, Partitions: make([]CommittedPartition, 0, len(positions))}
 		for p, c := range positions {
 			ev.Partitions = append(ev.Partitions, committedPartition(p, c.Offset, c.Metadata))
@@ -182,10 +166,3 @@ func (e *commitBehindError) Error() string {
 }
 
 func (e *commitBehindError) Unwrap() error { return sentinel.ErrCommitNotConfirmed }
-
-// CommittedTail is the completed tail a commit at offset with metadata
-// carries: empty when the metadata does not decode (it then covers less,
-// never more).
-func CommittedTail(offset int64, metadata string) frontier.Tail {
-	return coverageOf(offset, metadata).tail
-}

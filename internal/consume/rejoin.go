@@ -20,8 +20,8 @@ import (
 // member that gives up early joins under a new id, and the whole group
 // waits for the old one to expire. After the window a new client, from the
 // configured Brokers, is the better bet.
-func (sub *subscription) rejoinWindow() time.Duration {
-	return 2 * sub.cfg.OverwriteSaramaConfig.Consumer.Group.Session.Timeout
+func rejoinWindow(conf *sarama.Config) time.Duration {
+	return 2 * conf.Consumer.Group.Session.Timeout
 }
 
 // rejoinRetry paces the retries of a failed join (backoff.Doubling: 100 ms

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/safeack/safeack/internal/kclient"
 )
 
@@ -151,15 +150,15 @@ func callWithin(ctx context.Context, f func()) bool {
 	return waitOr(ctx, done)
 }
 
-// fetchCommittedWithin is kclient.FetchCommittedOnce, given up when ctx ends.
-func fetchCommittedWithin(ctx context.Context, client sarama.Client, group, topic string, partitions []int32) (map[int32]kclient.CommittedOffset, error) {
+// fetchCommittedWithin is reads.CommittedOnce, given up when ctx ends.
+func fetchCommittedWithin(ctx context.Context, reads clusterReads, partitions []int32) (map[int32]kclient.CommittedOffset, error) {
 	type result struct {
 		held map[int32]kclient.CommittedOffset
 		err  error
 	}
 	ch := make(chan result, 1)
 	go func() {
-		held, err := kclient.FetchCommittedOnce(client, group, topic, partitions)
+		held, err := reads.CommittedOnce(partitions)
 		ch <- result{held, err}
 	}()
 	select {

@@ -50,7 +50,7 @@ func Start(ctx context.Context, opts *Options, host Host, topic string, txn *Txn
 	sub.workerCfg.Seed = maphash.MakeSeed()
 	sub.workerCfg.LogFields = sub.logFields
 	if opts.ReportCommits {
-		sub.commits = &commitReports{host: host, group: opts.ConsumerGroup}
+		sub.commits = &commitReports{host: host, topic: topic, group: opts.ConsumerGroup}
 	}
 	sub.logger.Info("Subscribing to Kafka topic", sub.logFields)
 	if txn != nil {

@@ -4,8 +4,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
-	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 )
 
@@ -62,14 +60,14 @@ func (s *WorkerSet) Each(f func(w *partition.Worker, added time.Time)) {
 }
 
 // setHighWaterMarks lists the high-water marks of the workers' partitions
-// of topic and gives each worker its own, for Stats: Sarama refreshes a
+// and gives each worker its own, for Stats: Sarama refreshes a
 // partition's only with the fetches of an unpaused partition, and a
 // partition whose fetching is paused behind a slow record would otherwise
 // show a lag frozen at the pause while records keep arriving. The set
 // holds the workers of one subscription: one per partition. It returns
 // the workers listed, and the partitions whose leader did not answer,
 // with why.
-func (s *WorkerSet) setHighWaterMarks(client sarama.Client, topic string) (listed []*partition.Worker, failed map[int32]error) {
+func (s *WorkerSet) setHighWaterMarks(reads clusterReads) (listed []*partition.Worker, failed map[int32]error) {
 	workers := s.list()
 	if len(workers) == 0 {
 		return nil, nil
@@ -82,7 +80,7 @@ func (s *WorkerSet) setHighWaterMarks(client sarama.Client, topic string) (liste
 	}
 	// One request per leader and no retry: the next interval tries again,
 	// and the caller is not held up by a leader that is away.
-	hwms, failed := kclient.ListOffsetsOnce(client, topic, parts, sarama.OffsetNewest)
+	hwms, failed := reads.HighWaterMarks(parts)
 	for p, off := range hwms {
 		byPartition[p].SetHighWaterMark(off)
 	}

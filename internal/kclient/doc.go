@@ -2,5 +2,6 @@
 // a consumer group session: connections it can close under their requests,
 // a client with a coordinator connection of its own, committed offsets and
 // listed positions read back, broker configs described, and copies of a
-// caller's Sarama config that share nothing stateful.
+// caller's Sarama config that share nothing stateful, and a Sarama config's
+// connection settings carried over to a franz-go client (KgoOptions).
 package kclient

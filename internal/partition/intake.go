@@ -55,7 +55,7 @@ func (w *Worker) accept(m *sarama.ConsumerMessage) {
 // fixStart starts the bookkeeping at the first record delivered, when
 // Sarama resolved the start itself (Consumer.Offsets.Initial: a commit out
 // of range, or no commit on a partition whose start Setup could not pin,
-// see the subscriber's groupHandler.pinStarts). That record is where fetching
+// see internal/consume's sessionOffsets.pinStarts). That record is where fetching
 // really started, or the first one that exists after it (compaction,
 // transaction markers). The position is committed before the record is
 // handed out, so a group that delivered anything has an in-range commit at

@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/safeack/safeack/internal/kclient"
-	"github.com/safeack/safeack/internal/partition"
 )
 
 // Partitions the group assigns to this member that Sarama cannot claim.
@@ -83,71 +82,6 @@ func metadataRetryBudget(conf *sarama.Config) time.Duration {
 	return sum
 }
 
-// leaderlessPartitions returns, for those of partitions of topic whose
-// cached metadata names no leader, errNoLeader.
-func leaderlessPartitions(client sarama.Client, topic string, partitions []int32) map[int32]error {
-	writable, err := client.WritablePartitions(topic)
-	if err != nil {
-		return nil
-	}
-	var out map[int32]error
-	for _, p := range partitions {
-		if !slices.Contains(writable, p) {
-			if out == nil {
-				out = make(map[int32]error)
-			}
-			out[p] = errNoLeader
-		}
-	}
-	return out
-}
-
-// groupClient is the client a subscription's consumer group runs on: the
-// subscription's, with two answers changed for Sarama's consumer group.
-type groupClient struct {
-	sarama.Client
-	watch *claimWatch
-}
-
-// RefreshMetadata is the client's, except that partitions without a leader
-// are not an error: Sarama stores the rest of the answer, the consumer
-// group assigns such a partition like any other, and its claim waits for a
-// leader (see claimWatch). Sarama's Consume would give up on it before
-// joining the group.
-func (c *groupClient) RefreshMetadata(topics ...string) error {
-	err := c.Client.RefreshMetadata(topics...)
-	if err != nil && onlyLeadersMissing(err) {
-		return nil
-	}
-	return err
-}
-
-// PartitionNotReadable tells Sarama's session whether to hold a claim back
-// before starting it: the client's answer (no leader in its metadata), or
-// the watch's (see claimWatch.holds).
-func (c *groupClient) PartitionNotReadable(topic string, partition int32) bool {
-	return c.Client.PartitionNotReadable(topic, partition) || c.watch.holds(topic, partition)
-}
-
-// onlyLeadersMissing reports whether a metadata refresh failed only for
-// topics or partitions without a leader: every error it joins is
-// LEADER_NOT_AVAILABLE, whose answers Sarama keeps.
-func onlyLeadersMissing(err error) bool {
-	switch e := err.(type) {
-	case interface{ Unwrap() []error }:
-		errs := e.Unwrap()
-		for _, inner := range errs {
-			if !onlyLeadersMissing(inner) {
-				return false
-			}
-		}
-		return len(errs) > 0
-	case interface{ Unwrap() error }:
-		return onlyLeadersMissing(e.Unwrap())
-	}
-	return errors.Is(err, sarama.ErrLeaderNotAvailable)
-}
-
 // claimWatch follows the claims of one subscription's group sessions (see
 // the comment at the top of the file). Setup starts it (begin), each
 // ConsumeClaim tells it (claimStarted, claimEnded), Cleanup stops it (end).
@@ -158,9 +92,9 @@ type claimWatch struct {
 	overdueAfter time.Duration
 
 	mu    sync.Mutex
-	sess  sarama.ConsumerGroupSession // nil between sessions
-	parts map[int32]*claimState       // the session's assignment
-	stop  chan struct{}               // closed by end
+	sess  groupSession          // nil between sessions
+	parts map[int32]*claimState // the session's assignment
+	stop  chan struct{}         // closed by end
 	// failures counts the sessions in a row that ended because Sarama gave
 	// a claim up (see rejoinDelay).
 	failures int
@@ -190,7 +124,7 @@ func newClaimWatch(sub *subscription, client sarama.Client) *claimWatch {
 // partitions in listErrs, whose start offsets their leaders did not answer
 // for, are held back (Sarama would ask the same leaders as it starts their
 // claims, fail, and end the session). It returns the held partitions.
-func (w *claimWatch) begin(sess sarama.ConsumerGroupSession, claimed []int32, listErrs map[int32]error) map[int32]bool {
+func (w *claimWatch) begin(sess groupSession, claimed []int32, listErrs map[int32]error) map[int32]bool {
 	now := time.Now()
 	parts := make(map[int32]*claimState, len(claimed))
 	held := make(map[int32]bool)
@@ -302,7 +236,7 @@ func (w *claimWatch) claimError(partition int32, err error) {
 }
 
 // run checks the session's claims every claimCheckEvery until stop closes.
-func (w *claimWatch) run(sess sarama.ConsumerGroupSession, stop <-chan struct{}) {
+func (w *claimWatch) run(sess groupSession, stop <-chan struct{}) {
 	t := time.NewTicker(claimCheckEvery)
 	defer t.Stop()
 	for {
@@ -321,7 +255,7 @@ func (w *claimWatch) run(sess sarama.ConsumerGroupSession, stop <-chan struct{})
 // a new Setup), refreshes the metadata while a claim waits (Sarama's wait
 // reads it), releases the held claims whose leaders answer, and reports the
 // claims that are overdue.
-func (w *claimWatch) check(sess sarama.ConsumerGroupSession, stop <-chan struct{}) {
+func (w *claimWatch) check(sess groupSession, stop <-chan struct{}) {
 	now := time.Now()
 	assigned := sess.Claims()[w.sub.topic]
 	var waiting, held, due []int32
@@ -437,7 +371,7 @@ func (w *claimWatch) forgetLocked(partition int32) {
 // returns without being revoked, and one whose start failed never ran
 // ConsumeClaim) is logged, and makes the next rejoin wait (see
 // rejoinDelay).
-func (w *claimWatch) end(sess sarama.ConsumerGroupSession) {
+func (w *claimWatch) end(sess groupSession) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stop != nil {
@@ -501,103 +435,4 @@ func (w *claimWatch) rejoinDelayLocked() time.Duration {
 	limit := max(w.sub.cfg.OverwriteSaramaConfig.Consumer.Group.Session.Timeout/2, time.Second)
 	d := time.Second << min(w.failures-1, 16)
 	return min(d, limit)
-}
-
-// leaderLoss follows whether the leaders of a subscription's running
-// claims (without a consumer group: its running partitions) answer for
-// them. When the leader of a partition goes away while it is consumed,
-// Sarama's partition consumer waits for a new one by itself, asking again
-// every Consumer.Retry.Backoff for as long as it takes: it reports an
-// error at each try while the cluster names no leader, and nothing at
-// all while the leader it names refuses the fetch. The claim runs on, and
-// Stats kept the last high-water mark listed: a lag of 0 while records
-// waited, and nothing said that the partition was not consumed. The
-// listing of high-water marks (WorkerSet.setHighWaterMarks, once per
-// commit interval) asks each running partition's leader: a partition
-// whose leader has not answered for claimOverdueAfter is reported as a
-// claim that cannot start is (an Error log, Subscriber.Unclaimed with
-// Claimed set), until its leader answers again or the claim ends.
-type leaderLoss struct {
-	sub *subscription
-	// overdueAfter is claimOverdueAfter of the subscription's config.
-	overdueAfter time.Duration
-
-	mu    sync.Mutex
-	parts map[*partition.Worker]*leaderState // the running claims'
-}
-
-// leaderState is what a leaderLoss knows of one running claim.
-type leaderState struct {
-	assignedAt time.Time
-	// since is the first listing in a row that its leader did not answer;
-	// zero when the last one did.
-	since    time.Time
-	err      error // the last listing's
-	reported bool  // logged, and listed by Subscriber.Unclaimed
-}
-
-func newLeaderLoss(sub *subscription) *leaderLoss {
-	return &leaderLoss{sub: sub, overdueAfter: claimOverdueAfter(sub.cfg.OverwriteSaramaConfig)}
-}
-
-// started follows the claim whose worker is w, from now on.
-func (l *leaderLoss) started(w *partition.Worker) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.parts == nil {
-		l.parts = make(map[*partition.Worker]*leaderState)
-	}
-	l.parts[w] = &leaderState{assignedAt: time.Now()}
-}
-
-// ended stops following w's claim: it is over.
-func (l *leaderLoss) ended(w *partition.Worker) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if st := l.parts[w]; st != nil && st.reported {
-		l.sub.host.RemoveUnclaimed(l.sub, w.Partition())
-	}
-	delete(l.parts, w)
-}
-
-// listed takes the result of a listing of the high-water marks of workers:
-// failed holds the partitions whose leader did not answer, and why.
-func (l *leaderLoss) listed(workers []*partition.Worker, failed map[int32]error) {
-	now := time.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, w := range workers {
-		st := l.parts[w]
-		if st == nil {
-			continue // ended since the listing started
-		}
-		p := w.Partition()
-		err, lost := failed[p]
-		if !lost {
-			if st.reported {
-				l.sub.host.RemoveUnclaimed(l.sub, p)
-				l.sub.logger.Info("The partition's leader answers again; it is consumed again",
-					l.sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "waited": now.Sub(st.since).Round(time.Millisecond).String()}))
-			}
-			st.since, st.err, st.reported = time.Time{}, nil, false
-			continue
-		}
-		if st.since.IsZero() {
-			st.since = now
-		}
-		st.err = err
-		if st.reported || now.Sub(st.since) < l.overdueAfter {
-			continue
-		}
-		st.reported = true
-		l.sub.host.AddUnclaimed(l.sub, Unclaimed{
-			TopicPartition: TopicPartition{Topic: l.sub.topic, Partition: p},
-			AssignedAt:     st.assignedAt,
-			Since:          st.since,
-			Claimed:        true,
-			Err:            err,
-		})
-		l.sub.logger.Error("A partition consumed by this member lost its leader: nothing more is fetched from it; waiting for its leader", err,
-			l.sub.logFields.Add(watermill.LogFields{"kafka_partition": p, "waited": now.Sub(st.since).Round(time.Millisecond).String()}))
-	}
 }
