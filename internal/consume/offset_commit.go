@@ -304,6 +304,7 @@ func (s sessionOffsets) pinStarts(sess sarama.ConsumerGroupSession, claimed []in
 		sess.MarkOffset(s.sub.topic, p, start, "")
 		committed[p] = kclient.CommittedOffset{Offset: start}
 		pinned[p] = start
+		s.sub.logStartWithoutCommit(p, start)
 	}
 	if len(pinned) == 0 {
 		return closedChan
