@@ -359,11 +359,13 @@ func (d *Delivery) SkipIfEnded(msg *message.Message) bool { return d.skipIfClosi
 func (d *Delivery) Skipped() bool { return d.skipped.Load() }
 
 // DeadLetter logs, at Error level, that PoisonQueue published the record
-// to the dead-letter topic for reason (see the delivery contract).
+// to the dead-letter topic for reason, and counts it (see the delivery
+// contract).
 func (d *Delivery) DeadLetter(topic string, reason error) {
 	if d.deadLettered.Swap(true) {
 		return
 	}
+	d.sub.stats.update(d.ctr, func(c *Counters) { c.DeadLettered++ }) // accepted next, by the router's ack
 	d.sub.logger.Error("Record dead-lettered: published to the dead-letter topic and acked", reason,
 		d.fields().Add(watermill.LogFields{"topic": d.rec.Topic, "dead_letter_topic": topic}))
 }
