@@ -33,7 +33,7 @@ func TestNewPartitionsCommitsNeverPassUnacked(t *testing.T) {
 		cooperative(cfg)
 		cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial = sarama.OffsetNewest
 		cfg.OverwriteSaramaConfig.Metadata.RefreshFrequency = 500 * time.Millisecond
-		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
+		cfg.CommitInterval = 100 * time.Millisecond
 		cfg.Ordering = safeack.Unordered
 		cfg.MaxInFlight = 16
 		cfg.DrainTimeout = 200 * time.Millisecond

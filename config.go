@@ -125,15 +125,19 @@ type SubscriberConfig struct {
 	// Rebalance.Timeout when that is shorter (see DefaultDrainTimeout).
 	DrainTimeout time.Duration
 
-	// CommitInterval is how often the completed prefix is committed when
-	// Sarama's auto-commit is disabled. With auto-commit enabled (Sarama's
-	// default) its AutoCommit.Interval sets the period instead and this
-	// field is ignored. Either way safeack commits itself: completed tails
-	// are encoded just before each commit, so a completed record is covered
-	// within one interval plus a round trip, and a partition whose every
-	// received record is complete is committed at once (early commits are
-	// at least a tenth of the interval, and at most 100 ms, apart).
-	// Default 1 s; at least 1 ms.
+	// CommitInterval is how often the completed prefixes are committed.
+	// Set, it is the period, whether Sarama's auto-commit is on or off.
+	// Left zero, the period is Sarama's Consumer.Offsets.AutoCommit.Interval
+	// when auto-commit is on (Sarama's default, 1 s: a config moved from
+	// watermill-kafka keeps its period), and 1 s when it is off. Either way
+	// safeack commits itself (Sarama's own auto-commit is turned off in
+	// safeack's copy): completed tails are encoded just before each commit,
+	// so a completed record is covered within one period plus a round trip,
+	// and a partition whose every received record is complete is committed
+	// at once (early commits are at least a tenth of the period, and at most
+	// 100 ms, apart). Subscriber.CommitInterval reports the period in use.
+	// In transactional mode TxnConfig.CommitInterval is the period instead.
+	// At least 1 ms.
 	CommitInterval time.Duration
 
 	// Ordering chooses which records may be handled at the same time.
@@ -297,6 +301,9 @@ func (c SubscriberConfig) withDefaults() SubscriberConfig {
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
+		if ac := c.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit; ac.Enable && ac.Interval > 0 {
+			c.CommitInterval = ac.Interval
+		}
 	}
 	if c.TailMetadataBudget == 0 {
 		c.TailMetadataBudget = frontier.DefaultMetadataBudget
@@ -315,6 +322,7 @@ func fieldError(field, format string, args ...any) error {
 // Validate reports the first invalid field of c, after defaults are
 // applied. Each error wraps ErrInvalidConfig and names the field.
 func (c SubscriberConfig) Validate() error {
+	commitIntervalSet := c.CommitInterval != 0
 	c = c.withDefaults()
 	if len(c.Brokers) == 0 {
 		return fieldError("Brokers", "no brokers given")
@@ -342,14 +350,14 @@ func (c SubscriberConfig) Validate() error {
 	if c.DrainTimeout < 0 {
 		return fieldError("DrainTimeout", "negative duration %v", c.DrainTimeout)
 	}
+	if ac := c.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit; !commitIntervalSet && ac.Enable && ac.Interval > 0 && ac.Interval < minCommitInterval {
+		return fieldError("OverwriteSaramaConfig", "Consumer.Offsets.AutoCommit.Interval %v is below %v (with auto-commit on and CommitInterval unset it is safeack's commit interval): a commit takes a round trip to the broker, and the commit loop would only spin", ac.Interval, minCommitInterval)
+	}
 	if c.CommitInterval < 0 {
 		return fieldError("CommitInterval", "negative duration %v", c.CommitInterval)
 	}
 	if c.CommitInterval > 0 && c.CommitInterval < minCommitInterval {
 		return fieldError("CommitInterval", "%v is below %v: a commit takes a round trip to the broker, and the commit loop would only spin", c.CommitInterval, minCommitInterval)
-	}
-	if ac := c.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit; ac.Enable && ac.Interval > 0 && ac.Interval < minCommitInterval {
-		return fieldError("OverwriteSaramaConfig", "Consumer.Offsets.AutoCommit.Interval %v is below %v (with auto-commit on it is safeack's commit interval): a commit takes a round trip to the broker, and the commit loop would only spin", ac.Interval, minCommitInterval)
 	}
 	if c.TailMetadataBudget < 0 {
 		return fieldError("TailMetadataBudget", "negative size %d", c.TailMetadataBudget)
@@ -385,25 +393,24 @@ func (c SubscriberConfig) Validate() error {
 // TxnConfig.
 const minCommitInterval = time.Millisecond
 
-// commitInterval is how often the completed prefixes are committed: Sarama's
-// auto-commit interval when auto-commit is on, CommitInterval otherwise.
-// NewSubscriber keeps it in Subscriber.commitEvery before it turns Sarama's
-// own auto-commit off in its private copy.
-func (c *SubscriberConfig) commitInterval() time.Duration {
-	if oc := c.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit; oc.Enable {
-		return oc.Interval
+// autoCommitIntervalUnused reports, for a config whose CommitInterval was
+// set (raw), Sarama's auto-commit interval that CommitInterval overrides:
+// a value other than Sarama's default, which the caller therefore chose.
+func autoCommitIntervalUnused(raw SubscriberConfig, sc *sarama.Config) (time.Duration, bool) {
+	ac := sc.Consumer.Offsets.AutoCommit
+	if raw.CommitInterval == 0 || !ac.Enable || ac.Interval == raw.CommitInterval || ac.Interval == sarama.NewConfig().Consumer.Offsets.AutoCommit.Interval {
+		return 0, false
 	}
-	return c.CommitInterval
+	return ac.Interval, true
 }
 
 // options is what the subscriptions need of c, whose defaults are
 // applied, built once for a Subscriber (Uber's kafka-client calls it
 // buildOptions): the partition workers' configuration among it (each
 // subscription adds its log fields and a fresh seed for ordering keys).
-// commitEvery is the commit interval, read before Sarama's auto-commit was
-// turned off in c's copy; defaultTailBudget says TailMetadataBudget was
+// defaultTailBudget says TailMetadataBudget was
 // left zero.
-func (c *SubscriberConfig) options(logger watermill.LoggerAdapter, commitEvery time.Duration, defaultTailBudget bool) consume.Options {
+func (c *SubscriberConfig) options(logger watermill.LoggerAdapter, defaultTailBudget bool) consume.Options {
 	ordering := partition.ByKey
 	switch c.Ordering {
 	case OrderByPartition:
@@ -421,7 +428,7 @@ func (c *SubscriberConfig) options(logger watermill.LoggerAdapter, commitEvery t
 		ReconnectRetrySleep:   c.ReconnectRetrySleep,
 		TailMetadataBudget:    c.TailMetadataBudget,
 		DisableCompletedTail:  c.DisableCompletedTail,
-		CommitEvery:           commitEvery,
+		CommitEvery:           c.CommitInterval,
 		DefaultTailBudget:     defaultTailBudget,
 		ReportCommits:         c.Observer != nil,
 		Logger:                logger,

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/safeack/safeack/internal/delivery"
 	"github.com/safeack/safeack/internal/sentinel"
@@ -49,8 +50,8 @@ type CompletionEvent struct {
 	// Telemetry) ran.
 	Duration time.Duration
 	Outcome  Outcome
-	// Err is the handler's error, for OutcomeNack; nil when the handler
-	// nacked the message itself.
+	// Err is the handler's error, for OutcomeNack (nil when the handler
+	// nacked the message itself) and OutcomeDeadLettered.
 	Err error
 }
 
@@ -63,9 +64,10 @@ type CompletionEvent struct {
 //
 // Outcomes are read as the handler returns: produced messages that then
 // fail to publish turn an OutcomeAck into a Nack by the router, unseen
-// here; and a PoisonQueue inside Telemetry turns failures into
-// OutcomeAck. Put Telemetry outermost to see skips (OutcomeSkipped) and
-// every failure; inside Retry it reports every attempt.
+// here; and a PoisonQueue inside Telemetry turns the failures it
+// dead-letters into OutcomeDeadLettered. Put Telemetry outermost to see
+// skips (OutcomeSkipped) and every failure; inside Retry it reports every
+// attempt.
 //
 // Messages of any other subscriber are reported too, with FromSafeack
 // false (see CompletionEvent).
@@ -91,6 +93,9 @@ func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
 				at := d.DeliveredAt()
 				ev.DeliveredAt, ev.Wait = at, max(start.Sub(at), 0)
 			}
+			// A message of another subscriber is dead-lettered when
+			// Watermill's PoisonQueue set its reason on the way out.
+			poisonedBefore := msg.Metadata.Get(middleware.ReasonForPoisonedKey)
 			returned := false
 			defer func() {
 				ev.Duration = time.Since(start)
@@ -107,6 +112,10 @@ func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
 					ev.Outcome = OutcomeNack
 				case ours && d.Deferred(msg):
 					ev.Outcome = OutcomeDeferred
+				case ours && d.DeadLettered():
+					ev.Outcome, ev.Err = OutcomeDeadLettered, deadLetterReason(msg)
+				case !ours && msg.Metadata.Get(middleware.ReasonForPoisonedKey) != poisonedBefore:
+					ev.Outcome, ev.Err = OutcomeDeadLettered, deadLetterReason(msg)
 				default:
 					ev.Outcome = OutcomeAck
 				}
@@ -117,6 +126,12 @@ func Telemetry(hook func(CompletionEvent)) message.HandlerMiddleware {
 			return events, err
 		}
 	}
+}
+
+// deadLetterReason is the handler's error of a dead-lettered message, as
+// PoisonQueue wrote it into the message's metadata.
+func deadLetterReason(msg *message.Message) error {
+	return errors.New(msg.Metadata.Get(middleware.ReasonForPoisonedKey))
 }
 
 func answered(ch <-chan struct{}) bool {

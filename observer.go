@@ -101,6 +101,8 @@ func (o Outcome) String() string {
 		return "skipped"
 	case OutcomeAbandoned:
 		return "abandoned"
+	case OutcomeDeadLettered:
+		return "dead-lettered"
 	}
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
@@ -110,6 +112,13 @@ func (o Outcome) String() string {
 // the record is left for the partition's next owner. Only a
 // DeliveryObserver sees it; Telemetry reports handlers that return.
 const OutcomeAbandoned Outcome = OutcomeSkipped + 1
+
+// OutcomeDeadLettered: the handler failed and PoisonQueue (safeack's, or
+// Watermill's for messages of other subscribers) published the message to
+// the dead-letter topic; the router acks it, and its record completes.
+// Only Telemetry reports it (with the handler's error in
+// CompletionEvent.Err); a DeliveryObserver sees the ack.
+const OutcomeDeadLettered Outcome = OutcomeAbandoned + 1
 
 // CommitEvent describes one commit, for Observer.Committed.
 type CommitEvent struct {

@@ -55,6 +55,14 @@ func (assignmentEnded) Is(target error) bool { return target == context.Canceled
 // handles it; a record that really is poison is dead-lettered there, after
 // that owner's own retries.
 //
+// Each dead letter of a safeack message is logged by its subscriber at
+// Error level (topic, partition, offset, the dead-letter topic and the
+// handler's error), counted in PartitionCounters.DeadLettered (Stats,
+// Totals, and the metrics and otel exporters), and reported to Telemetry
+// as OutcomeDeadLettered. Error, because Watermill has no Warn level and a
+// dead letter is work the application gave up on: the router logs nothing
+// for it, the handler's error having become nil.
+//
 // Use it in place of middleware.PoisonQueue with a safeack Subscriber.
 // Watermill's dead-letters a record that a rebalance or a shutdown cut
 // short, although it is not poison: a handler that returns its context's
@@ -93,14 +101,25 @@ func PoisonQueueWithFilter(pub message.Publisher, topic string, shouldGoToPoison
 			// The subscriber's context, before middleware inside (Timeout,
 			// Retry) replaces it with contexts of their own.
 			entry := msg.Context()
+			var failed error
 			guarded := func(msg *message.Message) ([]*message.Message, error) {
 				events, err := h(msg)
 				if err != nil && !errors.Is(err, ErrAssignmentEnded) && endedBySubscriber(entry) {
 					err = fmt.Errorf("%w: %w", ErrAssignmentEnded, err)
 				}
+				failed = err
 				return events, err
 			}
-			return pq(guarded)(msg)
+			events, err := pq(guarded)(msg)
+			if failed != nil && err == nil {
+				// The handler failed and Watermill's PoisonQueue published
+				// the message: a dead letter, which the subscriber logs and
+				// counts (see the delivery contract).
+				if d, ok := delivery.FromContext(entry); ok {
+					d.DeadLetter(topic, failed)
+				}
+			}
+			return events, err
 		}
 	}, nil
 }

@@ -110,6 +110,7 @@ func TestSharePoisonQueueAndRejectPoison(t *testing.T) {
 			tot, _ := shareTotals(sub)
 			if mode == "dead-letter" {
 				assert.Equal(t, uint64(3), tot.Accepted)
+				assert.Equal(t, uint64(1), tot.DeadLettered, "dead letters counted")
 				dead, err := dlq.Subscribe(context.Background(), "dlq")
 				require.NoError(t, err)
 				select {

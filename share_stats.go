@@ -15,7 +15,8 @@ type ShareCounters struct {
 	// took), RELEASE (a Nack, or Close) and REJECT (RejectPoison, past
 	// MaxDeliveries, or an unmarshal failure without OnUnmarshalError).
 	Accepted, Released, Rejected uint64
-	// DeadLettered counts records accepted after DeadLetter took them.
+	// DeadLettered counts records accepted after DeadLetter took them, or
+	// after safeack.PoisonQueue published them.
 	DeadLettered uint64
 	// ReleasedAtClose counts records released because the subscription
 	// ended before they were answered; SkippedClosing those whose handler

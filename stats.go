@@ -106,6 +106,9 @@ type PartitionCounters struct {
 	// said a previous owner completed them. SkippedRevoked counts messages
 	// whose handler was not run because their assignment had ended.
 	SkippedTail, SkippedRevoked uint64
+	// DeadLettered counts records PoisonQueue published to a dead-letter
+	// topic (they are also counted in Completed).
+	DeadLettered uint64
 	// IgnoredMetadata counts commit metadata found and not trusted
 	// (another client's, corrupt, or relative to another offset).
 	IgnoredMetadata uint64
@@ -131,6 +134,7 @@ func (c *PartitionCounters) add(o PartitionCounters) {
 	c.UnmarshalFailures += o.UnmarshalFailures
 	c.SkippedTail += o.SkippedTail
 	c.SkippedRevoked += o.SkippedRevoked
+	c.DeadLettered += o.DeadLettered
 	c.IgnoredMetadata += o.IgnoredMetadata
 	c.LogTruncations += o.LogTruncations
 	c.Deferred += o.Deferred

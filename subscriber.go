@@ -60,20 +60,36 @@ func NewSubscriber(config SubscriberConfig, logger watermill.LoggerAdapter) (*Su
 		logger = watermill.NopLogger{}
 	}
 	cfg := config.withDefaults()
-	// safeack commits itself, at Sarama's auto-commit interval when
-	// auto-commit is on (CommitInterval otherwise), so that a completed tail
-	// is encoded just before each commit rather than on a tick of its own,
-	// and so that a partition with nothing left running is committed at
-	// once (see offsetCommitter.commitLoop). The copy is safeack's own.
-	commitEvery := cfg.commitInterval()
-	cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
+	// safeack commits itself, every cfg.CommitInterval (see its doc), so
+	// that a completed tail is encoded just before each commit rather than
+	// on a tick of its own, and so that a partition with nothing left
+	// running is committed at once (see offsetCommitter.commitLoop). The
+	// copy is safeack's own.
 	logger = logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()})
+	if unused, ok := autoCommitIntervalUnused(config, cfg.OverwriteSaramaConfig); ok {
+		logger.Info("CommitInterval sets the commit period; Sarama's Consumer.Offsets.AutoCommit.Interval is not used",
+			watermill.LogFields{"commit_interval": cfg.CommitInterval.String(), "unused_auto_commit_interval": unused.String()})
+	}
+	cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Enable = false
 	return &Subscriber{
 		cfg:           cfg,
-		opts:          cfg.options(logger, commitEvery, config.TailMetadataBudget == 0),
+		opts:          cfg.options(logger, config.TailMetadataBudget == 0),
 		logger:        logger,
 		subscriptions: subscriptions{closing: make(chan struct{})},
 	}, nil
+}
+
+// CommitInterval returns the period at which the Subscriber commits the
+// completed prefixes: SubscriberConfig.CommitInterval when it was set, else
+// Sarama's auto-commit interval when auto-commit is on, else 1 s; for a
+// transactional Subscriber, TxnConfig.CommitInterval.
+func (s *Subscriber) CommitInterval() time.Duration {
+	s.lifecycle.Lock()
+	defer s.lifecycle.Unlock()
+	if s.txn != nil {
+		return s.txn.cfg.CommitInterval
+	}
+	return s.opts.CommitEvery
 }
 
 // Subscribe starts consuming topic and returns the channel its messages

@@ -191,7 +191,7 @@ func TestCommitNotBehindFetch(t *testing.T) {
 	c, topic, group, acks, watch := startWatched(t, partitions)
 	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
 		cfg.OverwriteSaramaConfig.Consumer.MaxWaitTime = maxWait
-		cfg.OverwriteSaramaConfig.Consumer.Offsets.AutoCommit.Interval = time.Hour
+		cfg.CommitInterval = time.Hour
 		cfg.Ordering = safeack.Unordered
 	})
 	handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) { acks.ack(m) })

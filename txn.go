@@ -139,6 +139,10 @@ func NewTxnSubscriber(config SubscriberConfig, txn TxnConfig, logger watermill.L
 	if err != nil {
 		return nil, nil, err
 	}
+	if config.CommitInterval != 0 {
+		sub.logger.Info("SubscriberConfig.CommitInterval is not used in transactional mode: TxnConfig.CommitInterval sets the commit period",
+			watermill.LogFields{"commit_interval": txn.CommitInterval.String(), "unused_subscriber_commit_interval": config.CommitInterval.String()})
+	}
 	pub := newTxnPublisher(sub, txn, pcfg, logger)
 	sub.txn = pub // before anyone else has sub
 	return sub, pub, nil

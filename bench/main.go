@@ -36,7 +36,7 @@ type options struct {
 	reps           int
 	quick          bool
 	markdown       string
-	chart          string
+	chartData      string
 	cpuprofile     string
 	exectrace      string
 	memprofile     string
@@ -71,7 +71,7 @@ func main() {
 		reps        = flag.Int("reps", 3, "repetitions of every run; the table shows the median and min–max")
 		quick       = flag.Bool("quick", false, "smaller record counts for a fast smoke run")
 		markdown    = flag.String("markdown", "", "also write the tables as Markdown to this file")
-		chart       = flag.String("chart", "", "draw a bar chart of records/s to this file (.svg or .png)")
+		chartData   = flag.String("chart-data", "", "write the records/s of each workload as JSON to this file, for bench/chart (a module of its own) to draw")
 		cpuprofile  = flag.String("cpuprofile", "", "write a CPU profile of each run's consume phase to FILE-stem.<workload>.<contender>.r<rep>.pprof")
 		memprofile  = flag.String("memprofile", "", "write a heap profile (inuse and alloc, 512 KiB sampling) of each run just after its last ack to FILE-stem.<workload>.<contender>.r<rep>.heap.pprof")
 		exectrace   = flag.String("trace", "", "write a runtime execution trace of each run's consume phase to FILE-stem.<workload>.<contender>.r<rep>.trace (go tool trace)")
@@ -131,7 +131,7 @@ func main() {
 		reps:           *reps,
 		quick:          *quick,
 		markdown:       *markdown,
-		chart:          *chart,
+		chartData:      *chartData,
 		cpuprofile:     *cpuprofile,
 		exectrace:      *exectrace,
 		memprofile:     *memprofile,
@@ -237,12 +237,12 @@ func run(ctx context.Context, env *brokerEnv) int {
 			logf("wrote %s", opt.markdown)
 		}
 	}
-	if opt.chart != "" {
-		if err := drawChart(opt.chart, sections); err != nil {
-			logf("chart: %v", err)
+	if opt.chartData != "" {
+		if err := writeChartData(opt.chartData, sections); err != nil {
+			logf("chart data: %v", err)
 			failed = true
 		} else {
-			logf("wrote %s", opt.chart)
+			logf("wrote %s (draw it with: go -C bench/chart run . -o FILE.svg %s)", opt.chartData, opt.chartData)
 		}
 	}
 	if failed {

@@ -194,6 +194,7 @@ func want(help map[string]string, stats []safeack.PartitionStats, totals []safea
 		c("unmarshal_failures_total", float64(t.UnmarshalFailures))
 		c("skipped_records_total", float64(t.SkippedTail), "reason", "tail")
 		c("skipped_records_total", float64(t.SkippedRevoked), "reason", "revoked")
+		c("dead_lettered_records_total", float64(t.DeadLettered))
 		c("ignored_metadata_total", float64(t.IgnoredMetadata))
 		c("log_truncations_total", float64(t.LogTruncations))
 		c("deferred_completions_total", float64(t.Deferred))
@@ -213,7 +214,7 @@ var allNames = []string{
 	"safeack_tail_metadata_bytes", "safeack_tail_truncated", "safeack_assigned_timestamp_seconds",
 	"safeack_unclaimed_seconds",
 	"safeack_assignments_total", "safeack_offered_records_total", "safeack_completed_records_total",
-	"safeack_redeliveries_total", "safeack_unmarshal_failures_total", "safeack_skipped_records_total",
+	"safeack_redeliveries_total", "safeack_unmarshal_failures_total", "safeack_skipped_records_total", "safeack_dead_lettered_records_total",
 	"safeack_ignored_metadata_total", "safeack_log_truncations_total", "safeack_deferred_completions_total", "safeack_paused_seconds_total",
 }
 
@@ -489,5 +490,21 @@ orders_owned_partitions{group="g1"} 0
 	}
 	if err := reg.Register(metrics.NewCollector(sub, metrics.WithNamespace("orders"), metrics.WithConstLabels(prometheus.Labels{"group": "g2"}))); err == nil {
 		t.Fatal("a duplicate collector registered")
+	}
+}
+
+// TestCollectorCountsDeadLetters: a record safeack.PoisonQueue publishes
+// to a dead-letter topic is counted in safeack_dead_lettered_records_total.
+func TestCollectorCountsDeadLetters(t *testing.T) {
+	c, topic, group := kafkatest.StartTopic(t, 1)
+	sub := newSubscriber(t, c, group)
+	safeacktest.DeadLetterOne(t, c, sub, topic)
+	want := `
+# HELP safeack_dead_lettered_records_total Records published to a dead-letter topic by safeack.PoisonQueue (counted in completed_records_total too).
+# TYPE safeack_dead_lettered_records_total counter
+safeack_dead_lettered_records_total{partition="0",topic="` + topic + `"} 1
+`
+	if err := testutil.CollectAndCompare(metrics.NewCollector(sub), strings.NewReader(want), "safeack_dead_lettered_records_total"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -670,3 +670,34 @@ func eachPoint(t *testing.T, m metricdata.Metrics, add func(attribute.Set, float
 		}
 	}
 }
+
+// TestMetricsCountDeadLetters: a record safeack.PoisonQueue publishes to a
+// dead-letter topic is counted in safeack.records.dead_lettered.
+func TestMetricsCountDeadLetters(t *testing.T) {
+	c, topic, group := kafkatest.StartTopic(t, 1)
+	tel := newTelemetry(t)
+	sub := newSubscriber(t, c, group, nil)
+	reg, err := safeackotel.RegisterMetrics(sub, tel.options()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reg.Unregister() }()
+	safeacktest.DeadLetterOne(t, c, sub, topic)
+	found := false
+	for _, sm := range tel.collect(t).ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "safeack.records.dead_lettered" {
+				continue
+			}
+			eachPoint(t, m, func(_ attribute.Set, v float64) {
+				found = true
+				if v != 1 {
+					t.Errorf("safeack.records.dead_lettered = %v; want 1", v)
+				}
+			})
+		}
+	}
+	if !found {
+		t.Error("no safeack.records.dead_lettered data point")
+	}
+}

@@ -331,11 +331,11 @@ func (a *app) newRouter(dlq message.Publisher) (*message.Router, error) {
 }
 
 // observe is the Telemetry hook: one call per handler run, after the
-// dead-letter decision (so a dead-lettered record counts as acked).
+// dead-letter decision (a dead-lettered record is acked: handled).
 func (a *app) observe(ev safeack.CompletionEvent) {
 	outcome := ev.Outcome.String()
 	switch ev.Outcome {
-	case safeack.OutcomeAck, safeack.OutcomeDeferred:
+	case safeack.OutcomeAck, safeack.OutcomeDeferred, safeack.OutcomeDeadLettered:
 		a.acked.Add(1)
 	case safeack.OutcomeNack:
 		a.nacked.Add(1)
@@ -548,7 +548,7 @@ func (a *app) registerMetrics() {
 	a.reg = prometheus.NewRegistry()
 	a.handledVec = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "safeack_demo", Name: "handler_runs_total",
-		Help: "Handler runs by outcome (ack includes dead-lettered records; nack is a failure after retries that will be redelivered).",
+		Help: "Handler runs by outcome (dead-lettered: published to the dead-letter topic, then acked; nack is a failure after retries that will be redelivered).",
 	}, []string{"outcome"})
 	a.handlerTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: "safeack_demo", Name: "handler_duration_seconds",

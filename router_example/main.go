@@ -137,7 +137,7 @@ func parseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.Float64Var(&cfg.FlakyRate, "flaky-rate", cfg.FlakyRate, "fraction of handler runs that fail and are retried")
 	ordering := fs.String("ordering", "key", "ordering mode: key, partition or unordered")
 	fs.IntVar(&cfg.MaxInFlight, "max-in-flight", cfg.MaxInFlight, fmt.Sprintf("messages handed to handlers at once (the router's concurrency); 0 means safeack's default, %d", safeack.DefaultMaxInFlight))
-	fs.DurationVar(&cfg.CommitInterval, "commit-interval", cfg.CommitInterval, "how often completed prefixes are committed")
+	fs.DurationVar(&cfg.CommitInterval, "commit-interval", cfg.CommitInterval, "how often completed prefixes are committed (safeack.SubscriberConfig.CommitInterval; 0: Sarama's auto-commit interval, 1 s)")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "stop after this long (0: run until SIGINT/SIGTERM)")
 	fs.StringVar(&cfg.HTTPAddr, "http", cfg.HTTPAddr, "`address` of the live page and /metrics (empty: none)")
 	fs.BoolVar(&cfg.Verbose, "v", false, "log Watermill and safeack messages to stderr")

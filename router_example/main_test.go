@@ -110,6 +110,11 @@ func TestRunHandlesCommitsAndServes(t *testing.T) {
 	if first.Topic != cfg.Topic || first.Ordering != safeack.OrderByKey.String() || !first.Embedded {
 		t.Fatalf("frontier header: %+v", first)
 	}
+	// The page shows the commit period that runs: the -commit-interval
+	// flag's, which takes effect with Sarama's auto-commit on.
+	if first.CommitInterval != cfg.CommitInterval.Seconds() {
+		t.Errorf("the page shows a commit period of %vs, want the flag's %v", first.CommitInterval, cfg.CommitInterval)
+	}
 	for _, p := range first.Partitions {
 		if p.Committed > p.Safe || p.Safe > p.Delivered {
 			t.Errorf("partition %d: committed %d, safe %d, delivered %d out of order", p.Partition, p.Committed, p.Safe, p.Delivered)

@@ -111,7 +111,7 @@ func (a *app) frontier() frontierView {
 		Ordering:       a.cfg.Ordering.String(),
 		Embedded:       len(a.cfg.Brokers) == 0,
 		Brokers:        a.brokers,
-		CommitInterval: a.cfg.CommitInterval.Seconds(),
+		CommitInterval: a.sub.CommitInterval().Seconds(), // the period that runs, as the subscriber resolved it
 		SlowLatency:    a.cfg.SlowLatency.Seconds(),
 		ProducedRate:   produced,
 		HandledRate:    handled,

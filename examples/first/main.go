@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -18,11 +19,17 @@ import (
 
 func main() {
 	logger := watermill.NewStdLogger(false, false)
+	brokers := cmp.Or(os.Getenv("SAFEACK_KAFKA_BROKERS"), os.Getenv("KAFKA_BROKERS"), "localhost:9092")
+	saramaConfig := safeack.DefaultSaramaSubscriberConfig()
+	// A new group starts at the oldest record, so orders produced before the
+	// first run are billed too (Sarama's default, OffsetNewest, skips them).
+	saramaConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
-		Brokers:       strings.Split(cmp.Or(os.Getenv("KAFKA_BROKERS"), "localhost:9092"), ","),
-		Unmarshaler:   kafka.DefaultMarshaler{},
-		ConsumerGroup: "billing",
-		MaxInFlight:   64, // handlers at once; records of one key (key-less: of one partition) in order
+		Brokers:               strings.Split(brokers, ","),
+		Unmarshaler:           kafka.DefaultMarshaler{},
+		ConsumerGroup:         "billing",
+		OverwriteSaramaConfig: saramaConfig,
+		MaxInFlight:           64, // handlers at once; records of one key (key-less: of one partition) in order
 	}, logger)
 	if err != nil {
 		log.Fatal(err)

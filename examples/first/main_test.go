@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -69,13 +70,41 @@ func firstDiff(a, b string) int {
 }
 
 // TestFirstProgram runs the README's program on an embedded broker with
-// the topic it reads: it bills the orders produced while it runs, and on
-// SIGTERM it closes, commits every billed order and exits with status 0.
+// the topic it reads, told of the broker as scripts/kafka.sh says it
+// (SAFEACK_KAFKA_BROKERS): it bills the orders produced before its first
+// run and those produced while it runs, says at start where the new group
+// starts on each partition, and on SIGTERM it closes, commits every billed
+// order and exits with status 0.
 func TestFirstProgram(t *testing.T) {
+	t.Parallel()
+	runFirstProgram(t, "SAFEACK_KAFKA_BROKERS")
+}
+
+// TestFirstProgramKafkaBrokers: the program also reads KAFKA_BROKERS.
+func TestFirstProgramKafkaBrokers(t *testing.T) {
+	t.Parallel()
+	runFirstProgram(t, "KAFKA_BROKERS")
+}
+
+func runFirstProgram(t *testing.T, brokersVar string) {
 	c := kafkatest.Start(t, kafkatest.Embedded(), kafkatest.WithKfakeOpts(kfake.SeedTopics(2, "orders")))
+	// Orders produced before the program's first run.
+	n := 0
+	produce := func() {
+		n++
+		c.Produce(t, "orders", kafkatest.Record{Partition: int32(n % 2), Value: fmt.Appendf(nil, "order-%d", n)})
+	}
+	const before = 10
+	for range before {
+		produce()
+	}
+
 	var out safeacktest.Buffer
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), runMain+"=1", "KAFKA_BROKERS="+strings.Join(c.Brokers(), ","))
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "SAFEACK_KAFKA_BROKERS=") || strings.HasPrefix(kv, "KAFKA_BROKERS=")
+	})
+	cmd.Env = append(env, runMain+"=1", brokersVar+"="+strings.Join(c.Brokers(), ","))
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -89,19 +118,18 @@ func TestFirstProgram(t *testing.T) {
 		}
 	}()
 
-	// The group starts at the newest offset: produce until the program
-	// has billed some orders, then a few more.
 	billed := func() int { return strings.Count(out.String(), "billing order ") }
-	n := 0
-	produce := func() {
-		n++
-		c.Produce(t, "orders", kafkatest.Record{Partition: int32(n % 2), Value: fmt.Appendf(nil, "order-%d", n)})
+	kafkatest.WaitFor(t, 60*time.Second, "the orders produced before the first run to be billed", func() bool {
+		return billed() >= before
+	})
+	for i := 1; i <= before; i++ {
+		if !strings.Contains(out.String(), fmt.Sprintf("billing order order-%d\n", i)) {
+			t.Errorf("order-%d, produced before the first run, was not billed; output:\n%s", i, out.String())
+		}
 	}
-	if !kafkatest.Poll(60*time.Second, 200*time.Millisecond, func() bool {
-		produce()
-		return billed() > 0
-	}) {
-		t.Fatalf("the program billed no order within 60 s; its output:\n%s", out.String())
+	// The first screen says where the new group starts, and why.
+	if got := strings.Count(out.String(), "it starts at its oldest record (Consumer.Offsets.Initial = OffsetOldest)"); got != 2 {
+		t.Errorf("%d lines say where a partition of the new group starts, want 2 (one per partition); output:\n%s", got, out.String())
 	}
 	for range 4 {
 		produce()
@@ -128,5 +156,5 @@ func TestFirstProgram(t *testing.T) {
 			t.Errorf("partition %d: committed %d after SIGTERM, want %d (its end: every order billed); output:\n%s", p, got, end, out.String())
 		}
 	}
-	t.Logf("%d orders produced, %d billed (the group started at the newest offset)", n, billed())
+	t.Logf("%d orders produced (%d before the first run), %d billed", n, before, billed())
 }

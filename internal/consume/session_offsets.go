@@ -56,6 +56,7 @@ func (s sessionOffsets) pinStarts(sess groupSession, claimed []int32, committed 
 		sess.MarkOffset(s.sub.topic, p, start, "")
 		committed[p] = kclient.CommittedOffset{Offset: start}
 		pinned[p] = start
+		s.sub.logStartWithoutCommit(p, start)
 	}
 	if len(pinned) == 0 {
 		return closedChan

@@ -144,6 +144,27 @@ func (sub *subscription) resolveFirstStarts(client sarama.Client) {
 	}
 }
 
+// logStartWithoutCommit says at Info, once per partition (the start is
+// committed next, so the group has a commit from then on), where a
+// partition on which the group has no commit starts and why: at
+// OffsetNewest (Sarama's default) the records already in the partition
+// are never handled by this group, which is what a newcomer who produced
+// before the first run must see at once.
+func (sub *subscription) logStartWithoutCommit(partition int32, start int64) {
+	fields := watermill.LogFields{"kafka_partition": partition, "start_offset": start}
+	switch {
+	case sub.initialOffset(partition) != sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial:
+		sub.logger.Info("The group has no committed offset for this partition, added after Subscribe; it starts at the partition's oldest record",
+			sub.logFields.Add(fields))
+	case sub.initialOffset(partition) == sarama.OffsetOldest:
+		sub.logger.Info("The group has no committed offset for this partition; it starts at its oldest record (Consumer.Offsets.Initial = OffsetOldest)",
+			sub.logFields.Add(fields))
+	default:
+		sub.logger.Info("The group has no committed offset for this partition; it starts at the end of the log (Consumer.Offsets.Initial = OffsetNewest, Sarama's default): records produced before now are not handled by this group; set it to sarama.OffsetOldest to handle them",
+			sub.logFields.Add(fields))
+	}
+}
+
 func offsetName(o int64) string {
 	if o == sarama.OffsetOldest {
 		return "oldest"

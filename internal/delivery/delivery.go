@@ -30,6 +30,12 @@ type Delivery interface {
 	SkipIfEnded(msg *message.Message) bool
 	// Skipped reports whether SkipIfEnded skipped the record's handler.
 	Skipped() bool
+	// DeadLetter tells the subscriber that PoisonQueue published the
+	// record to the dead-letter topic for reason (the router acks it
+	// next): it logs it at Error level and counts it.
+	DeadLetter(topic string, reason error)
+	// DeadLettered reports whether DeadLetter was called for the record.
+	DeadLettered() bool
 	// Defer detaches the completion of delivery msg from its ack. Called
 	// again for the same delivery, it returns the same Deferral.
 	// newHandle makes the Deferral's Handle, once per Deferral. It

@@ -47,7 +47,7 @@ var ShareCounters = []Counter[Share]{
 		Help:     "Records acknowledged REJECT (RejectPoison, past MaxDeliveries, or unmarshal failures): archived, never delivered again.",
 		Value:    func(s *Share) float64 { return float64(s.Rejected) }},
 	{Prom: "share_dead_lettered_records_total", OTel: "safeack.share.records.dead_lettered", Unit: "{message}",
-		Help:  "Records past MaxDeliveries handed to DeadLetter and accepted.",
+		Help:  "Records dead-lettered and accepted: past MaxDeliveries handed to DeadLetter, or published by safeack.PoisonQueue.",
 		Value: func(s *Share) float64 { return float64(s.DeadLettered) }},
 	{Prom: "share_released_at_close_records_total", OTel: "safeack.share.records.released_at_close", Unit: "{message}",
 		Help:  "Records released because the subscription ended before they were answered.",

@@ -38,6 +38,7 @@ type Totals struct {
 	Assignments, Offered, Completed uint64
 	Redeliveries, UnmarshalFailures uint64
 	SkippedTail, SkippedRevoked     uint64
+	DeadLettered                    uint64
 	IgnoredMetadata, LogTruncations uint64
 	Deferred                        uint64
 	PausedFor                       time.Duration

@@ -9,6 +9,7 @@ import (
 	contract "github.com/safeack/safeack/internal/delivery"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/safeack/safeack/frontier"
@@ -40,6 +41,9 @@ type Record struct {
 	// skipped is set when the record's handler was not run because its
 	// assignment had ended; its Nack must not redeliver.
 	skipped atomic.Bool
+	// deadLettered is set when PoisonQueue published the record to a
+	// dead-letter topic (see DeadLetter).
+	deadLettered atomic.Bool
 }
 
 // delivery is one hand-out of a record. The waiter of its answer holds
@@ -95,6 +99,24 @@ func (r *Record) AssignmentEnded() bool { return r.owner.ctx.Err() != nil }
 // Skipped reports whether the record's handler was skipped because its
 // assignment had ended (see SkipIfEnded).
 func (r *Record) Skipped() bool { return r.skipped.Load() }
+
+// DeadLetter logs, at Error level, that PoisonQueue published the record
+// to the dead-letter topic for reason, and counts it: a dead letter is a
+// record the application gave up on, which an operator must see (the
+// router logs nothing, its handler having returned nil).
+func (r *Record) DeadLetter(topic string, reason error) {
+	if r.deadLettered.Swap(true) {
+		return
+	}
+	r.owner.mu.Lock()
+	r.owner.counters.deadLettered++
+	r.owner.mu.Unlock()
+	r.owner.cfg.Logger.Error("Record dead-lettered: published to the dead-letter topic and acked", reason,
+		r.owner.logFields.Add(watermill.LogFields{"kafka_topic": r.msg.Topic, "kafka_partition_offset": r.msg.Offset, "dead_letter_topic": topic}))
+}
+
+// DeadLettered reports whether DeadLetter was called for the record.
+func (r *Record) DeadLettered() bool { return r.deadLettered.Load() }
 
 // SkipIfEnded nacks delivery msg without redelivery when its assignment
 // ended before its handler started, so that the partition's next owner

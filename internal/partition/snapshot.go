@@ -14,6 +14,7 @@ type Counters struct {
 	Redeliveries                uint64
 	UnmarshalFailures           uint64
 	SkippedTail, SkippedRevoked uint64
+	DeadLettered                uint64
 	IgnoredMetadata             uint64
 	LogTruncations              uint64
 	Deferred                    uint64
@@ -73,6 +74,7 @@ func (w *Worker) Stats() Stats {
 			UnmarshalFailures: w.counters.unmarshalFailures,
 			SkippedTail:       w.counters.skippedTail,
 			SkippedRevoked:    w.counters.skippedRevoked,
+			DeadLettered:      w.counters.deadLettered,
 			IgnoredMetadata:   w.counters.ignoredMetadata,
 			LogTruncations:    w.counters.logTruncations,
 			Deferred:          w.counters.deferred,

@@ -166,6 +166,7 @@ type counters struct {
 	unmarshalFailures uint64
 	skippedRevoked    uint64
 	skippedTail       uint64
+	deadLettered      uint64
 	ignoredMetadata   uint64
 	logTruncations    uint64
 	deferred          uint64

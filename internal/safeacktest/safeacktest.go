@@ -1,18 +1,23 @@
 // Package safeacktest builds the Subscriber that the tests of the packages
 // around safeack (metrics, otel) run on a kafkatest cluster, and holds the
-// output of the programs their tests run (Buffer). It is apart
+// output of the programs their tests run (Buffer), and dead-letters a
+// record for their counters (DeadLetterOne). It is apart
 // from kafkatest because package safeack's own internal tests import
 // kafkatest: kafkatest cannot import safeack.
 package safeacktest
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -82,4 +87,49 @@ func (s *Buffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// DeadLetterOne runs sub on topic (of one partition) under a router whose
+// handler fails the record at offset 1 of three, with safeack.PoisonQueue
+// publishing to an in-process Watermill channel, and returns once sub's
+// Totals count that one dead letter and every record is completed. The
+// router stops at cleanup.
+func DeadLetterOne(tb testing.TB, c *kafkatest.Cluster, sub *safeack.Subscriber, topic string) {
+	tb.Helper()
+	dlq := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	tb.Cleanup(func() { _ = dlq.Close() })
+	poison, err := safeack.PoisonQueue(dlq, topic+".dlq")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{}, Logger())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	router.AddMiddleware(poison)
+	router.AddConsumerHandler("h", topic, sub, func(m *message.Message) error {
+		if off, _ := safeack.MessagePartitionOffsetFromCtx(m.Context()); off == 1 {
+			return errors.New("poison")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = router.Run(ctx)
+	}()
+	tb.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	c.ProduceN(tb, topic, 1, 3, nil)
+	kafkatest.WaitFor(tb, 30*time.Second, "one dead letter and three completed records in Totals", func() bool {
+		for _, pt := range sub.Totals() {
+			if pt.Topic == topic && pt.DeadLettered == 1 && pt.Completed == 3 {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -70,6 +70,8 @@ type Delivery struct {
 	// reject makes a Nack reject the record (RejectPoison); skipped says
 	// SkipRevoked did not run its handler.
 	reject, skipped atomic.Bool
+	// deadLettered: PoisonQueue published the record (DeadLetter).
+	deadLettered atomic.Bool
 
 	// obs is told what became of the delivery (nil without an Observer,
 	// or when it returned none).
@@ -355,6 +357,20 @@ func (d *Delivery) AssignmentEnded() bool { return d.ended() }
 func (d *Delivery) SkipIfEnded(msg *message.Message) bool { return d.skipIfClosing(msg) }
 
 func (d *Delivery) Skipped() bool { return d.skipped.Load() }
+
+// DeadLetter logs, at Error level, that PoisonQueue published the record
+// to the dead-letter topic for reason, and counts it (see the delivery
+// contract).
+func (d *Delivery) DeadLetter(topic string, reason error) {
+	if d.deadLettered.Swap(true) {
+		return
+	}
+	d.sub.stats.update(d.ctr, func(c *Counters) { c.DeadLettered++ }) // accepted next, by the router's ack
+	d.sub.logger.Error("Record dead-lettered: published to the dead-letter topic and acked", reason,
+		d.fields().Add(watermill.LogFields{"topic": d.rec.Topic, "dead_letter_topic": topic}))
+}
+
+func (d *Delivery) DeadLettered() bool { return d.deadLettered.Load() }
 
 func (d *Delivery) Deferred(msg *message.Message) bool { return d.deferredFor(msg) }
 
