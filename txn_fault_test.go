@@ -207,6 +207,15 @@ func TestTxnCompletedTailHandedOver(t *testing.T) {
 // visible to a read_committed reader, and the records are handled again.
 func TestTxnAbortedByBrokerTimeout(t *testing.T) {
 	t.Parallel()
+	if raceEnabled {
+		// The broker's abort fails the producer's batches in flight to
+		// several partitions: the same race inside Sarama's transaction
+		// manager as TestTxnFencedByTransactionalID's fence (transitionTo
+		// against publishTxnPartitions). Four full -race runs on a loaded
+		// two-core machine (2026-12-07) reported it, each time with this
+		// test among those failed. It runs in the suite without -race.
+		t.Skip("a data race inside Sarama's transaction manager when the broker aborts a transaction mid-produce (run without -race)")
+	}
 	c, r, rd := startTxnRig(t, 2, 2000, kafkatest.Embedded())
 	uncommitted := readOutputs(t, c, r.out, r.parts, sarama.ReadUncommitted)
 	const txnTimeout = 5 * time.Second // 3 s: a loaded machine's transactions outran it before the fault
