@@ -28,6 +28,12 @@ type ShareCounters struct {
 	// LockRenewals counts acquisition lock renewals (KIP-1222) of records
 	// whose answer took more than half their lock.
 	LockRenewals uint64
+	// GivenBack counts records released without being handed out: each
+	// waited half its acquisition lock in the subscriber with no handler
+	// about to take it (handlers stuck or slow), and went back to the
+	// group for another consumer. Each cost the record a delivery attempt
+	// at the broker. Zero while handlers keep up.
+	GivenBack uint64
 	// AckErrors counts partition acknowledgements the broker refused (for
 	// example after the acquisition lock expired): their records are
 	// delivered again; and acknowledgements given after the record's

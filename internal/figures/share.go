@@ -64,4 +64,7 @@ var ShareCounters = []Counter[Share]{
 	{Prom: "share_lock_renewals_total", OTel: "safeack.share.lock_renewals", Unit: "{renewal}",
 		Help:  "Acquisition lock renewals of records whose answer took more than half their lock.",
 		Value: func(s *Share) float64 { return float64(s.LockRenewals) }},
+	{Prom: "share_given_back_records_total", OTel: "safeack.share.records.given_back", Unit: "{message}",
+		Help:  "Records released without being handed out: they waited half their acquisition lock with no handler about to take them. Each cost a delivery attempt.",
+		Value: func(s *Share) float64 { return float64(s.GivenBack) }},
 }

@@ -99,6 +99,7 @@ func (sub *Subscription) newDelivery(m *member, r *kgo.Record, fetched, polled t
 		d.lockSpan = deadline.Sub(polled)
 		d.renewAt = polled.Add(d.lockSpan / 2)
 		d.deadline.Store(deadline.UnixNano())
+		m.halfLock = d.lockSpan / 2
 	}
 	return d
 }
@@ -218,18 +219,18 @@ func (d *Delivery) fields() watermill.LogFields {
 func (d *Delivery) watch() {
 	select {
 	case <-d.msg.Acked():
-		<-d.sub.handlers
+		d.sub.freeHandler()
 		if df := d.answer(); df != nil {
 			df.ackedNow()
 			return
 		}
 		d.finish(kgo.AckAccept, Acked)
 	case <-d.msg.Nacked():
-		<-d.sub.handlers
+		d.sub.freeHandler()
 		d.answer()
 		d.nacked()
 	case <-d.done:
-		<-d.sub.handlers
+		d.sub.freeHandler()
 	}
 }
 
@@ -330,6 +331,8 @@ func (d *Delivery) finish(status kgo.AckStatus, why Reason) {
 			c.DeadLettered++
 		case ReleasedAtClose:
 			c.ReleasedAtClose++
+		case GivenBack:
+			c.GivenBack++
 		case Skipped:
 			c.SkippedClosing++
 		}

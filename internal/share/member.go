@@ -47,9 +47,14 @@ type member struct {
 	// (under bufferedMu; see member.buffer).
 	bufferedMu sync.Mutex
 	buffered   []bufferedRecord
-	// early are the records handed out before a poll returned them
-	// (takeEarly; the member's goroutine only).
+	// early are the records answered before a poll returned them: handed
+	// out (takeEarly) or given back (giveBack) while kgo buffered them.
+	// The member's goroutine only, as are handOuts and halfLock.
 	early map[*kgo.Record]struct{}
+	// handOuts counts the member's recent hand-outs (planLocks);
+	// halfLock is half the lock of the member's last delivery made.
+	handOuts handOutCounter
+	halfLock time.Duration
 }
 
 // run polls, hands out and waits until the poll's messages are answered
@@ -60,6 +65,9 @@ func (m *member) run() {
 	renew := time.NewTicker(renewCheck)
 	defer renew.Stop()
 	for sub.stop.Err() == nil {
+		if !sub.awaitHandler(m, renew.C) {
+			break
+		}
 		pollStart := time.Now()
 		fetches := m.client.PollRecords(sub.stop, -1) // all a fetch brought (see connect)
 		fetched := m.fetchedFrom(pollStart)
@@ -115,6 +123,9 @@ func (sub *Subscription) take(m *member, recs []*kgo.Record, fetched time.Time, 
 		} else {
 			d = sub.newDelivery(m, r, fetched, polled)
 		}
+		if d.status.Load() != 0 {
+			continue // given back while kgo buffered it (renewHeld)
+		}
 		all = append(all, d)
 	}
 	return sub.prepareAll(m, all, nil, renew)
@@ -131,8 +142,11 @@ func (sub *Subscription) prepareAll(m *member, all, held []*Delivery, renew <-ch
 	for _, d := range all {
 		select {
 		case now := <-renew:
-			sub.renewHeld(m, now, all, held)
+			sub.renewHeld(m, now, held, all)
 		default:
+		}
+		if d.status.Load() != 0 {
+			continue // given back meanwhile (renewHeld)
 		}
 		if sub.prepare(d) {
 			batch = append(batch, d)
@@ -152,14 +166,12 @@ func (sub *Subscription) prepareAll(m *member, all, held []*Delivery, renew <-ch
 // meanwhile.
 func (sub *Subscription) takeEarly(m *member, held []*Delivery, renew <-chan time.Time) []*Delivery {
 	waiting := m.takeBuffered(m.lastFetchSent(time.Now()))
+	waiting = slices.DeleteFunc(waiting, func(d *Delivery) bool { return d.status.Load() != 0 }) // given back
 	if len(waiting) == 0 {
 		return nil
 	}
-	if m.early == nil {
-		m.early = make(map[*kgo.Record]struct{})
-	}
 	for _, d := range waiting {
-		m.early[d.rec] = struct{}{}
+		m.markEarly(d)
 	}
 	batch := sub.prepareAll(m, waiting, held, renew)
 	sub.handOut(m, batch, held, renew)
@@ -177,6 +189,9 @@ func (sub *Subscription) handOut(m *member, batch, held []*Delivery, renew <-cha
 	// The margin leaves a renewal the time to reach the broker.
 	margin := renewCheck + sub.cfg.AckFlushInterval
 	for i, d := range batch {
+		if d.status.Load() != 0 {
+			continue // given back while it waited (renewHeld)
+		}
 		if d.expired(time.Now(), margin) {
 			d.finish(kgo.AckRelease, LockExpired)
 			continue
@@ -193,7 +208,7 @@ func (sub *Subscription) handOut(m *member, batch, held []*Delivery, renew <-cha
 		}
 		if !sub.send(m, d, batch, held, renew, margin) {
 			if sub.stop.Err() == nil {
-				continue // its lock ended first
+				continue // its lock ended, or it was given back, first
 			}
 			for _, rest := range batch[i:] {
 				rest.finish(kgo.AckRelease, ReleasedAtClose)
@@ -204,8 +219,8 @@ func (sub *Subscription) handOut(m *member, batch, held []*Delivery, renew <-cha
 }
 
 // send hands d's message out once a handler is free. It reports false
-// when it did not: d's lock ended first (d released) or the subscription
-// stopped (d left to the caller).
+// when it did not: d's lock ended first (d released), d was given back
+// (renewHeld), or the subscription stopped (d left to the caller).
 func (sub *Subscription) send(m *member, d *Delivery, batch, held []*Delivery, renew <-chan time.Time, margin time.Duration) bool {
 	var out chan<- *message.Message // nil until a handler is free
 	handlers := sub.handlers
@@ -215,10 +230,14 @@ func (sub *Subscription) send(m *member, d *Delivery, batch, held []*Delivery, r
 			handlers, out = nil, sub.output
 			sub.track(d) // counted in flight from now; the handler may read handedAt
 		case out <- d.msg:
+			m.handOuts.add(time.Now(), m.halfLock)
 			go d.watch()
 			return true
 		case now := <-renew:
-			sub.renewHeld(m, now, batch, held)
+			sub.renewHeld(m, now, held, batch)
+			if out == nil && d.status.Load() != 0 {
+				return false // given back (renewHeld): no handler freed up for it
+			}
 			if d.expired(now, margin) {
 				if out != nil {
 					<-sub.handlers
@@ -276,33 +295,105 @@ func (sub *Subscription) drain(m *member, batch []*Delivery, renew <-chan time.T
 	}
 }
 
-// renewHeld renews the locks of the member's deliveries in batches and of
-// the records kgo buffered for its next poll (see member.buffer).
+// renewHeld decides about the locks of the member's unanswered
+// deliveries in batches, given in hand-out order, and of the records kgo
+// buffered for its next poll (see member.buffer), which come after them
+// (planLocks): it renews the locks of those a handler holds or is about
+// to take, and gives back those that waited half their lock with no
+// handler about to take them.
 func (sub *Subscription) renewHeld(m *member, now time.Time, batches ...[]*Delivery) {
-	for _, batch := range batches {
-		sub.renew(batch, now)
+	buffered := m.bufferedNow()
+	n := len(buffered)
+	for _, b := range batches {
+		n += len(b)
 	}
-	sub.renew(m.bufferedNow(), now)
+	ds := make([]*Delivery, 0, n)
+	for _, b := range batches {
+		ds = append(ds, b...)
+	}
+	ds = append(ds, buffered...)
+	ds = slices.DeleteFunc(ds, func(d *Delivery) bool { return d.status.Load() != 0 })
+	if len(ds) == 0 {
+		return
+	}
+	views := make([]lockView, len(ds))
+	due := false
+	for i, d := range ds {
+		views[i] = d.lockView()
+		due = due || (!views[i].renewAt.IsZero() && !now.Before(views[i].renewAt))
+	}
+	if !due {
+		return
+	}
+	fromBuffer := len(ds) - len(buffered)
+	for i, a := range planLocks(now, views, m.handOuts.since(now, m.halfLock), sub.cfg.MaxDeliveries) {
+		switch a {
+		case lockRenew:
+			sub.renew(ds[i], now)
+		case lockGiveBack:
+			sub.giveBack(m, ds[i], i >= fromBuffer)
+		}
+	}
+}
+
+// lockView returns what planLocks reads of d.
+func (d *Delivery) lockView() lockView {
+	v := lockView{handedOut: !d.handedAt.IsZero(), deliveryCount: d.rec.DeliveryCount()}
+	if d.lockSpan > 0 {
+		v.renewAt = d.renewAt
+	}
+	return v
 }
 
 // renewCheck is how often a member looks for acquisition locks to renew.
 const renewCheck = 100 * time.Millisecond
 
-// renew extends the acquisition lock (KIP-1222) of the deliveries still
-// unanswered half-way through their lock, so that a long handler (or an
-// unresolved Completion) keeps its record instead of seeing it delivered
-// to another member.
-func (sub *Subscription) renew(batch []*Delivery, now time.Time) {
-	for _, d := range batch {
-		if d.lockSpan <= 0 || now.Before(d.renewAt) || d.status.Load() != 0 {
-			continue
-		}
-		d.rec.Ack(kgo.AckRenew)
-		d.renewAt = now.Add(d.lockSpan / 2)
-		d.m.renewals.wait(d.rec.Partition, renewal{d: d, until: now.Add(d.lockSpan).UnixNano()})
-		sub.acked.Store(true) // flushed within AckFlushInterval
-		sub.stats.update(d.ctr, func(c *Counters) { c.LockRenewals++ })
+// renew extends d's acquisition lock (KIP-1222): d is unanswered half-way
+// through its lock, and a handler holds it (a long handler, or an
+// unresolved Completion, keeps its record instead of seeing it delivered
+// to another member) or is about to (planLocks).
+func (sub *Subscription) renew(d *Delivery, now time.Time) {
+	d.rec.Ack(kgo.AckRenew)
+	d.renewAt = now.Add(d.lockSpan / 2)
+	d.m.renewals.wait(d.rec.Partition, renewal{d: d, until: now.Add(d.lockSpan).UnixNano()})
+	sub.acked.Store(true) // flushed within AckFlushInterval
+	sub.stats.update(d.ctr, func(c *Counters) { c.LockRenewals++ })
+}
+
+// giveBack releases d, which waited half its lock for a handler, to the
+// group: another consumer can take it at once. A record still in kgo's
+// buffer (buffered) was not counted received yet, and its poll must skip
+// it.
+func (sub *Subscription) giveBack(m *member, d *Delivery, buffered bool) {
+	if buffered {
+		sub.received(d)
+		m.markEarly(d)
 	}
+	d.finish(kgo.AckRelease, GivenBack)
+}
+
+// markEarly notes that d's record was answered before a poll returned it
+// from kgo's buffer: that poll skips it (take).
+func (m *member) markEarly(d *Delivery) {
+	if m.early == nil {
+		m.early = make(map[*kgo.Record]struct{})
+	}
+	m.early[d.rec] = struct{}{}
+}
+
+// awaitHandler waits, before the member polls, until mayPoll allows it,
+// deciding meanwhile about the records kgo buffered (renewHeld). It
+// reports false when the subscription stopped first.
+func (sub *Subscription) awaitHandler(m *member, renew <-chan time.Time) bool {
+	for !mayPoll(time.Now(), cap(sub.handlers)-len(sub.handlers), time.Unix(0, sub.lastFreed.Load()), m.halfLock) {
+		select {
+		case now := <-renew:
+			sub.renewHeld(m, now)
+		case <-sub.stop.Done():
+			return false
+		}
+	}
+	return true
 }
 
 // releaseRecords releases records taken but never made deliveries.

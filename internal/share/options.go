@@ -88,4 +88,5 @@ const (
 	ReleasedAtClose
 	Skipped     // SkipRevoked: the subscriber was closing
 	LockExpired // its acquisition lock ended before it was handed out: released
+	GivenBack   // it waited half its lock with no handler about to take it: released
 )

@@ -46,6 +46,9 @@ type Subscription struct {
 	// so that one member's records go to the handlers another member's
 	// leave free while that member waits for its poll.
 	handlers chan struct{}
+	// lastFreed is when a handler last freed up (unix nanoseconds; the
+	// subscription's start before any did), for mayPoll.
+	lastFreed atomic.Int64
 
 	mu       sync.Mutex
 	inFlight map[*Delivery]struct{}
@@ -70,6 +73,7 @@ func Start(ctx context.Context, cfg *Options, host Host, topic string) (*Subscri
 			"kafka_consumer_uuid": watermill.NewShortUUID(),
 		},
 	}
+	sub.lastFreed.Store(time.Now().UnixNano())
 	sub.logger = cfg.Logger.With(sub.logFields)
 	sub.logger.Info("Subscribing to Kafka topic through a share group", nil)
 
@@ -257,6 +261,12 @@ func (sub *Subscription) fetchesInFlight() bool {
 		}
 	}
 	return false
+}
+
+// freeHandler frees the handler a message held.
+func (sub *Subscription) freeHandler() {
+	<-sub.handlers
+	sub.lastFreed.Store(time.Now().UnixNano())
 }
 
 // track counts d in flight (Stats), handed out from now.
