@@ -150,7 +150,7 @@ func (sub *Subscription) prepare(d *Delivery) bool {
 	d.msg, d.cancel = msg, cancel
 	if pastMax {
 		sub.logger.Info("Record received past MaxDeliveries; not handed out", d.fields())
-		if sub.cfg.DeadLetter == nil {
+		if sub.cfg.DeadLetter == nil || sub.brokerDLQ != "" {
 			d.giveUp()
 			return false
 		}
@@ -258,7 +258,9 @@ func (d *Delivery) nacked() {
 	d.finish(kgo.AckRelease, Nacked)
 }
 
-// giveUp dead-letters or rejects a record past MaxDeliveries. A failing
+// giveUp rejects a record past MaxDeliveries (for the share group's dead-letter
+// topic at the broker when chooseDeadLetter chose it, or without
+// DeadLetter), or dead-letters it. A failing
 // DeadLetter is tried again, with backoff, while the record stays held
 // (its lock renewed like any unanswered record's), until it succeeds or
 // the subscription stops: released then, a record at the broker's
@@ -267,6 +269,12 @@ func (d *Delivery) nacked() {
 // default limit) every record reaching DeadLetter is at that limit.
 func (d *Delivery) giveUp() {
 	cfg := d.sub.cfg
+	if dlq := d.sub.brokerDLQ; dlq != "" {
+		d.sub.logger.Error("Record reached MaxDeliveries; rejecting it for the share group's dead-letter topic at the broker", nil,
+			d.fields().Add(watermill.LogFields{"dead_letter_topic": dlq}))
+		d.finish(kgo.AckReject, MaxDeliveries)
+		return
+	}
 	if cfg.DeadLetter == nil {
 		d.sub.logger.Error("Record reached MaxDeliveries; rejecting it", nil, d.fields())
 		d.finish(kgo.AckReject, MaxDeliveries)

@@ -28,6 +28,7 @@ type Options struct {
 	Members          int
 	MaxDeliveries    int
 	DeadLetter       func(ctx context.Context, msg *message.Message) error
+	DeadLetterTarget DeadLetterTarget
 	OnUnmarshalError func(ctx context.Context, msg *sarama.ConsumerMessage, err error) error
 	InitialOffset    int64
 	AckFlushInterval time.Duration
@@ -37,6 +38,16 @@ type Options struct {
 	Observer Observer
 	Logger   watermill.LoggerAdapter
 }
+
+// DeadLetterTarget is the public ShareDeadLetterTarget, value for value.
+type DeadLetterTarget int
+
+// Dead-letter targets.
+const (
+	DeadLetterAuto DeadLetterTarget = iota
+	DeadLetterBroker
+	DeadLetterClient
+)
 
 // Host is the ShareSubscriber as its subscriptions see it.
 type Host interface {

@@ -50,6 +50,10 @@ type Subscription struct {
 	// subscription's start before any did), for mayPoll.
 	lastFreed atomic.Int64
 
+	// brokerDLQ is the share group's dead-letter topic at the broker when
+	// records past MaxDeliveries are REJECTed for it (chooseDeadLetter).
+	brokerDLQ string
+
 	mu       sync.Mutex
 	inFlight map[*Delivery]struct{}
 }
@@ -150,6 +154,9 @@ func (sub *Subscription) connect(ctx context.Context) error {
 		return err
 	}
 	if err := checkAccess(ctx, admin, cfg.ShareGroup, sub.topic); err != nil {
+		return err
+	}
+	if err := sub.chooseDeadLetter(ctx, admin); err != nil {
 		return err
 	}
 	if cfg.InitialOffset != 0 {
