@@ -126,6 +126,8 @@ type ShareSubscriberConfig struct {
 	// then the record is released (at the broker's delivery count limit,
 	// the broker archives it). A release would not bring it back: with the
 	// defaults a record reaching DeadLetter is at the broker's limit.
+	// When the share group has a usable dead-letter topic at the broker,
+	// DeadLetterTarget's default sends the record there instead.
 	DeadLetter func(ctx context.Context, msg *message.Message) error
 
 	// DeadLetterTarget says where a record past MaxDeliveries goes when
