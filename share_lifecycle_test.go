@@ -271,8 +271,8 @@ func TestShareReadyAfterNetworkCut(t *testing.T) {
 // message in work and for the next one, which a free handler waits to
 // hand to the reader: neither may go to another member, and every Ack
 // must be accepted. The poll's records behind them, which no handler is
-// about to take, are given back once they waited half a lock (issue 42)
-// and handled by the other member: each record handled once.
+// about to take, are given back once they waited half a lock (issue 42),
+// for the other member or, again, the slow one: each record handled once.
 func TestShareLockRenewedSequentialReader(t *testing.T) {
 	t.Parallel()
 	const lock = 4 * time.Second
@@ -308,7 +308,9 @@ func TestShareLockRenewedSequentialReader(t *testing.T) {
 		assert.Equal(t, 1, seen.count(v)+handled.count(v), "record %s: handled %d times by the slow member, %d by the other", v, handled.count(v), seen.count(v))
 	}
 	assert.GreaterOrEqual(t, handled.distinct(), 2, "the slow member lost the message in work or the next one")
-	assert.Equal(t, uint64(seen.distinct()), tot.GivenBack, "records given back by the slow member")
+	// A record given back may come back to the slow subscriber's other
+	// member (its handlers are free: the reader is the bottleneck).
+	assert.GreaterOrEqual(t, tot.GivenBack, uint64(seen.distinct()), "records given back by the slow member")
 	assert.Zero(t, tot.AckErrors, "the broker refused acks: locks had expired")
 }
 
