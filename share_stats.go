@@ -12,8 +12,10 @@ type ShareCounters struct {
 	MaxDeliveryCount int32
 	// Accepted, Released and Rejected count the acknowledgements given:
 	// ACCEPT (an Ack, a dead-lettered record, or one OnUnmarshalError
-	// took), RELEASE (a Nack, or Close) and REJECT (RejectPoison, past
-	// MaxDeliveries, or an unmarshal failure without OnUnmarshalError).
+	// took), RELEASE (a Nack, Close, or a record given back: GivenBack)
+	// and REJECT (RejectPoison, past MaxDeliveries, or an unmarshal
+	// failure without OnUnmarshalError; written to the share group's
+	// dead-letter topic by the broker when the group has one).
 	Accepted, Released, Rejected uint64
 	// DeadLettered counts records accepted after DeadLetter took them.
 	DeadLettered uint64

@@ -40,7 +40,7 @@ var ShareCounters = []Counter[Share]{
 		Value:    func(s *Share) float64 { return float64(s.Accepted) }},
 	{Prom: "share_released_records_total", OTel: "safeack.share.acknowledgements", Unit: "{message}", Ack: "release",
 		OTelHelp: acknowledgementsHelp,
-		Help:     "Records acknowledged RELEASE (nacked, or unanswered at Close): delivered again.",
+		Help:     "Records acknowledged RELEASE (nacked, unanswered at Close, or given back): delivered again.",
 		Value:    func(s *Share) float64 { return float64(s.Released) }},
 	{Prom: "share_rejected_records_total", OTel: "safeack.share.acknowledgements", Unit: "{message}", Ack: "reject",
 		OTelHelp: acknowledgementsHelp,
