@@ -126,7 +126,17 @@ type ShareSubscriberConfig struct {
 	// then the record is released (at the broker's delivery count limit,
 	// the broker archives it). A release would not bring it back: with the
 	// defaults a record reaching DeadLetter is at the broker's limit.
+	// When the share group has a usable dead-letter topic at the broker,
+	// DeadLetterTarget's default sends the record there instead.
 	DeadLetter func(ctx context.Context, msg *message.Message) error
+
+	// DeadLetterTarget says where a record past MaxDeliveries goes when
+	// the share group has a dead-letter topic of its own at the broker
+	// (KIP-1191, Kafka 4.4 with share.version 2: the group config
+	// errors.deadletterqueue.topic.name), to which the broker writes every
+	// REJECTed record of the group with its context. The default,
+	// ShareDeadLetterAuto, sends it there; see ShareDeadLetterTarget.
+	DeadLetterTarget ShareDeadLetterTarget
 
 	// OnUnmarshalError decides the fate of a record the Unmarshaler
 	// rejects. Nil (the default) rejects the record and logs the error. A
@@ -244,6 +254,50 @@ func (m ShareAcquireMode) String() string {
 	return fmt.Sprintf("ShareAcquireMode(%d)", int(m))
 }
 
+// ShareDeadLetterTarget says where a ShareSubscriber sends a record past
+// MaxDeliveries (ShareSubscriberConfig.DeadLetterTarget). Whatever it
+// says, a record is REJECTed (RejectPoison, an unmarshal failure without
+// OnUnmarshalError, past MaxDeliveries without DeadLetter) goes to the
+// group's broker-side dead-letter topic when the group names one: the
+// broker writes it there, not safeack.
+type ShareDeadLetterTarget int
+
+// Dead-letter targets.
+const (
+	// ShareDeadLetterAuto, the default: when DeadLetter is set, Subscribe
+	// reads the share group's errors.deadletterqueue.topic.name
+	// (DescribeConfigs on the group). When it names a topic, a record past
+	// MaxDeliveries is REJECTed and the broker writes it to that topic,
+	// and DeadLetter is not called; otherwise (no topic named, a broker
+	// before Kafka 4.4, or a config the principal may not read: logged)
+	// DeadLetter takes it, then it is ACCEPTed. Without DeadLetter the
+	// record is REJECTed either way. The group's config is read at each
+	// Subscribe: a change takes effect at the next one.
+	ShareDeadLetterAuto ShareDeadLetterTarget = iota
+	// ShareDeadLetterBroker: a record past MaxDeliveries is REJECTed, for
+	// the broker's dead-letter topic. Subscribe fails unless the group
+	// names one (a broker before Kafka 4.4, or a group without
+	// errors.deadletterqueue.topic.name). DeadLetter must be nil.
+	ShareDeadLetterBroker
+	// ShareDeadLetterClient: a record past MaxDeliveries goes to
+	// DeadLetter, then is ACCEPTed, bypassing the group's dead-letter topic
+	// at the broker (which is not read). DeadLetter must be set.
+	ShareDeadLetterClient
+)
+
+// String names the target: auto, broker or client.
+func (t ShareDeadLetterTarget) String() string {
+	switch t {
+	case ShareDeadLetterAuto:
+		return "auto"
+	case ShareDeadLetterBroker:
+		return "broker"
+	case ShareDeadLetterClient:
+		return "client"
+	}
+	return fmt.Sprintf("ShareDeadLetterTarget(%d)", int(t))
+}
+
 // maxSharePollRecords bounds MaxPollRecords: a share fetch's MaxRecords is
 // an int32, and a broker holds at most group.share.partition.max.record.locks
 // (2,000 by default, 4,000 at most by default) records of a partition
@@ -262,6 +316,7 @@ func (c ShareSubscriberConfig) options(logger watermill.LoggerAdapter) share.Opt
 		Members:          c.Members,
 		MaxDeliveries:    c.MaxDeliveries,
 		DeadLetter:       c.DeadLetter,
+		DeadLetterTarget: share.DeadLetterTarget(c.DeadLetterTarget),
 		OnUnmarshalError: c.OnUnmarshalError,
 		InitialOffset:    c.InitialOffset,
 		AckFlushInterval: c.AckFlushInterval,
@@ -313,6 +368,19 @@ func (c ShareSubscriberConfig) Validate() error {
 	}
 	if c.MaxDeliveries < 0 {
 		return fieldError("MaxDeliveries", "negative count %d", c.MaxDeliveries)
+	}
+	switch c.DeadLetterTarget {
+	case ShareDeadLetterAuto:
+	case ShareDeadLetterBroker:
+		if c.DeadLetter != nil {
+			return fieldError("DeadLetter", "set, but DeadLetterTarget is ShareDeadLetterBroker: records past MaxDeliveries go to the broker's dead-letter topic, never to DeadLetter")
+		}
+	case ShareDeadLetterClient:
+		if c.DeadLetter == nil {
+			return fieldError("DeadLetterTarget", "ShareDeadLetterClient needs DeadLetter")
+		}
+	default:
+		return fieldError("DeadLetterTarget", "%v: ShareDeadLetterAuto, ShareDeadLetterBroker or ShareDeadLetterClient", c.DeadLetterTarget)
 	}
 	switch c.InitialOffset {
 	case 0, sarama.OffsetOldest, sarama.OffsetNewest:

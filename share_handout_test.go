@@ -130,11 +130,13 @@ func TestShareSlowRecordDoesNotStallTheSubscription(t *testing.T) {
 // TestShareBatchOptimizedTakesWholeBatches: with AcquireMode
 // ShareAcquireBatchOptimized the broker may acquire a whole stored batch
 // for a fetch that asked for fewer records; the member takes and hands
-// out all of it, within MaxInFlight, renewing the locks of the records
-// waiting for a handler: with handlers slow enough that the batch
-// outlasts the acquisition lock, none is released or delivered again
-// (records left in the client's buffer would have lost their locks), and
-// each is accepted once.
+// out all of it, within MaxInFlight, with handlers slow enough that the
+// batch outlasts the acquisition lock. No lock runs out: the records
+// handed out are renewed, as are those the handlers will take within the
+// next half lock at their pace, and the rest are given back (released,
+// issue 42) rather than left to lapse; each record is handed out and
+// accepted once. (The embedded broker acquires only what was asked for:
+// there nothing waits long enough to be given back.)
 func TestShareBatchOptimizedTakesWholeBatches(t *testing.T) {
 	t.Parallel()
 	// A lock long enough for a renewal, sent at half of it, to reach a
@@ -170,8 +172,9 @@ func TestShareBatchOptimizedTakesWholeBatches(t *testing.T) {
 	t.Logf("%+v", tot)
 	require.Equal(t, n, seen.total(), "no record handed out twice")
 	require.LessOrEqual(t, held.most.Load(), int32(maxInFlight), "messages unanswered at once")
-	require.Zero(t, tot.Released, "records released: their locks ran out")
-	require.Zero(t, tot.Redelivered, "records delivered again: their locks ran out")
+	require.Equal(t, tot.GivenBack, tot.Released, "records released other than those given back")
+	require.LessOrEqual(t, tot.Redelivered, tot.GivenBack, "records delivered again that were not given back: their locks ran out")
+	require.Zero(t, tot.AckErrors, "acknowledgements refused: locks ran out")
 }
 
 // TestShareRecordAfterLongIdleHandedOut: a member that polled in vain for

@@ -208,6 +208,7 @@ func shareTotals(sub *safeack.ShareSubscriber) (total safeack.ShareCounters, inF
 		total.Deferred += st.Deferred
 		total.AckErrors += st.AckErrors
 		total.LockRenewals += st.LockRenewals
+		total.GivenBack += st.GivenBack
 		total.MaxDeliveryCount = max(total.MaxDeliveryCount, st.MaxDeliveryCount)
 		inFlight += st.InFlight
 	}

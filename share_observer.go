@@ -63,10 +63,14 @@ const (
 	// answered (or before its handler ran, with SkipRevoked): the record
 	// is released for another member.
 	ShareReasonClosing
+	// ShareReasonGivenBack: the record waited half its acquisition lock
+	// for a handler, with none about to take it, and was released
+	// without being handed out (ShareCounters.GivenBack).
+	ShareReasonGivenBack
 )
 
 // String names the reason: answer, poison, max_deliveries, dead_lettered,
-// dead_letter_failed or closing.
+// dead_letter_failed, closing or given_back.
 func (r ShareAckReason) String() string {
 	switch r {
 	case ShareReasonAnswer:
@@ -81,6 +85,8 @@ func (r ShareAckReason) String() string {
 		return "dead_letter_failed"
 	case ShareReasonClosing:
 		return "closing"
+	case ShareReasonGivenBack:
+		return "given_back"
 	}
 	return "ShareAckReason(" + strconv.Itoa(int(r)) + ")"
 }
@@ -192,6 +198,8 @@ func shareOutcome(why share.Reason) (Outcome, ShareAckReason) {
 		return OutcomeNack, ShareReasonDeadLetterFailed
 	case share.Skipped:
 		return OutcomeSkipped, ShareReasonClosing
+	case share.GivenBack:
+		return OutcomeAbandoned, ShareReasonGivenBack
 	default: // share.ReleasedAtClose, share.LockExpired (not handed out)
 		return OutcomeAbandoned, ShareReasonClosing
 	}

@@ -12,8 +12,10 @@ type ShareCounters struct {
 	MaxDeliveryCount int32
 	// Accepted, Released and Rejected count the acknowledgements given:
 	// ACCEPT (an Ack, a dead-lettered record, or one OnUnmarshalError
-	// took), RELEASE (a Nack, or Close) and REJECT (RejectPoison, past
-	// MaxDeliveries, or an unmarshal failure without OnUnmarshalError).
+	// took), RELEASE (a Nack, Close, or a record given back: GivenBack)
+	// and REJECT (RejectPoison, past MaxDeliveries, or an unmarshal
+	// failure without OnUnmarshalError; written to the share group's
+	// dead-letter topic by the broker when the group has one).
 	Accepted, Released, Rejected uint64
 	// DeadLettered counts records accepted after DeadLetter took them, or
 	// after safeack.PoisonQueue published them.
@@ -29,6 +31,12 @@ type ShareCounters struct {
 	// LockRenewals counts acquisition lock renewals (KIP-1222) of records
 	// whose answer took more than half their lock.
 	LockRenewals uint64
+	// GivenBack counts records released without being handed out: each
+	// waited half its acquisition lock in the subscriber with no handler
+	// about to take it (handlers stuck or slow), and went back to the
+	// group for another consumer. Each cost the record a delivery attempt
+	// at the broker. Zero while handlers keep up.
+	GivenBack uint64
 	// AckErrors counts partition acknowledgements the broker refused (for
 	// example after the acquisition lock expired): their records are
 	// delivered again; and acknowledgements given after the record's

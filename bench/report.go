@@ -86,8 +86,9 @@ var colTitles = map[string]string{
 	"x:dups":      "handled twice",
 	"x:recovery":  "recovery s",
 	// share workloads
-	"x:poisoned": "poison handled",
-	"x:busiest":  "busiest process %",
+	"x:poisoned":  "poison handled",
+	"x:busiest":   "busiest process %",
+	"x:givenback": "given back",
 }
 
 // rows returns the table: header, then one row per label, ideal and refs.

@@ -78,6 +78,7 @@ var shareNotes = []string{
 	fmt.Sprintf("java-share/N: Apache Kafka's own KafkaShareConsumer (kafka-clients %s, Java 17; our driver bench/jshare) in each of N child JVMs, share.acknowledgement.mode=explicit, the group's share.auto.offset.reset=earliest set with the Admin client, every other property at the client's default (max.poll.records 500, share.acquire.mode batch_optimized: a poll may pass max.poll.records to keep the broker's batches whole, here often 1,000-3,000 records), and a pool of %d worker threads: poll, hand every record to the pool, wait for all of them, acknowledge each (ACCEPT, or REJECT for a poison record), poll again (the acks ride on that poll). A record counts as done when it is acknowledged, after its whole poll finished. The record_limit row sets share.acquire.mode=record_limit and max.poll.records=%d (what a Go member takes per poll). A cold JVM (no warm-up pass, unlike pc/*); startup includes the JVM's start; CPU s and RSS MB are the JVMs' own, reported as the Go members'.", jshareClients, shareConc, 4*shareConc),
 	"Share groups keep no order; the consumer-group row is Unordered too (1 partition: one member of a consumer group gets all of it, so more processes would not help it).",
 	"×group = rec/s over the consumer-group row's. busiest process % = the share of the records one process completed, the largest over the processes (100 for one process). startup counts from the consumer's construction (for share rows, from starting the child processes) to the first delivery; rec/s from the first delivery to the last ack.",
+	"given back = records the safeack share processes released without handing them out (ShareStats.GivenBack: they waited half their acquisition lock with no handler about to take them), summed over the processes (median over the reps, min–max); blank for rows that are not safeack share subscribers.",
 	"Share groups commit no offsets (the broker keeps each record's state), so their end lag is blank (the consumer-group row's is measured as in the other workloads); their acks reach the broker within AckFlushInterval (100 ms) or with the next fetch.",
 }
 
@@ -88,7 +89,7 @@ func shareIO() *workload {
 	w := &workload{
 		name:  "share-io",
 		desc:  fmt.Sprintf("issue 26: %d records, 1 partition, handler sleeps 2 ms, MaxInFlight %d per process; share groups beside a consumer group", n, shareConc),
-		cols:  []string{"wall", "startup", "rate", "xideal", "xgroup", "cpu", "rss", "endlag", "dups", "x:busiest"},
+		cols:  []string{"wall", "startup", "rate", "xideal", "xgroup", "cpu", "rss", "endlag", "dups", "x:busiest", "x:givenback"},
 		cases: shareCases(t, work, 0),
 		run:   runStandard,
 		notes: append([]string{"ideal = MaxInFlight / 2 ms for one process; share/3 runs 3 × MaxInFlight handlers, so its ×ideal can pass 1."}, shareNotes...),
@@ -103,7 +104,7 @@ func shareZero() *workload {
 	return &workload{
 		name:  "share-zero",
 		desc:  fmt.Sprintf("issue 26: %d records of %d B, 8 partitions, no work, MaxInFlight %d per process; share groups beside a consumer group", n, valueSize, shareConc),
-		cols:  []string{"wall", "startup", "rate", "xgroup", "cpu", "cpupm", "rss", "endlag", "dups", "x:busiest"},
+		cols:  []string{"wall", "startup", "rate", "xgroup", "cpu", "cpupm", "rss", "endlag", "dups", "x:busiest", "x:givenback"},
 		cases: shareCases(t, nil, 0),
 		run:   runStandard,
 		notes: append([]string{"Record i goes to partition i % 8."}, shareNotes...),
@@ -118,7 +119,7 @@ func sharePoison() *workload {
 	w := &workload{
 		name:  "share-poison",
 		desc:  fmt.Sprintf("issue 26: share-io with a poison record every %d (its handler fails after its 2 ms): %d records, 1 partition, MaxInFlight %d per process", every, n, shareConc),
-		cols:  []string{"wall", "startup", "rate", "xideal", "xgroup", "cpu", "rss", "endlag", "dups", "x:poisoned", "x:busiest"},
+		cols:  []string{"wall", "startup", "rate", "xideal", "xgroup", "cpu", "rss", "endlag", "dups", "x:poisoned", "x:busiest", "x:givenback"},
 		cases: shareCases(t, work, every),
 		run:   runStandard,
 		notes: append([]string{
@@ -314,6 +315,10 @@ func startShareProcs(c *caseSpec, tr *ackTracker, newCmd func() *exec.Cmd) (*con
 		exited   []chan struct{}
 		poisoned atomic.Int64
 		perChild = make([]atomic.Int64, c.members)
+		// givenBack sums the members' ShareStats GivenBack (Go members
+		// only: a Java member reports none, and givenBackTold stays false).
+		givenBack     atomic.Int64
+		givenBackTold atomic.Bool
 	)
 	fail := func(err error) {
 		failOnce.Do(func() { con.failErr = err; close(con.failed) })
@@ -382,7 +387,11 @@ func startShareProcs(c *caseSpec, tr *ackTracker, newCmd func() *exec.Cmd) (*con
 					tr.ackedAfter(int(num(1)), time.Duration(num(2)-base))
 				case "FIRST": // FIRST unix-ns
 					tr.setFirst(time.Duration(num(1) - base))
-				case "DONE": // DONE cpu-ns heap-bytes rss-bytes
+				case "DONE": // DONE cpu-ns heap-bytes rss-bytes [given-back]
+					if len(f) > 4 {
+						givenBack.Add(num(4))
+						givenBackTold.Store(true)
+					}
 					mu.Lock()
 					con.ext.cpu += time.Duration(num(1))
 					con.ext.heap += uint64(num(2))
@@ -406,8 +415,12 @@ func startShareProcs(c *caseSpec, tr *ackTracker, newCmd func() *exec.Cmd) (*con
 		for i := range perChild {
 			top = max(top, perChild[i].Load())
 		}
-		return map[string]float64{"poisoned": float64(poisoned.Load()),
+		x := map[string]float64{"poisoned": float64(poisoned.Load()),
 			"busiest": float64(int(100*float64(top)/float64(max(tr.total.Load(), 1)) + 0.5))}
+		if givenBackTold.Load() {
+			x["givenback"] = float64(givenBack.Load())
+		}
+		return x
 	}
 	return con, nil
 }
@@ -498,6 +511,10 @@ func runShareMember(js string) {
 	_ = router.Close()
 	_ = sub.Close()
 	close(stopFlush)
-	emit("DONE %d %d %d", int64(cpu), heap, peakRSS())
+	var givenBack uint64
+	for _, st := range sub.Stats() {
+		givenBack += st.GivenBack
+	}
+	emit("DONE %d %d %d %d", int64(cpu), heap, peakRSS(), givenBack)
 	flush()
 }

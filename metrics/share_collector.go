@@ -24,6 +24,8 @@ import (
 // safeack_share_released_at_close_records_total,
 // safeack_share_redelivered_records_total (received with a delivery count
 // above one), safeack_share_lock_renewals_total,
+// safeack_share_given_back_records_total (released without being handed
+// out: no handler was about to take them),
 // safeack_share_skipped_closing_records_total, safeack_share_ack_errors_total (partition acknowledgements the
 // broker refused) and the gauge safeack_share_max_delivery_count. To
 // register a Collector and a ShareCollector in one registry, tell them apart

@@ -88,7 +88,7 @@ func (s *shareDelivery) Acknowledged(a safeack.ShareAcknowledgement) {
 // safeack.share.records.released_at_close,
 // safeack.share.records.redelivered, safeack.share.ack_errors,
 // safeack.records.skipped (safeack.skip.reason "closing") and
-// safeack.share.lock_renewals. Every series carries messaging.system,
+// safeack.share.lock_renewals and safeack.share.records.given_back. Every series carries messaging.system,
 // messaging.destination.name, messaging.destination.partition.id and
 // messaging.consumer.group.name (the share group), for every partition
 // sub received records of. Unregister the returned Registration before

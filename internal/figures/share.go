@@ -40,7 +40,7 @@ var ShareCounters = []Counter[Share]{
 		Value:    func(s *Share) float64 { return float64(s.Accepted) }},
 	{Prom: "share_released_records_total", OTel: "safeack.share.acknowledgements", Unit: "{message}", Ack: "release",
 		OTelHelp: acknowledgementsHelp,
-		Help:     "Records acknowledged RELEASE (nacked, or unanswered at Close): delivered again.",
+		Help:     "Records acknowledged RELEASE (nacked, unanswered at Close, or given back): delivered again.",
 		Value:    func(s *Share) float64 { return float64(s.Released) }},
 	{Prom: "share_rejected_records_total", OTel: "safeack.share.acknowledgements", Unit: "{message}", Ack: "reject",
 		OTelHelp: acknowledgementsHelp,
@@ -64,4 +64,7 @@ var ShareCounters = []Counter[Share]{
 	{Prom: "share_lock_renewals_total", OTel: "safeack.share.lock_renewals", Unit: "{renewal}",
 		Help:  "Acquisition lock renewals of records whose answer took more than half their lock.",
 		Value: func(s *Share) float64 { return float64(s.LockRenewals) }},
+	{Prom: "share_given_back_records_total", OTel: "safeack.share.records.given_back", Unit: "{message}",
+		Help:  "Records released without being handed out: they waited half their acquisition lock with no handler about to take them. Each cost a delivery attempt.",
+		Value: func(s *Share) float64 { return float64(s.GivenBack) }},
 }

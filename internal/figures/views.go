@@ -64,6 +64,7 @@ type Share struct {
 	DeadLettered, ReleasedAtClose     uint64
 	SkippedClosing, UnmarshalFailures uint64
 	Deferred, LockRenewals, AckErrors uint64
+	GivenBack                         uint64
 }
 
 // Views returns, for each of stats, the view V whose every field is the

@@ -101,6 +101,7 @@ func (sub *Subscription) newDelivery(m *member, r *kgo.Record, fetched, polled t
 		d.lockSpan = deadline.Sub(polled)
 		d.renewAt = polled.Add(d.lockSpan / 2)
 		d.deadline.Store(deadline.UnixNano())
+		m.halfLock = d.lockSpan / 2
 	}
 	return d
 }
@@ -151,7 +152,7 @@ func (sub *Subscription) prepare(d *Delivery) bool {
 	d.msg, d.cancel = msg, cancel
 	if pastMax {
 		sub.logger.Info("Record received past MaxDeliveries; not handed out", d.fields())
-		if sub.cfg.DeadLetter == nil {
+		if sub.cfg.DeadLetter == nil || sub.brokerDLQ != "" {
 			d.giveUp()
 			return false
 		}
@@ -220,18 +221,18 @@ func (d *Delivery) fields() watermill.LogFields {
 func (d *Delivery) watch() {
 	select {
 	case <-d.msg.Acked():
-		<-d.sub.handlers
+		d.sub.freeHandler()
 		if df := d.answer(); df != nil {
 			df.ackedNow()
 			return
 		}
 		d.finish(kgo.AckAccept, Acked)
 	case <-d.msg.Nacked():
-		<-d.sub.handlers
+		d.sub.freeHandler()
 		d.answer()
 		d.nacked()
 	case <-d.done:
-		<-d.sub.handlers
+		d.sub.freeHandler()
 	}
 }
 
@@ -259,7 +260,9 @@ func (d *Delivery) nacked() {
 	d.finish(kgo.AckRelease, Nacked)
 }
 
-// giveUp dead-letters or rejects a record past MaxDeliveries. A failing
+// giveUp rejects a record past MaxDeliveries (for the share group's dead-letter
+// topic at the broker when chooseDeadLetter chose it, or without
+// DeadLetter), or dead-letters it. A failing
 // DeadLetter is tried again, with backoff, while the record stays held
 // (its lock renewed like any unanswered record's), until it succeeds or
 // the subscription stops: released then, a record at the broker's
@@ -268,6 +271,12 @@ func (d *Delivery) nacked() {
 // default limit) every record reaching DeadLetter is at that limit.
 func (d *Delivery) giveUp() {
 	cfg := d.sub.cfg
+	if dlq := d.sub.brokerDLQ; dlq != "" {
+		d.sub.logger.Error("Record reached MaxDeliveries; rejecting it for the share group's dead-letter topic at the broker", nil,
+			d.fields().Add(watermill.LogFields{"dead_letter_topic": dlq}))
+		d.finish(kgo.AckReject, MaxDeliveries)
+		return
+	}
 	if cfg.DeadLetter == nil {
 		d.sub.logger.Error("Record reached MaxDeliveries; rejecting it", nil, d.fields())
 		d.finish(kgo.AckReject, MaxDeliveries)
@@ -332,6 +341,8 @@ func (d *Delivery) finish(status kgo.AckStatus, why Reason) {
 			c.DeadLettered++
 		case ReleasedAtClose:
 			c.ReleasedAtClose++
+		case GivenBack:
+			c.GivenBack++
 		case Skipped:
 			c.SkippedClosing++
 		}

@@ -28,6 +28,7 @@ type Options struct {
 	Members          int
 	MaxDeliveries    int
 	DeadLetter       func(ctx context.Context, msg *message.Message) error
+	DeadLetterTarget DeadLetterTarget
 	OnUnmarshalError func(ctx context.Context, msg *sarama.ConsumerMessage, err error) error
 	InitialOffset    int64
 	AckFlushInterval time.Duration
@@ -37,6 +38,16 @@ type Options struct {
 	Observer Observer
 	Logger   watermill.LoggerAdapter
 }
+
+// DeadLetterTarget is the public ShareDeadLetterTarget, value for value.
+type DeadLetterTarget int
+
+// Dead-letter targets.
+const (
+	DeadLetterAuto DeadLetterTarget = iota
+	DeadLetterBroker
+	DeadLetterClient
+)
 
 // Host is the ShareSubscriber as its subscriptions see it.
 type Host interface {
@@ -88,4 +99,5 @@ const (
 	ReleasedAtClose
 	Skipped     // SkipRevoked: the subscriber was closing
 	LockExpired // its acquisition lock ended before it was handed out: released
+	GivenBack   // it waited half its lock with no handler about to take it: released
 )

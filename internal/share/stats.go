@@ -18,6 +18,7 @@ type Counters struct {
 	UnmarshalFailures               uint64
 	Deferred                        uint64
 	LockRenewals                    uint64
+	GivenBack                       uint64
 	AckErrors                       uint64
 }
 
