@@ -97,21 +97,27 @@ func (chk *commitCheck) assert(t *testing.T) {
 	t.Logf("%d partition commits checked against the table", chk.checked)
 }
 
+// postgresEnv names a PostgreSQL DSN to run TestSinkRebalance against as
+// well (its table is shared by the tests: each counts its own topic's
+// rows).
+const postgresEnv = "SAFEACK_SINK_POSTGRES"
+
 // rig is a broker with a topic of records, and the sink's table.
 type rig struct {
 	c            *kafkatest.Cluster
 	topic, group string
 	db           string
+	postgres     string
 	st           *store // the test's own connection
 	records      int64
 	chk          *commitCheck
 }
 
-func newRig(t *testing.T, partitions, records int) *rig {
+func newRig(t *testing.T, partitions, records int, postgres string) *rig {
 	c := kafkatest.Start(t, kafkatest.Embedded())
-	r := &rig{c: c, topic: c.NewTopic(t, partitions), group: c.NewGroup(t), db: filepath.Join(t.TempDir(), "sink.db"), records: int64(records)}
+	r := &rig{c: c, topic: c.NewTopic(t, partitions), group: c.NewGroup(t), db: filepath.Join(t.TempDir(), "sink.db"), postgres: postgres, records: int64(records)}
 	var err error
-	if r.st, err = openStore(context.Background(), r.db, ""); err != nil {
+	if r.st, err = openStore(context.Background(), r.db, postgres); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.st.Close() })
@@ -152,8 +158,12 @@ func (r *rig) writeLockProbe(t *testing.T) func() bool {
 }
 
 func (r *rig) args(extra ...string) []string {
-	return append([]string{"-brokers", strings.Join(r.c.Brokers(), ","), "-topic", r.topic, "-group", r.group, "-db", r.db,
-		"-session-timeout", "2s", "-stats-every", "0"}, extra...)
+	args := []string{"-brokers", strings.Join(r.c.Brokers(), ","), "-topic", r.topic, "-group", r.group, "-db", r.db,
+		"-session-timeout", "2s", "-stats-every", "0"}
+	if r.postgres != "" {
+		args = append(args, "-postgres", r.postgres)
+	}
+	return append(args, extra...)
 }
 
 // finish waits for a row per record and for the group to commit every
@@ -221,7 +231,7 @@ var closedLine = regexp.MustCompile(`closed: (\d+) rows in the table, (\d+) inse
 // close commits every partition's end.
 func TestSinkKilledMidBatch(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, 4, 2000)
+	r := newRig(t, 4, 2000, "")
 	first := startSink(t, r.args("-batch-size", "100", "-write-delay", "100ms"))
 	kafkatest.WaitFor(t, wait, "the first sink to write 800 rows and commit", func() bool {
 		return r.rows(t) >= 800 && r.chk.count() > 0
@@ -259,10 +269,26 @@ func TestSinkKilledMidBatch(t *testing.T) {
 
 // TestSinkRebalance: two sinks in one process on the same table, the
 // second joining while the first writes and the first closing while the
-// second writes: one row per record, and no commit ahead of the rows.
+// second writes: one row per record, and no commit ahead of the rows. On
+// SQLite, and on PostgreSQL when SAFEACK_SINK_POSTGRES gives a DSN.
 func TestSinkRebalance(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, 4, 2000)
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		testSinkRebalance(t, "")
+	})
+	t.Run("postgres", func(t *testing.T) {
+		dsn := os.Getenv(postgresEnv)
+		if dsn == "" {
+			t.Skip(postgresEnv + " not set")
+		}
+		t.Parallel()
+		testSinkRebalance(t, dsn)
+	})
+}
+
+func testSinkRebalance(t *testing.T, postgres string) {
+	r := newRig(t, 4, 2000, postgres)
 	start := func(extra ...string) (cancel func() error) {
 		cfg, err := parseFlags(r.args(extra...), func(string) string { return "" })
 		if err != nil {
