@@ -118,6 +118,7 @@ func (e *BatchError) Len() int { return len(e.failed) }
 // Err returns the error msg failed with, or nil when e does not name it.
 func (e *BatchError) Err(msg *message.Message) error { return e.failed[msg] }
 
+// Error names how many messages failed, and one of them with its error.
 func (e *BatchError) Error() string {
 	if len(e.failed) == 0 {
 		return "safeack: batch error naming no message"
