@@ -270,7 +270,7 @@ func (b *Batcher) Stats() BatchStats {
 	defer b.mu.Unlock()
 	s := b.stats
 	if b.collecting != nil {
-		s.Collecting = len(b.collecting.entries)
+		s.Collecting = b.live(b.collecting)
 	}
 	s.Waiting, s.Running = len(b.waiting), b.running
 	return s
@@ -422,21 +422,21 @@ func (b *Batcher) release(bt *batch) {
 // still alive, and sets every entry's result.
 func (b *Batcher) run(bt *batch) {
 	msgs := make([]*message.Message, 0, len(bt.entries))
-	var gone []*batchEntry
 	for _, e := range bt.entries {
 		if err := e.msg.Context().Err(); err != nil {
 			e.result = fmt.Errorf("%w: %w", errBatchContextEnded, err)
-			gone = append(gone, e)
 			continue
 		}
 		msgs = append(msgs, e.msg)
 	}
-	b.mu.Lock()
-	b.stats.Batches++
-	b.stats.Messages += int64(len(msgs))
-	b.stats.LastSize = len(msgs)
-	b.stats.MaxSeen = max(b.stats.MaxSeen, len(msgs))
-	b.mu.Unlock()
+	if len(msgs) > 0 {
+		b.mu.Lock()
+		b.stats.Batches++
+		b.stats.Messages += int64(len(msgs))
+		b.stats.LastSize = len(msgs)
+		b.stats.MaxSeen = max(b.stats.MaxSeen, len(msgs))
+		b.mu.Unlock()
+	}
 
 	var err error
 	panicked := false

@@ -155,7 +155,7 @@ func TestBatchPartialFailure(t *testing.T) {
 	log := newBatchLog()
 	bad := po{0, 7}
 	errBad := errors.New("row 7 refused")
-	b := newBatcher(t, safeack.BatchConfig{MaxSize: 20, MaxWait: time.Second}, func(_ context.Context, msgs []*message.Message) error {
+	b := newBatcher(t, safeack.BatchConfig{MaxSize: 20, MaxWait: 2 * time.Second}, func(_ context.Context, msgs []*message.Message) error {
 		log.saw(t, msgs)
 		for _, m := range msgs {
 			if mwOffset(t, m) == bad && log.count(bad) == 1 {
