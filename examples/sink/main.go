@@ -57,6 +57,11 @@ type config struct {
 	statsEvery     time.Duration
 	sessionTimeout time.Duration
 	verbose        bool
+	// -bench: measure instead (bench.go).
+	bench           int
+	benchDir        string
+	benchPerMessage int
+	benchTimeout    time.Duration
 }
 
 func parseFlags(args []string, getenv func(string) string) (config, error) {
@@ -76,6 +81,10 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&cfg.statsEvery, "stats-every", 2*time.Second, "print progress this often (0: never)")
 	fs.DurationVar(&cfg.sessionTimeout, "session-timeout", 10*time.Second, "consumer group session timeout: how long a killed sink holds its partitions")
 	fs.BoolVar(&cfg.verbose, "v", false, "log the subscriber's and router's info lines")
+	fs.IntVar(&cfg.bench, "bench", 0, "measure instead: `N` records into SQLite, per message and in batches, safeack and watermill-kafka (see bench.go)")
+	fs.StringVar(&cfg.benchDir, "bench-dir", os.TempDir(), "-bench: directory of the SQLite files")
+	fs.IntVar(&cfg.benchPerMessage, "bench-per-message", 0, "-bench: records the per-message contenders write (default all: at a few hundred rows/s they take long)")
+	fs.DurationVar(&cfg.benchTimeout, "bench-timeout", 10*time.Minute, "-bench: longest a contender may take")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -85,6 +94,12 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 		}
 	}
 	cfg.produce = *produce
+	if cfg.bench > 0 {
+		cfg.produce = 0 // the bench produces its own
+		if cfg.topic == "events" {
+			cfg.topic = "sink-bench"
+		}
+	}
 	if cfg.produce < 0 {
 		cfg.produce = 0
 		if len(cfg.brokers) == 0 {
@@ -106,7 +121,11 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, cfg, os.Stdout); err != nil {
+	runner := run
+	if cfg.bench > 0 {
+		runner = runBench
+	}
+	if err := runner(ctx, cfg, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "sink:", err)
 		os.Exit(1)
 	}
