@@ -214,8 +214,9 @@ type Batcher struct {
 	stats      BatchStats
 }
 
-// batch is a set of messages run together. Fields are under Batcher.mu
-// until done closes; results and err are written before.
+// batch is a set of messages run together. Its fields are under
+// Batcher.mu; the entries' results are written by the run before done
+// closes.
 type batch struct {
 	entries []*batchEntry
 	pools   map[any]int // messages per hand-out pool
@@ -310,6 +311,11 @@ func (b *Batcher) handle(msg *message.Message) error {
 			}
 			b.mu.Unlock()
 		case <-ctx.Done():
+			select {
+			case <-bt.done: // both at once: the batch's result counts
+				return e.result
+			default:
+			}
 			b.mu.Lock()
 			if !bt.flushed {
 				e.withdrawn = true
