@@ -399,3 +399,42 @@ func TestBatchShare(t *testing.T) {
 	assert.Equal(t, 8, st.MaxSeen)
 	assert.Equal(t, int64(1), st.Failed)
 }
+
+// TestBatchSkipsEndedAssignment: a message whose assignment ended before
+// it reached the batch handler (here held back by a middleware until
+// Close began) is skipped, as SkipRevoked skips it: never written, not
+// committed past, and handled by the group's next member.
+func TestBatchSkipsEndedAssignment(t *testing.T) {
+	t.Parallel()
+	c, topic, group, sub, _ := batchRig(t, 1, func(cfg *safeack.SubscriberConfig) {
+		cfg.MaxInFlight = 3
+		cfg.DrainTimeout = 5 * time.Second
+	})
+	log := newBatchLog()
+	b := newBatcher(t, safeack.BatchConfig{MaxSize: 2, MaxWait: time.Minute}, func(_ context.Context, msgs []*message.Message) error {
+		log.saw(t, msgs)
+		return nil
+	})
+	c.ProduceN(t, topic, 1, 3, nil)
+	h := b.Handler()
+	mwRouter(t, sub, topic, func(msg *message.Message) error {
+		if mwOffset(t, msg).o == 2 {
+			kafkatest.WaitFor(t, mwWait, "the assignment to end", func() bool { return safeack.AssignmentEnded(msg) })
+		}
+		return h(msg)
+	})
+	kafkatest.WaitFor(t, mwWait, "offsets 0 and 1 written", func() bool { return log.count(po{0, 0}) == 1 && log.count(po{0, 1}) == 1 })
+	require.NoError(t, sub.Close())
+	assert.Zero(t, log.count(po{0, 2}), "written after its assignment ended")
+	assert.Equal(t, int64(1), b.Stats().Skipped)
+	assert.Equal(t, int64(2), c.CommittedOffsets(t, group, topic)[0].Offset)
+
+	sub2 := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) { cfg.Ordering = safeack.Unordered })
+	mwRouter(t, sub2, topic, safeack.Batch(safeack.BatchConfig{MaxSize: 1}, func(_ context.Context, msgs []*message.Message) error {
+		log.saw(t, msgs)
+		return nil
+	}))
+	mwWaitCommitted(t, c, group, topic, map[int32]int64{0: 3})
+	assert.Equal(t, 1, log.count(po{0, 2}))
+	assert.Equal(t, 1, log.count(po{0, 0}), "the next member handled a record the first had committed")
+}
