@@ -105,15 +105,17 @@
 //
 // ExampleNewSubscriber, Example_fromWatermillKafka (a migrated application
 // on an embedded broker), Example_routerMiddleware, ExampleDeferredCompletion,
-// ExampleSubscriber_Ready, ExampleSubscriber_Stats, ExampleNewTxnSubscriber
-// and ExampleNewShareSubscriber; the otel package has ExampleNewObserver,
+// ExampleSubscriber_Ready, ExampleSubscriber_Stats, ExampleNewTxnSubscriber,
+// ExampleNewShareSubscriber and ExampleBatch; the otel package has ExampleNewObserver,
 // ExampleObserver_Outputs and ExampleRegisterShareMetrics; the frontier
 // package has the bookkeeping on its own (ExampleTracker,
 // ExampleTracker_AppendWindow, ExampleEncodeTail,
 // ExampleEncodeTail_truncated). The README's first program is
 // examples/first (a router, one handler, Close on SIGINT or SIGTERM). The
 // router_example command (go run ./router_example) runs a router on an
-// embedded broker with a live page of each partition's frontier.
+// embedded broker with a live page of each partition's frontier, and
+// examples/sink (go run ./examples/sink) writes a topic into SQLite or
+// PostgreSQL in batches.
 //
 // # Further documentation
 //
@@ -126,6 +128,8 @@
 //   - docs/share-groups.md: NewShareSubscriber on Kafka 4.2+ share groups
 //   - docs/middleware.md: the middleware chain, dead letters, deferred
 //     completion
+//   - docs/batch.md: Batch, handlers of many messages at once (a database
+//     transaction per batch), and the examples/sink program
 //   - docs/operations.md: connecting, readiness, Stats and metrics,
 //     OpenTelemetry traces and metrics, configuration
 //   - docs/migrating.md: moving from watermill-kafka, every difference

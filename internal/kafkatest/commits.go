@@ -52,6 +52,9 @@ type CommitLog struct {
 	mu      sync.Mutex
 	commits []ObservedCommit
 	changed chan struct{} // closed and replaced on every append
+	// inspect, when set (InspectCommits), is called with each commit
+	// inside the broker's request loop, before it is recorded.
+	inspect func(ObservedCommit)
 }
 
 // commitObservers fans every OffsetCommit request out to the cluster's
@@ -85,6 +88,9 @@ func (c *Cluster) observeCommits() {
 		}
 		oc := observed(kf, r)
 		for l := range c.observers.logs {
+			if l.inspect != nil {
+				l.inspect(oc.clone())
+			}
 			l.record(oc.clone())
 		}
 		return nil, nil, false
@@ -111,6 +117,29 @@ func (c *Cluster) ObserveCommits(tb testing.TB) *CommitLog {
 	// The cluster's control function (see observeCommits) runs inside
 	// kfake's request loop, serially with all other request handling, and
 	// only copies each request into the registered logs.
+	c.observers.mu.Lock()
+	c.observers.logs[l] = struct{}{}
+	c.observers.mu.Unlock()
+	tb.Cleanup(func() {
+		c.observers.mu.Lock()
+		delete(c.observers.logs, l)
+		c.observers.mu.Unlock()
+	})
+	return l
+}
+
+// InspectCommits is ObserveCommits calling inspect with each commit inside
+// the broker's request loop, before the broker handles it: what inspect
+// reads then (a database a consumer writes, say) is at least as new as
+// anything the committing client had done before it sent the request.
+// The broker waits for inspect: keep it quick. It returns nil on a real
+// cluster, as ObserveCommits does.
+func (c *Cluster) InspectCommits(tb testing.TB, inspect func(ObservedCommit)) *CommitLog {
+	tb.Helper()
+	if c.kf == nil {
+		return nil
+	}
+	l := &CommitLog{changed: make(chan struct{}), inspect: inspect}
 	c.observers.mu.Lock()
 	c.observers.logs[l] = struct{}{}
 	c.observers.mu.Unlock()
