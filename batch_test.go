@@ -93,6 +93,17 @@ func batchRig(t *testing.T, partitions int, mod func(*safeack.SubscriberConfig))
 	return c, topic, group, sub, commits
 }
 
+// batchCheckCommits checks every commit the embedded broker saw against the
+// records' batches (none passes a record whose batch had not returned) and
+// that there were some; a real cluster cannot be observed, and the tests'
+// waits for committed offsets stand alone there.
+func batchCheckCommits(t *testing.T, commits *kafkatest.CommitLog, group, topic string, done *doneLog) {
+	t.Helper()
+	if n := mwCheckCommits(t, commits, group, topic, done); commits != nil {
+		assert.Positive(t, n, "commits observed at the broker")
+	}
+}
+
 func newBatcher(t *testing.T, cfg safeack.BatchConfig, fn safeack.BatchFunc) *safeack.Batcher {
 	t.Helper()
 	b, err := safeack.NewBatcher(cfg, fn)
@@ -141,7 +152,7 @@ func TestBatchMaxSizeOne(t *testing.T) {
 	assert.Equal(t, int64(20), st.Batches)
 	assert.Equal(t, int64(20), st.Full)
 	assert.Equal(t, 1, st.MaxSeen)
-	assert.Positive(t, mwCheckCommits(t, commits, group, topic, log.done))
+	batchCheckCommits(t, commits, group, topic, log.done)
 }
 
 // TestBatchPartialFailure: the batch function fails one message of many
@@ -184,7 +195,7 @@ func TestBatchPartialFailure(t *testing.T) {
 	require.Len(t, errs, 1)
 	assert.ErrorIs(t, <-errs, errBad)
 	assert.Equal(t, int64(1), b.Stats().Failed)
-	assert.Positive(t, mwCheckCommits(t, commits, group, topic, log.done))
+	batchCheckCommits(t, commits, group, topic, log.done)
 }
 
 // TestBatchPanic: a batch function that panics fails every message of its
@@ -222,7 +233,7 @@ func TestBatchPanic(t *testing.T) {
 	assert.Equal(t, int64(1), st.Panics)
 	assert.Equal(t, int64(5), st.Failed)
 	assert.Equal(t, int64(2), st.Full, "both batches ran as they held MaxSize")
-	assert.Positive(t, mwCheckCommits(t, commits, group, topic, log.done))
+	batchCheckCommits(t, commits, group, topic, log.done)
 }
 
 // TestBatchNeverReturns: a batch function that never returns holds its
@@ -322,7 +333,7 @@ func TestBatchBoundedByMaxInFlight(t *testing.T) {
 	st := b.Stats()
 	assert.Equal(t, int64(10), st.Bounded)
 	assert.Zero(t, st.Waited)
-	assert.Positive(t, mwCheckCommits(t, commits, group, topic, log.done))
+	batchCheckCommits(t, commits, group, topic, log.done)
 }
 
 // TestBatchFlushedAtClose: a batch still collecting when the subscriber
@@ -348,7 +359,7 @@ func TestBatchFlushedAtClose(t *testing.T) {
 	st := b.Stats()
 	assert.Equal(t, int64(1), st.Batches)
 	assert.Positive(t, st.Ending)
-	assert.Positive(t, mwCheckCommits(t, commits, group, topic, log.done))
+	batchCheckCommits(t, commits, group, topic, log.done)
 }
 
 // TestBatchShare: on a ShareSubscriber, a batch runs once it holds every

@@ -72,7 +72,7 @@ func TestCommitIntervalResolved(t *testing.T) {
 // are observed at the broker.
 func TestCommitIntervalSetsCommitPeriod(t *testing.T) {
 	t.Parallel()
-	c := kafkatest.Start(t)
+	c := kafkatest.Start(t, kafkatest.Embedded()) // the commits' times are read at the broker
 	commits := c.ObserveCommits(t)
 	const window = 4 * time.Second
 	type member struct {
