@@ -51,6 +51,9 @@
 #   SAFEACK_KAFKA_STOP_TIMEOUT     seconds between SIGTERM and SIGKILL (30)
 #   SAFEACK_KAFKA_JVM_OPTS         extra broker JVM flags, space-separated
 #   SAFEACK_KAFKA_EXTRA_PROPS      extra server.properties lines, newline-separated
+#   SAFEACK_KAFKA_LOG_LEVELS       broker loggers to set, space-separated
+#                                  LOGGER=LEVEL words, e.g.
+#                                  org.apache.kafka.server.share.persister=DEBUG
 #   SAFEACK_KAFKA_MVN              maven binary                        (mvn)
 #   SAFEACK_KAFKA_SECURITY         plaintext or sasl_ssl               (plaintext)
 #                                  sasl_ssl: the client listener on PORT is
@@ -606,6 +609,7 @@ log4j.appender.out.layout.ConversionPattern=[%d] %p %m (%c)%n
 log4j.logger.state.change.logger=WARN
 log4j.logger.kafka.log.LogCleaner=WARN
 EOF
+    extra_log_levels >>"$DATA_DIR/log4j.properties"
     cat >"$DATA_DIR/tools-log4j.properties" <<'EOF'
 log4j.rootLogger=WARN, err
 log4j.appender.err=org.apache.log4j.ConsoleAppender
@@ -629,6 +633,7 @@ logger.state.level = WARN
 logger.cleaner.name = kafka.log.LogCleaner
 logger.cleaner.level = WARN
 EOF
+  extra_log_levels >>"$DATA_DIR/log4j2.properties"
   cat >"$DATA_DIR/tools-log4j2.properties" <<'EOF'
 status = warn
 name = safeack-kafka-tools
@@ -640,6 +645,24 @@ appender.err.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
 rootLogger.appenderRef.err.ref = ERR
 EOF
+}
+
+# extra_log_levels prints the broker logger settings SAFEACK_KAFKA_LOG_LEVELS
+# asks for (LOGGER=LEVEL words), in the syntax of this version's logging.
+extra_log_levels() {
+  local words w name level i=0
+  read -r -a words <<<"${SAFEACK_KAFKA_LOG_LEVELS:-}"
+  for w in "${words[@]}"; do
+    [[ "$w" =~ ^([A-Za-z0-9_.$-]+)=([A-Za-z]+)$ ]] ||
+      die "SAFEACK_KAFKA_LOG_LEVELS: '$w' is not LOGGER=LEVEL"
+    name=${BASH_REMATCH[1]} level=${BASH_REMATCH[2]}
+    if [[ "$LOGGING" == reload4j ]]; then
+      printf 'log4j.logger.%s=%s\n' "$name" "$level"
+    else
+      i=$((i + 1))
+      printf 'logger.extra%d.name = %s\nlogger.extra%d.level = %s\n' "$i" "$name" "$i" "$level"
+    fi
+  done
 }
 
 # log_config_flag KIND: the JVM flag that points Log4j at $DATA_DIR's
