@@ -223,6 +223,8 @@ type member struct {
 	// early are the records handed out before a poll returned them
 	// (takeEarly; the member's goroutine only).
 	early map[*kgo.Record]struct{}
+	// assign follows whether the member holds partitions (assignment.go).
+	assign assignWait
 }
 
 // CheckGroups is safeack.CheckShareGroups: whether the cluster at brokers
@@ -352,7 +354,8 @@ func (m *member) run() {
 			m.refusal.Store(&refusal)
 			sub.host.SetPhase(m, sub.topic, ready.Connecting, refusal)
 		} else if m.refusal.Swap(nil) != nil {
-			sub.host.SetPhase(m, sub.topic, ready.Consuming, nil)
+			p, err := m.phase(nil)
+			sub.host.SetPhase(m, sub.topic, p, err)
 		}
 		batch := sub.take(m, fetches.Records(), fetched, renew.C)
 		sub.handOut(m, batch, nil, renew.C)
@@ -758,10 +761,7 @@ func (h readyHook) set(err error) {
 	if r := h.m.refusal.Load(); r != nil && err == nil {
 		err = *r // a heartbeat read, not necessarily accepted
 	}
-	p := ready.Consuming
-	if err != nil {
-		p = ready.Connecting
-	}
+	p, err := h.m.phase(err)
 	sub.host.SetPhase(h.m, sub.topic, p, err)
 }
 
@@ -790,11 +790,14 @@ func (h fetchHook) OnBrokerWrite(meta kgo.BrokerMetadata, key int16, _ int, _, _
 	m.sentMu.Unlock()
 }
 
-func (h fetchHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
+func (h fetchHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
 	if key != int16(kmsg.ShareFetch) {
 		return
 	}
 	m := h.m
+	if err == nil {
+		m.noteFetchAnswered()
+	}
 	m.sentMu.Lock()
 	if sent, ok := m.sent[meta.NodeID]; ok {
 		m.answered[meta.NodeID] = sent
