@@ -145,15 +145,21 @@ func (s *ShareSubscriber) Close() error {
 	return nil
 }
 
-// Ready reports whether every subscription is a member of its share group,
-// as Subscriber.Ready does: nil when every member of every Subscribe call
-// not yet ended had its last share group heartbeat answered, else an error
-// wrapping ErrNotReady that says what each is doing; a member whose
-// heartbeat could not be sent, or whose coordinator cannot be reached, is
-// not ready until a heartbeat is answered again. The broker may hand a
-// new member its partitions a heartbeat later
-// (share.heartbeat.interval.ms, 5 s by default). Before the first Subscribe
-// it reports ErrNotReady, after Close ErrSubscriberClosed. It does no I/O.
+// Ready reports whether every subscription is a member of its share group
+// holding partitions, as Subscriber.Ready does: nil when every member of
+// every Subscribe call not yet ended had its last share group heartbeat
+// answered and has had a share fetch answered (kgo fetches only the
+// partitions the member was assigned), else an error wrapping ErrNotReady
+// that says what each is doing. A member whose heartbeat could not be
+// sent, or whose coordinator cannot be reached, is not ready until a
+// heartbeat is answered again. A new member gets its partitions a
+// heartbeat after it joined (share.heartbeat.interval.ms, 5 s by
+// default), and only once the broker has initialized the group's
+// share-partition state for them: on a cluster where no share group ran
+// before, the broker first creates and loads its share-state topic, which
+// took 2-7 s on a test broker (see docs/share-groups.md); a member still
+// without partitions after 12 s logs it. Before the first Subscribe it
+// reports ErrNotReady, after Close ErrSubscriberClosed. It does no I/O.
 func (s *ShareSubscriber) Ready() error {
 	if s.closed.Load() {
 		return ErrSubscriberClosed

@@ -342,6 +342,10 @@ cmd_start() {
     cmd_stop_all >/dev/null 2>&1 || true
     die "Kafka $KAFKA_VERSION started without share groups (data dir kept: $CDIR)"
   fi
+  if ! wait_share_ready "$(bootstrap)"; then
+    cmd_stop_all >/dev/null 2>&1 || true
+    die "Kafka $KAFKA_VERSION: no share group could consume a record (data dir kept: $CDIR)"
+  fi
   log "Kafka $KAFKA_VERSION cluster ready in $((SECONDS - t0)) s: $(bootstrap); control: $CTL"
   env_line
 }

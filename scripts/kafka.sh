@@ -4,7 +4,8 @@
 # SAFEACK_KAFKA_VERSION names (3.9.x, the last 3.x line, and any 4.x; tested:
 # 3.9.2, 4.1.2, 4.4.0). No Docker, no Kafka tarball: the jars come from Maven
 # Central through Maven (scripts/kafka/pom.xml) and are cached per version.
-# Share groups (KIP-932) are on from 4.2 (start checks it).
+# Share groups (KIP-932) are on from 4.2: start checks it, and waits until a
+# share group consumes a record (see wait_share_ready).
 #
 # Usage: scripts/kafka.sh start|stop|restart|status|fetch|classpath|logs|run CLASS [ARGS...]
 #
@@ -51,6 +52,11 @@
 #   SAFEACK_KAFKA_STOP_TIMEOUT     seconds between SIGTERM and SIGKILL (30)
 #   SAFEACK_KAFKA_JVM_OPTS         extra broker JVM flags, space-separated
 #   SAFEACK_KAFKA_EXTRA_PROPS      extra server.properties lines, newline-separated
+#   SAFEACK_KAFKA_SHARE_PROBE_TIMEOUT  seconds start waits, on 4.2+, for a
+#                                  share group to consume a probe record (120)
+#   SAFEACK_KAFKA_LOG_LEVELS       broker loggers to set, space-separated
+#                                  LOGGER=LEVEL words, e.g.
+#                                  org.apache.kafka.server.share.persister=DEBUG
 #   SAFEACK_KAFKA_MVN              maven binary                        (mvn)
 #   SAFEACK_KAFKA_SECURITY         plaintext or sasl_ssl               (plaintext)
 #                                  sasl_ssl: the client listener on PORT is
@@ -606,6 +612,7 @@ log4j.appender.out.layout.ConversionPattern=[%d] %p %m (%c)%n
 log4j.logger.state.change.logger=WARN
 log4j.logger.kafka.log.LogCleaner=WARN
 EOF
+    extra_log_levels >>"$DATA_DIR/log4j.properties"
     cat >"$DATA_DIR/tools-log4j.properties" <<'EOF'
 log4j.rootLogger=WARN, err
 log4j.appender.err=org.apache.log4j.ConsoleAppender
@@ -629,6 +636,7 @@ logger.state.level = WARN
 logger.cleaner.name = kafka.log.LogCleaner
 logger.cleaner.level = WARN
 EOF
+  extra_log_levels >>"$DATA_DIR/log4j2.properties"
   cat >"$DATA_DIR/tools-log4j2.properties" <<'EOF'
 status = warn
 name = safeack-kafka-tools
@@ -640,6 +648,24 @@ appender.err.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
 rootLogger.appenderRef.err.ref = ERR
 EOF
+}
+
+# extra_log_levels prints the broker logger settings SAFEACK_KAFKA_LOG_LEVELS
+# asks for (LOGGER=LEVEL words), in the syntax of this version's logging.
+extra_log_levels() {
+  local words w name level i=0
+  read -r -a words <<<"${SAFEACK_KAFKA_LOG_LEVELS:-}"
+  for w in "${words[@]}"; do
+    [[ "$w" =~ ^([A-Za-z0-9_.$-]+)=([A-Za-z]+)$ ]] ||
+      die "SAFEACK_KAFKA_LOG_LEVELS: '$w' is not LOGGER=LEVEL"
+    name=${BASH_REMATCH[1]} level=${BASH_REMATCH[2]}
+    if [[ "$LOGGING" == reload4j ]]; then
+      printf 'log4j.logger.%s=%s\n' "$name" "$level"
+    else
+      i=$((i + 1))
+      printf 'logger.extra%d.name = %s\nlogger.extra%d.level = %s\n' "$i" "$name" "$i" "$level"
+    fi
+  done
 }
 
 # log_config_flag KIND: the JVM flag that points Log4j at $DATA_DIR's
@@ -790,6 +816,11 @@ cmd_start() {
     kill_broker "$pid"
     die "Kafka $KAFKA_VERSION started without share groups (data dir kept: $DATA_DIR)"
   fi
+  if ! wait_share_ready "$HOST:$PORT"; then
+    tail_log 20
+    kill_broker "$pid"
+    die "Kafka $KAFKA_VERSION: no share group could consume a record (data dir kept: $DATA_DIR)"
+  fi
 
   log "Kafka $KAFKA_VERSION ($SECURITY) ready in $((SECONDS - t0)) s (pid $pid, log $LOG_FILE)"
   client_env
@@ -824,6 +855,49 @@ check_share_groups() {
     return 1
   fi
   log "share groups on (share.version $level)"
+}
+
+# wait_share_ready BOOTSTRAP: on 4.2+, waits until a share group consumes a
+# record end to end (a throwaway group, safeack-share-probe, on a topic of
+# the same name, through Kafka's own console tools). The first share group
+# a broker serves makes it create and load its share-state topic
+# (__share_group_state); until that is done the group coordinator's
+# attempts to initialize the group's share-partition state fail
+# (COORDINATOR_NOT_AVAILABLE, then COORDINATOR_LOAD_IN_PROGRESS) and are
+# retried with exponential backoff (1, 2, 4, 8, 16 s), while the group's
+# members get no partitions. Measured here: 1.6-7 s on a loaded 2-core
+# machine; tests must not absorb it (docs/testing.md).
+# SAFEACK_KAFKA_SHARE_PROBE_TIMEOUT bounds the wait (s, default 120).
+wait_share_ready() {
+  version_at_least 4 2 || return 0
+  local b=$1 t0=$SECONDS name=safeack-share-probe out login
+  local secs=${SAFEACK_KAFKA_SHARE_PROBE_TIMEOUT:-120}
+  mapfile -t login < <(tool_login --command-config)
+  # The group starts at the log start (the probe record is produced before
+  # it joins) and heartbeats every 0.5 s (the broker's minimum here); its
+  # configs and the record are set up at once (two tool JVMs).
+  run_tool_timeout 60 org.apache.kafka.tools.ConfigCommand --bootstrap-server "$b" "${login[@]}" \
+    --alter --entity-type groups --entity-name "$name" \
+    --add-config share.auto.offset.reset=earliest,share.heartbeat.interval.ms=500 >"$DATA_DIR/probe-config.log" 2>&1 &
+  local config=$!
+  if ! printf 'share probe\n' | run_tool_timeout 60 org.apache.kafka.tools.ConsoleProducer \
+      --bootstrap-server "$b" "${login[@]}" --topic "$name" >"$DATA_DIR/probe-produce.log" 2>&1; then
+    wait "$config" || true
+    log "share probe: producing the probe record failed (see $DATA_DIR/probe-produce.log)"
+    return 1
+  fi
+  if ! wait "$config"; then
+    log "share probe: setting the probe group's configs failed (see $DATA_DIR/probe-config.log)"
+    return 1
+  fi
+  out=$(run_tool_timeout $((secs + 30)) org.apache.kafka.tools.consumer.ConsoleShareConsumer \
+    --bootstrap-server "$b" "${login[@]}" --topic "$name" --group "$name" \
+    --max-messages 1 --timeout-ms $((secs * 1000)) 2>"$DATA_DIR/probe-consume.log") || true
+  if [[ "$out" != *"share probe"* ]]; then
+    log "share probe: the share group consumed nothing within ${secs}s (see $DATA_DIR/probe-consume.log)"
+    return 1
+  fi
+  log "share groups ready: a share group consumed a record $((SECONDS - t0)) s after the probe began"
 }
 
 cmd_stop() {

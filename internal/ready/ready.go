@@ -50,7 +50,8 @@ type Tracker struct {
 
 // Set records the phase of the subscription key, of topic in group (kind
 // says what group: "consumer group" or "share group"), and err, what ended
-// its last connection in Connecting (what fenced it in Fenced).
+// its last connection in Connecting (what fenced it in Fenced; what it
+// waits for in Joining, or nil).
 func (r *Tracker) Set(key any, topic, group, kind string, p Phase, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -113,6 +114,8 @@ func (r *Tracker) Check() (<-chan struct{}, error) {
 		case st.phase == Fenced:
 			why = append(why, fmt.Sprintf("topic %q: stopped: %v", st.topic, st.err))
 			errs = append(errs, st.err)
+		case st.phase == Joining && st.err != nil:
+			why = append(why, fmt.Sprintf("topic %q: joining %s %q: %v", st.topic, st.kind, st.group, st.err))
 		case st.phase == Joining:
 			why = append(why, fmt.Sprintf("topic %q: joining %s %q", st.topic, st.kind, st.group))
 		case st.err != nil:

@@ -9,7 +9,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/safeack/safeack/internal/ready"
 )
 
 // readyHook follows the share group heartbeats for Ready. A heartbeat
@@ -57,10 +56,7 @@ func (h readyHook) set(err error) {
 	if r := h.m.refusal.Load(); r != nil && err == nil {
 		err = *r // a heartbeat read, not necessarily accepted
 	}
-	p := ready.Consuming
-	if err != nil {
-		p = ready.Connecting
-	}
+	p, err := h.m.phase(err)
 	sub.host.SetPhase(h.m, sub.topic, p, err)
 }
 
@@ -89,11 +85,14 @@ func (h fetchHook) OnBrokerWrite(meta kgo.BrokerMetadata, key int16, _ int, _, _
 	m.sentMu.Unlock()
 }
 
-func (h fetchHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, _ error) {
+func (h fetchHook) OnBrokerRead(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
 	if key != int16(kmsg.ShareFetch) {
 		return
 	}
 	m := h.m
+	if err == nil {
+		m.noteFetchAnswered()
+	}
 	m.sentMu.Lock()
 	if sent, ok := m.sent[meta.NodeID]; ok {
 		m.answered[meta.NodeID] = sent

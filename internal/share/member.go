@@ -51,6 +51,8 @@ type member struct {
 	// out (takeEarly) or given back (giveBack) while kgo buffered them.
 	// The member's goroutine only, as are handOuts and halfLock.
 	early map[*kgo.Record]struct{}
+	// assign follows whether the member holds partitions (assignment.go).
+	assign assignWait
 	// handOuts counts the member's recent hand-outs (planLocks);
 	// halfLock is half the lock of the member's last delivery made.
 	handOuts handOutCounter
@@ -90,7 +92,8 @@ func (m *member) run() {
 			m.refusal.Store(&refusal)
 			sub.host.SetPhase(m, sub.topic, ready.Connecting, refusal)
 		} else if m.refusal.Swap(nil) != nil {
-			sub.host.SetPhase(m, sub.topic, ready.Consuming, nil)
+			p, err := m.phase(nil)
+			sub.host.SetPhase(m, sub.topic, p, err)
 		}
 		batch := sub.take(m, fetches.Records(), fetched, renew.C)
 		sub.handOut(m, batch, nil, renew.C)
