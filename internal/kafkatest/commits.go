@@ -110,36 +110,24 @@ func (c *Cluster) CanObserveCommits() bool { return c.kf != nil }
 // RequireEmbedded first.
 func (c *Cluster) ObserveCommits(tb testing.TB) *CommitLog {
 	tb.Helper()
-	if c.kf == nil {
-		return nil
-	}
-	l := &CommitLog{changed: make(chan struct{})}
-	// The cluster's control function (see observeCommits) runs inside
-	// kfake's request loop, serially with all other request handling, and
-	// only copies each request into the registered logs.
-	c.observers.mu.Lock()
-	c.observers.logs[l] = struct{}{}
-	c.observers.mu.Unlock()
-	tb.Cleanup(func() {
-		c.observers.mu.Lock()
-		delete(c.observers.logs, l)
-		c.observers.mu.Unlock()
-	})
-	return l
+	return c.InspectCommits(tb, nil)
 }
 
-// InspectCommits is ObserveCommits calling inspect with each commit inside
-// the broker's request loop, before the broker handles it: what inspect
-// reads then (a database a consumer writes, say) is at least as new as
-// anything the committing client had done before it sent the request.
-// The broker waits for inspect: keep it quick. It returns nil on a real
-// cluster, as ObserveCommits does.
+// InspectCommits is ObserveCommits calling inspect (when not nil) with each
+// commit inside the broker's request loop, before the broker handles it:
+// what inspect reads then (a database a consumer writes, say) is at least
+// as new as anything the committing client had done before it sent the
+// request. The broker waits for inspect: keep it quick. It returns nil on
+// a real cluster, as ObserveCommits does.
 func (c *Cluster) InspectCommits(tb testing.TB, inspect func(ObservedCommit)) *CommitLog {
 	tb.Helper()
 	if c.kf == nil {
 		return nil
 	}
 	l := &CommitLog{changed: make(chan struct{}), inspect: inspect}
+	// The cluster's control function (see observeCommits) runs inside
+	// kfake's request loop, serially with all other request handling, and
+	// only copies each request into the registered logs.
 	c.observers.mu.Lock()
 	c.observers.logs[l] = struct{}{}
 	c.observers.mu.Unlock()
