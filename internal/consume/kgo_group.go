@@ -1,0 +1,328 @@
+package consume
+
+// The consumer group protocol (KIP-848) on franz-go's kgo: the broker's
+// coordinator assigns the partitions and the member reconciles on its own
+// heartbeat, with no group-wide stop. kgo runs the membership and the
+// fetches; the engine-neutral member runs the claims, as it does Sarama's.
+//
+// The member's session lasts as long as the kgo client's membership: each
+// assignment adds claims to it, each revocation ends some, as a cooperative
+// rebalance does in the classic engine. A revoked partition drains and
+// commits inside kgo's OnPartitionsRevoked, which the member acknowledges to
+// the coordinator only once it returns: the next owner starts from that
+// commit. Commits are safeack's own OffsetCommit (kgoSession.Commit), with
+// the member's id and epoch, for the partitions it owns only.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/safeack/safeack/internal/kclient"
+	"github.com/safeack/safeack/internal/partition"
+)
+
+// kgoGroup is one connection's member of a consumer-protocol group.
+type kgoGroup struct {
+	*member
+	sarama sarama.Client // answers clusterReads and lists the starts
+	cl     *kgo.Client
+	sess   *kgoSession
+
+	mu     sync.Mutex
+	claims map[int32]*kgoClaim
+	// from is where kgo fetches each assigned partition from, as the
+	// member's start decided (see assigned); absent: kgo's own choice.
+	from map[int32]int64
+	// claimsDone counts the running claims' goroutines.
+	claimsDone sync.WaitGroup
+}
+
+// consumeGroupKgo runs the subscription's member of a consumer-protocol
+// group until ctx ends or the membership fails.
+func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Client) error {
+	reads := saramaReads{client: client, group: sub.cfg.ConsumerGroup, topic: sub.topic}
+	epochs := &epochClient{connection: kgoConnection(client, sub.cfg.Brokers)}
+	defer epochs.close()
+	g := &kgoGroup{sarama: client, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64)}
+	g.member = &member{sub: sub, ctx: ctx, epochs: epochs, reads: reads, offsets: sessionOffsets{sub: sub, reads: reads}}
+	g.commits = newCommitter(g.member)
+	g.pauser = kgoPauser{g}
+
+	opts, err := kgoConnection(client, sub.cfg.Brokers)()
+	if err != nil {
+		return err
+	}
+	opts = append(opts, kgoGroupOptions(sub.cfg)...)
+	opts = append(opts,
+		kgo.ConsumeTopics(sub.topic),
+		kgo.OnPartitionsAssigned(g.assigned),
+		kgo.AdjustFetchOffsetsFn(g.adjustOffsets),
+		kgo.OnPartitionsRevoked(g.revoked),
+		kgo.OnPartitionsLost(g.lost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("cannot create the consumer-protocol client: %w", err)
+	}
+	g.cl = cl
+	sessCtx, endSess := context.WithCancelCause(ctx)
+	g.sess = newKgoSession(sessCtx, cl, sub.cfg.ConsumerGroup, sub.topic, sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId, sub.logger, sub.logFields)
+	g.commits.begin(g.sess, nil)
+	g.mu.Lock()
+	g.pinned = closedChan
+	g.mu.Unlock()
+
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		g.poll(sessCtx)
+	}()
+	<-ctx.Done()
+	// The subscription stops: every claim drains and the session's final
+	// commit covers them (see member.endSession), before kgo leaves the
+	// group (its revocation then finds no claim).
+	endSess(context.Canceled)
+	g.stopClaims(nil)
+	g.claimsDone.Wait()
+	g.endSession(g.sess, func() bool { return false })
+	g.sess.disownAll()
+	cl.Close()
+	<-polled
+	return nil
+}
+
+// kgoGroupOptions are the kgo options of a consumer-protocol member, from
+// the subscription's options (see SubscriberConfig.GroupProtocol).
+func kgoGroupOptions(cfg *Options) []kgo.Opt {
+	sc := cfg.OverwriteSaramaConfig
+	balancer := kgo.StickyBalancer() // the coordinator's "uniform" assignor
+	if cfg.ServerAssignor == "range" {
+		balancer = kgo.RangeBalancer()
+	}
+	reset := kgo.NewOffset().AtEnd()
+	if sc.Consumer.Offsets.Initial == sarama.OffsetOldest {
+		reset = kgo.NewOffset().AtStart()
+	}
+	opts := []kgo.Opt{
+		kgo.ConsumerGroup(cfg.ConsumerGroup),
+		kgo.ServerSideBalancer(),
+		kgo.Balancers(balancer),
+		kgo.DisableAutoCommit(),
+		kgo.ConsumeResetOffset(reset),
+		kgo.RebalanceTimeout(sc.Consumer.Group.Rebalance.Timeout),
+		kgo.FetchMaxWait(sc.Consumer.MaxWaitTime),
+		kgo.FetchMinBytes(sc.Consumer.Fetch.Min),
+		kgo.FetchMaxPartitionBytes(sc.Consumer.Fetch.Default),
+	}
+	if sc.Consumer.Fetch.Max > 0 {
+		opts = append(opts, kgo.FetchMaxBytes(sc.Consumer.Fetch.Max))
+	}
+	if sc.Consumer.IsolationLevel == sarama.ReadCommitted {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	if id := sc.Consumer.Group.InstanceId; id != "" {
+		opts = append(opts, kgo.InstanceID(id))
+	}
+	return opts
+}
+
+// assigned starts the claims of the partitions the coordinator added: as
+// Sarama's Setup does for a session, their commits are read and checked
+// and the starts of those without one pinned; kgo then fetches from
+// exactly there (adjustOffsets).
+func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][]int32) {
+	parts := slices.Clone(added[g.sub.topic])
+	if len(parts) == 0 || g.sess.Context().Err() != nil {
+		return
+	}
+	slices.Sort(parts)
+	g.sess.own(parts)
+	// A partition paused by its last claim starts again unpaused.
+	g.cl.ResumeFetchPartitions(map[string][]int32{g.sub.topic: parts})
+	g.sub.logger.Debug("Partitions assigned", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
+	committed, readErr := g.reads.Committed(parts)
+	starts, startErrs := g.sub.initialStarts(g.sarama, parts)
+	start, err := g.prepareSession(g.sess, parts, committed, readErr, nil, starts, startErrs)
+	if err != nil {
+		g.sub.logger.Error("Cannot start the assigned partitions' claims", err, g.sub.logFields)
+		start = sessionStart{pinned: closedChan}
+	}
+	g.addClaims(parts, start)
+	from := fetchStarts(parts, start.committed)
+	g.mu.Lock()
+	for _, p := range parts {
+		if off, ok := from[p]; ok {
+			g.from[p] = off
+		} else {
+			delete(g.from, p)
+		}
+		c := newKgoClaim(g.sub.topic, p)
+		g.claims[p] = c
+		start := partition.Start{Offset: 0}
+		if off, ok := from[p]; ok {
+			start = partition.Start{Offset: off, Resolved: true}
+		}
+		g.claimsDone.Add(1)
+		go g.runKgoClaim(c, start)
+	}
+	g.mu.Unlock()
+}
+
+// adjustOffsets has kgo fetch each added partition from where its claim
+// starts (see assigned), without kgo's own truncation check: the member's
+// leader-epoch check runs instead.
+func (g *kgoGroup) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for p := range offsets[g.sub.topic] {
+		if off, ok := g.from[p]; ok {
+			offsets[g.sub.topic][p] = kgo.NewOffset().At(off).WithEpoch(-1)
+		}
+	}
+	return offsets, nil
+}
+
+// revoked drains the revoked partitions' claims and commits their final
+// positions (within DrainTimeout, then the final commit's bound) before
+// kgo acknowledges the revocation to the coordinator.
+func (g *kgoGroup) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	parts := revoked[g.sub.topic]
+	if len(parts) == 0 {
+		return
+	}
+	g.sub.logger.Debug("Partitions revoked", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
+	g.waitClaims(g.stopClaims(parts))
+	g.sess.disown(parts)
+}
+
+// lost ends the claims of partitions the member lost (fenced, or expired
+// at the coordinator): they are another member's now, and nothing more is
+// committed for them.
+func (g *kgoGroup) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	parts := lost[g.sub.topic]
+	if len(parts) == 0 {
+		return
+	}
+	g.sub.logger.Info("Partitions lost; their records are the next owner's", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
+	g.sess.disown(parts)
+	g.waitClaims(g.stopClaims(parts))
+}
+
+// stopClaims closes the feeds of the claims of parts (all when nil) and
+// returns them.
+func (g *kgoGroup) stopClaims(parts []int32) []*kgoClaim {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var stopped []*kgoClaim
+	for p, c := range g.claims {
+		if parts == nil || slices.Contains(parts, p) {
+			c.stop()
+			delete(g.claims, p)
+			stopped = append(stopped, c)
+		}
+	}
+	return stopped
+}
+
+// waitClaims waits for the claims to return: their drain (DrainTimeout)
+// and final commit (finalCommitWait), with a second of slack.
+func (g *kgoGroup) waitClaims(claims []*kgoClaim) {
+	deadline := time.NewTimer(g.sub.cfg.DrainTimeout + g.sub.cfg.finalCommitWait() + time.Second)
+	defer deadline.Stop()
+	for _, c := range claims {
+		select {
+		case <-c.done:
+		case <-deadline.C:
+			g.sub.logger.Error("A revoked partition's claim did not end in time; giving it up", nil,
+				g.sub.logFields.Add(watermill.LogFields{"kafka_partition": c.partition}))
+			return
+		}
+	}
+}
+
+// runKgoClaim runs one claim, as Sarama's ConsumeClaim does.
+func (g *kgoGroup) runKgoClaim(c *kgoClaim, start partition.Start) {
+	defer g.claimsDone.Done()
+	defer close(c.done)
+	defer c.stop() // the feed's goroutine ends
+	if !g.admitClaim(g.sess) {
+		return
+	}
+	defer g.claimReturned()
+	o, run, err := g.claimOrigin(g.sess, c.partition)
+	if !run {
+		if err != nil {
+			g.sub.logger.Error("Cannot start a claim", err, g.sub.logFields.Add(watermill.LogFields{"kafka_partition": c.partition}))
+		}
+		return
+	}
+	if err := g.runClaim(g.sess, c, o, feed{messages: c.out, start: start}); err != nil {
+		g.sub.logger.Error("Claim ended with an error", err, g.sub.logFields.Add(watermill.LogFields{"kafka_partition": c.partition}))
+	}
+}
+
+// poll hands the fetched records to their claims until ctx ends.
+func (g *kgoGroup) poll(ctx context.Context) {
+	for ctx.Err() == nil {
+		fs := g.cl.PollFetches(ctx)
+		if fs.IsClientClosed() {
+			return
+		}
+		fs.EachError(func(topic string, p int32, err error) {
+			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+				return
+			}
+			g.sub.logger.Error("Fetch error", err, g.sub.logFields.Add(watermill.LogFields{"kafka_partition": p}))
+		})
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if fp.Topic != g.sub.topic || len(fp.Records) == 0 {
+				return
+			}
+			g.mu.Lock()
+			c := g.claims[fp.Partition]
+			g.mu.Unlock()
+			if c == nil {
+				return // revoked meanwhile: the next owner fetches them
+			}
+			c.hwm.Store(fp.HighWatermark)
+			msgs := make([]*sarama.ConsumerMessage, len(fp.Records))
+			for i, r := range fp.Records {
+				msgs[i] = consumerMessage(r)
+			}
+			c.push(msgs)
+		})
+	}
+}
+
+// consumerMessage is r as the Sarama-typed Unmarshaler, OrderingKey and
+// OnUnmarshalError take it.
+func consumerMessage(r *kgo.Record) *sarama.ConsumerMessage {
+	m := &sarama.ConsumerMessage{
+		Key: r.Key, Value: r.Value, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+		Timestamp: r.Timestamp,
+	}
+	if len(r.Headers) > 0 {
+		m.Headers = make([]*sarama.RecordHeader, len(r.Headers))
+		for i, h := range r.Headers {
+			m.Headers[i] = &sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value}
+		}
+	}
+	return m
+}
+
+// kgoPauser pauses the fetching of partitions in the kgo client.
+type kgoPauser struct{ g *kgoGroup }
+
+func (p kgoPauser) Pause(tps map[string][]int32)  { p.g.cl.PauseFetchPartitions(tps) }
+func (p kgoPauser) Resume(tps map[string][]int32) { p.g.cl.ResumeFetchPartitions(tps) }
+
+var _ partition.Pauser = kgoPauser{}
+var _ = kclient.CommittedOffset{}
