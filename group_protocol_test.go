@@ -1,13 +1,19 @@
 package safeack_test
 
 import (
+	"context"
 	"errors"
+	"maps"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -101,4 +107,129 @@ func TestConsumerProtocolConfig(t *testing.T) {
 	_, _, err := safeack.NewTxnSubscriber(base(), safeack.TxnConfig{TransactionalID: "tx"}, nil)
 	require.ErrorIs(t, err, safeack.ErrInvalidConfig)
 	require.ErrorContains(t, err, "GroupProtocol")
+}
+
+// finalCommits is an Observer that keeps the partitions of each final
+// commit (an assignment ending: a revocation, Close).
+type finalCommits struct {
+	mu    sync.Mutex
+	ended map[int32]int // partition: final commits seen
+}
+
+func newFinalCommits() *finalCommits { return &finalCommits{ended: make(map[int32]int)} }
+
+func (f *finalCommits) Delivered(ctx context.Context, _ safeack.Delivery) (context.Context, safeack.DeliveryObserver) {
+	return ctx, nil
+}
+
+func (f *finalCommits) Committed(c safeack.CommitEvent) {
+	if !c.Final {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range c.Partitions {
+		f.ended[p.Partition]++
+	}
+}
+
+func (f *finalCommits) partitions() map[int32]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.ended)
+}
+
+// TestGroupProtocolsJoinLeave runs member A while records keep coming, lets
+// member B join, then B closes. Nothing is lost, no commit passes an
+// unacked record, the two never own a partition at once, and B's Close
+// commits what it acked. On the consumer protocol only the partitions that
+// move stop: A ends (final commit) only the partitions B takes, and none
+// when B leaves.
+func TestGroupProtocolsJoinLeave(t *testing.T) {
+	t.Parallel()
+	forProtocols(t, func(t *testing.T, p safeack.GroupProtocol) {
+		const partitions = 6
+		c, topic, group, acks, watch := startWatched(t, partitions)
+		member := func(id string, obs safeack.Observer) *safeack.Subscriber {
+			return newProtocolSubscriber(t, c, group, p, func(cfg *safeack.SubscriberConfig) {
+				cfg.MaxInFlight = 32
+				cfg.Ordering = safeack.Unordered
+				cfg.DrainTimeout = 2 * time.Second
+				cfg.Observer = obs
+				cfg.OverwriteSaramaConfig.ClientID = id
+				cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout = 30 * time.Second
+			})
+		}
+		produce := func() { c.ProduceN(t, topic, partitions, partitions, nil) }
+		keepProducing := func(what string, cond func() bool) {
+			t.Helper()
+			if !waitCond(20*time.Second, func() bool { produce(); return cond() }) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+		handle := func(m *message.Message) {
+			randomDelay(2 * time.Millisecond)
+			acks.ack(m)
+		}
+		aFinal := newFinalCommits()
+		a := member("member-a", aFinal)
+		handleAll(mustSubscribe(t, a, topic), handle)
+		keepProducing("A to own every partition", func() bool { return len(ownedPartitions(a, topic)) == partitions })
+
+		b := member("member-b", nil)
+		handleAll(mustSubscribe(t, b, topic), handle)
+		var bOwns map[int32]safeack.PartitionStats
+		keepProducing("B to own partitions and A the rest", func() bool {
+			aOwns := ownedPartitions(a, topic)
+			bOwns = ownedPartitions(b, topic)
+			if len(bOwns) == 0 || len(aOwns)+len(bOwns) != partitions {
+				return false
+			}
+			for q := range bOwns {
+				if _, both := aOwns[q]; both {
+					return false
+				}
+			}
+			return true
+		})
+		if p == safeack.GroupProtocolConsumer {
+			for q := range aFinal.partitions() {
+				_, moved := bOwns[q]
+				require.True(t, moved, "A ended partition %d, which did not move to B (moved: %v)", q, bOwns)
+			}
+		}
+		afterJoin := aFinal.partitions()
+		require.NotEmpty(t, afterJoin, "A gave partitions to B without a final commit")
+		if p == safeack.GroupProtocolConsumer {
+			requireConsumerGroup(t, c, group)
+		}
+
+		require.NoError(t, b.Close())
+		keepProducing("A to own every partition again", func() bool { return len(ownedPartitions(a, topic)) == partitions })
+		if p == safeack.GroupProtocolConsumer {
+			require.Equal(t, afterJoin, aFinal.partitions(), "A ended partitions when B left")
+		}
+		hwm := c.HighWaterMarks(t, topic)
+		acks.waitAllAcked(t, c, topic, 30*time.Second)
+		watch.waitCommitted(t, hwm, 15*time.Second)
+		require.Positive(t, watch.check(t))
+	})
+}
+
+// requireConsumerGroup checks at the broker that group runs the consumer
+// group protocol (ConsumerGroupDescribe knows only those groups).
+func requireConsumerGroup(t *testing.T, c *kafkatest.Cluster, group string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
+	require.NoError(t, err)
+	defer cl.Close()
+	req := kmsg.NewPtrConsumerGroupDescribeRequest()
+	req.Groups = []string{group}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, cl)
+	require.NoError(t, err)
+	require.Len(t, resp.Groups, 1)
+	require.NoError(t, kerr.ErrorForCode(resp.Groups[0].ErrorCode), "group %s is not a consumer-protocol group", group)
+	require.NotEmpty(t, resp.Groups[0].Members)
 }

@@ -157,23 +157,58 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 	}
 	g.addClaims(parts, start)
 	from := fetchStarts(parts, start.committed)
+	// A commit outside the log (below its start, above its end) is
+	// fetched from Offsets.Initial, as Sarama's claims do
+	// (Consumer.Group.ResetInvalidOffsets); the first record fixes the
+	// claim's start (see fixStart), as it does for theirs.
+	reset := g.outOfRange(from)
 	g.mu.Lock()
 	for _, p := range parts {
+		start := partition.Start{Offset: 0}
+		delete(g.from, p)
 		if off, ok := from[p]; ok {
+			start = partition.Start{Offset: off, Resolved: true}
 			g.from[p] = off
-		} else {
+		}
+		if reset[p] {
 			delete(g.from, p)
+			start = partition.Start{}
+			if off, ok := starts[p]; ok {
+				start.Offset = off
+				g.from[p] = off
+			}
 		}
 		c := newKgoClaim(g.sub.topic, p)
 		g.claims[p] = c
-		start := partition.Start{Offset: 0}
-		if off, ok := from[p]; ok {
-			start = partition.Start{Offset: off, Resolved: true}
-		}
 		g.claimsDone.Add(1)
 		go g.runKgoClaim(c, start)
 	}
 	g.mu.Unlock()
+}
+
+// outOfRange lists the partitions whose fetch start in from lies outside
+// their log. A listing that fails leaves its partitions to kgo, which
+// resets an offset out of range to Offsets.Initial.
+func (g *kgoGroup) outOfRange(from map[int32]int64) map[int32]bool {
+	if len(from) == 0 {
+		return nil
+	}
+	parts := make([]int32, 0, len(from))
+	for p := range from {
+		parts = append(parts, p)
+	}
+	first, _ := kclient.ListOffsets(g.sarama, g.sub.topic, parts, sarama.OffsetOldest)
+	end, _ := kclient.ListOffsets(g.sarama, g.sub.topic, parts, sarama.OffsetNewest)
+	out := make(map[int32]bool)
+	for p, off := range from {
+		if lo, ok := first[p]; ok && off < lo {
+			out[p] = true
+		}
+		if hi, ok := end[p]; ok && off > hi {
+			out[p] = true
+		}
+	}
+	return out
 }
 
 // adjustOffsets has kgo fetch each added partition from where its claim
@@ -325,4 +360,3 @@ func (p kgoPauser) Pause(tps map[string][]int32)  { p.g.cl.PauseFetchPartitions(
 func (p kgoPauser) Resume(tps map[string][]int32) { p.g.cl.ResumeFetchPartitions(tps) }
 
 var _ partition.Pauser = kgoPauser{}
-var _ = kclient.CommittedOffset{}
