@@ -176,6 +176,12 @@ func TestGroupProtocolsJoinLeave(t *testing.T) {
 		handleAll(mustSubscribe(t, a, topic), handle)
 		keepProducing("A to own every partition", func() bool { return len(ownedPartitions(a, topic)) == partitions })
 
+		var aMember string
+		if log := watch.log; log != nil {
+			kafkatest.WaitFor(t, 10*time.Second, "a commit of A", func() bool { return log.Len() > 0 })
+			cs := log.Commits()
+			aMember = cs[len(cs)-1].MemberID
+		}
 		b := member("member-b", nil)
 		handleAll(mustSubscribe(t, b, topic), handle)
 		var bOwns map[int32]safeack.PartitionStats
@@ -196,6 +202,28 @@ func TestGroupProtocolsJoinLeave(t *testing.T) {
 			for q := range aFinal.partitions() {
 				_, moved := bOwns[q]
 				require.True(t, moved, "A ended partition %d, which did not move to B (moved: %v)", q, bOwns)
+			}
+		}
+		if log := watch.log; log != nil {
+			// Once B committed a partition it took, A never commits it
+			// again (its revocation ended with its final commit).
+			bFirst := make(map[int32]time.Time)
+			for _, oc := range log.Commits() {
+				for tp := range oc.Offsets {
+					if _, moved := bOwns[tp.Partition]; !moved || tp.Topic != topic {
+						continue
+					}
+					if first, ok := bFirst[tp.Partition]; oc.MemberID != aMember && (!ok || oc.At.Before(first)) {
+						bFirst[tp.Partition] = oc.At
+					}
+				}
+			}
+			for _, oc := range log.Commits() {
+				for tp := range oc.Offsets {
+					if first, ok := bFirst[tp.Partition]; ok && oc.MemberID == aMember && tp.Topic == topic && oc.At.After(first) {
+						t.Errorf("A committed partition %d at %v, after B took it (B's first commit at %v)", tp.Partition, oc.At, first)
+					}
+				}
 			}
 		}
 		afterJoin := aFinal.partitions()
@@ -232,4 +260,45 @@ func requireConsumerGroup(t *testing.T, c *kafkatest.Cluster, group string) {
 	require.Len(t, resp.Groups, 1)
 	require.NoError(t, kerr.ErrorForCode(resp.Groups[0].ErrorCode), "group %s is not a consumer-protocol group", group)
 	require.NotEmpty(t, resp.Groups[0].Members)
+}
+
+// TestConsumerProtocolRefusedEpochRetried: a commit the coordinator refuses
+// for the member's epoch (STALE_MEMBER_EPOCH: it raced a heartbeat;
+// FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID) is not lost: the member sends it
+// again while it owns the partition, and the group's commits still reach
+// the end of every partition without passing an unacked record.
+func TestConsumerProtocolRefusedEpochRetried(t *testing.T) {
+	t.Parallel()
+	for _, code := range []*kerr.Error{kerr.StaleMemberEpoch, kerr.FencedMemberEpoch, kerr.UnknownMemberID} {
+		t.Run(code.Message, func(t *testing.T) {
+			t.Parallel()
+			const partitions, records = 2, 200
+			c, topic, group, acks, watch := startWatched(t, partitions)
+			c.RequireEmbedded(t)
+			c.ProduceN(t, topic, partitions, records, nil)
+			// The commits of the end of a partition: nothing marked later
+			// sends it again, only the member's retry.
+			hwm := c.HighWaterMarks(t, topic)
+			refused := c.RefuseCommits(group, code.Code, 3, func(rp kmsg.OffsetCommitRequestTopicPartition) bool {
+				return rp.Offset == hwm[rp.Partition]
+			})
+			sub := newProtocolSubscriber(t, c, group, safeack.GroupProtocolConsumer, func(cfg *safeack.SubscriberConfig) {
+				cfg.Ordering = safeack.Unordered
+			})
+			handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) { acks.ack(m) })
+			acks.waitAllAcked(t, c, topic, 30*time.Second)
+			// Read at the broker: the commit watch sees refused commits too.
+			kafkatest.WaitFor(t, 15*time.Second, "the group to hold the end of every partition", func() bool {
+				held := c.CommittedOffsets(t, group, topic)
+				for p, end := range hwm {
+					if held[p].Offset != end {
+						return false
+					}
+				}
+				return true
+			})
+			require.EqualValues(t, 3, refused.Load(), "the coordinator refused fewer commits than asked")
+			require.Positive(t, watch.check(t))
+		})
+	}
 }

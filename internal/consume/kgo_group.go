@@ -27,6 +27,7 @@ import (
 
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
+	"github.com/safeack/safeack/internal/ready"
 )
 
 // kgoGroup is one connection's member of a consumer-protocol group.
@@ -80,6 +81,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	g.pinned = closedChan
 	g.mu.Unlock()
 
+	go g.watchJoined(sessCtx)
 	polled := make(chan struct{})
 	go func() {
 		defer close(polled)
@@ -249,6 +251,27 @@ func (g *kgoGroup) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	g.sub.logger.Info("Partitions lost; their records are the next owner's", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
 	g.sess.disown(parts)
 	g.waitClaims(g.stopClaims(parts))
+	g.sub.setPhase(ready.Joining, nil)
+	go g.watchJoined(g.sess.Context())
+}
+
+// watchJoined tells Ready the member consumes once the coordinator took
+// it in (a member epoch above 0), with or without partitions, as a
+// classic session's start does; until ctx ends.
+func (g *kgoGroup) watchJoined(ctx context.Context) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if _, epoch := g.cl.GroupMetadata(); epoch > 0 {
+			g.sub.setPhase(ready.Consuming, nil)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // stopClaims closes the feeds of the claims of parts (all when nil) and
