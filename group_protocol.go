@@ -25,6 +25,7 @@ const (
 	GroupProtocolConsumer
 )
 
+// String names the protocol as Kafka's group.protocol does.
 func (p GroupProtocol) String() string {
 	switch p {
 	case GroupProtocolClassic:
