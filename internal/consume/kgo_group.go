@@ -96,8 +96,18 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	g.claimsDone.Wait()
 	g.endSession(g.sess, func() bool { return false })
 	g.sess.disownAll()
-	cl.Close()
-	<-polled
+	// Leaving the group waits for the coordinator: not past the
+	// shutdown's deadline (see shutdown).
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		cl.Close()
+	}()
+	select {
+	case <-closed:
+		<-polled
+	case <-g.sub.halt.abandoned:
+	}
 	return nil
 }
 
