@@ -77,6 +77,7 @@ func (t spanCounterTracer) Start(ctx context.Context, name string, opts ...trace
 // consumed record through otelsarama (a "<topic> receive" span per record).
 // No other test of this package touches OpenTelemetry's global provider.
 func TestOTELEnabled(t *testing.T) {
+	skipOnConsumerProtocol(t, "Tracer wraps Sarama's ConsumerGroupHandler, refused with GroupProtocolConsumer")
 	t.Parallel()
 	c := kafkatest.Start(t)
 	topic := c.NewTopic(t, 2)

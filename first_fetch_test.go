@@ -92,6 +92,7 @@ func (stampInterceptor) OnConsume(m *sarama.ConsumerMessage) {
 // delivered record went through them, the first ones too (the early fetch
 // is off: the interceptors see records on the claim).
 func TestFirstRecordsKeepSaramaInterceptors(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's consumer interceptors, refused with GroupProtocolConsumer")
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2)
 	const n = 20

@@ -91,6 +91,8 @@ func (c SubscriberConfig) validateGroupProtocol() error {
 		return fieldError("OverwriteSaramaConfig", "Consumer.Group.Rebalance.GroupStrategies is set: with GroupProtocolConsumer the coordinator assigns; choose its assignor with RemoteAssignor")
 	case len(g.Member.UserData) > 0:
 		return fieldError("OverwriteSaramaConfig", "Consumer.Group.Member.UserData is set: the consumer protocol carries no member user data")
+	case len(c.OverwriteSaramaConfig.Consumer.Interceptors) > 0:
+		return fieldError("OverwriteSaramaConfig", "Consumer.Interceptors is set: with GroupProtocolConsumer the records are fetched by franz-go, not by Sarama's consumer, which runs the interceptors")
 	}
 	return nil
 }

@@ -83,6 +83,10 @@ func TestConsumerProtocolConfig(t *testing.T) {
 			c.OverwriteSaramaConfig = sarama.NewConfig()
 			c.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategySticky()}
 		}, "GroupStrategies"},
+		{"interceptors", func(c *safeack.SubscriberConfig) {
+			c.OverwriteSaramaConfig = sarama.NewConfig()
+			c.OverwriteSaramaConfig.Consumer.Interceptors = []sarama.ConsumerInterceptor{nil}
+		}, "Interceptors"},
 		{"no group", func(c *safeack.SubscriberConfig) { c.ConsumerGroup = "" }, "GroupProtocol"},
 		{"unknown assignor", func(c *safeack.SubscriberConfig) { c.RemoteAssignor = "roundrobin" }, "RemoteAssignor"},
 		{"assignor on classic", func(c *safeack.SubscriberConfig) {

@@ -88,6 +88,7 @@ func waitLeaderLostReported(t *testing.T, sub *safeack.Subscriber, logs errorLog
 // give the added claim up after its retries, which ended the member's
 // session (and so every claim it had) once.
 func TestUnclaimedAddedByCooperativeRebalance(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's cooperative-sticky strategy and claim watch")
 	t.Parallel()
 	for _, f := range leaderFaults {
 		t.Run(f.name, func(t *testing.T) {

@@ -333,6 +333,7 @@ func receive[T any](t *testing.T, ch <-chan T, timeout time.Duration, fatal stri
 // and a read_committed reader of its output topic.
 func startTxnRig(t *testing.T, partitions, records int, opts ...kafkatest.Option) (*kafkatest.Cluster, *txnRig, *outputReader) {
 	t.Helper()
+	skipOnConsumerProtocol(t, "transactions")
 	c := kafkatest.Start(t, opts...)
 	r := newTxnRig(t, c, partitions, records)
 	return c, r, readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)

@@ -37,6 +37,10 @@ type kgoGroup struct {
 	cl     *kgo.Client
 	sess   *kgoSession
 
+	// started closes once cl and sess are set: kgo may call back before
+	// NewClient returns.
+	started chan struct{}
+
 	mu     sync.Mutex
 	claims map[int32]*kgoClaim
 	// from is where kgo fetches each assigned partition from, as the
@@ -52,7 +56,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	reads := saramaReads{client: client, group: sub.cfg.ConsumerGroup, topic: sub.topic}
 	epochs := &epochClient{connection: kgoConnection(client, sub.cfg.Brokers)}
 	defer epochs.close()
-	g := &kgoGroup{sarama: client, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64)}
+	g := &kgoGroup{sarama: client, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
 	g.member = &member{sub: sub, ctx: ctx, epochs: epochs, reads: reads, offsets: sessionOffsets{sub: sub, reads: reads}}
 	g.commits = newCommitter(g.member)
 	g.pauser = kgoPauser{g}
@@ -80,6 +84,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	g.mu.Lock()
 	g.pinned = closedChan
 	g.mu.Unlock()
+	close(g.started)
 
 	go g.watchJoined(sessCtx)
 	polled := make(chan struct{})
@@ -151,6 +156,7 @@ func kgoGroupOptions(cfg *Options) []kgo.Opt {
 // and the starts of those without one pinned; kgo then fetches from
 // exactly there (adjustOffsets).
 func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][]int32) {
+	<-g.started
 	parts := slices.Clone(added[g.sub.topic])
 	if len(parts) == 0 || g.sess.Context().Err() != nil {
 		return
@@ -227,6 +233,7 @@ func (g *kgoGroup) outOfRange(from map[int32]int64) map[int32]bool {
 // starts (see assigned), without kgo's own truncation check: the member's
 // leader-epoch check runs instead.
 func (g *kgoGroup) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	<-g.started
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for p := range offsets[g.sub.topic] {
@@ -241,6 +248,7 @@ func (g *kgoGroup) adjustOffsets(_ context.Context, offsets map[string]map[int32
 // positions (within DrainTimeout, then the final commit's bound) before
 // kgo acknowledges the revocation to the coordinator.
 func (g *kgoGroup) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	<-g.started
 	parts := revoked[g.sub.topic]
 	if len(parts) == 0 {
 		return
@@ -254,6 +262,7 @@ func (g *kgoGroup) revoked(_ context.Context, _ *kgo.Client, revoked map[string]
 // at the coordinator): they are another member's now, and nothing more is
 // committed for them.
 func (g *kgoGroup) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	<-g.started
 	parts := lost[g.sub.topic]
 	if len(parts) == 0 {
 		return
