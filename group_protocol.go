@@ -85,8 +85,8 @@ func (c SubscriberConfig) validateGroupProtocol() error {
 		return moved("Session.Timeout", g.Session.Timeout)
 	case g.Heartbeat.Interval != def.Heartbeat.Interval:
 		return moved("Heartbeat.Interval", g.Heartbeat.Interval)
-	case g.Rebalance.Strategy != nil: //nolint:staticcheck // the deprecated field still selects a strategy
-		return moved("Rebalance.Strategy", g.Rebalance.Strategy.Name()) //nolint:staticcheck // as above
+	case g.Rebalance.Strategy != nil:
+		return moved("Rebalance.Strategy", g.Rebalance.Strategy.Name())
 	case len(g.Rebalance.GroupStrategies) != 1 || g.Rebalance.GroupStrategies[0].Name() != sarama.RangeBalanceStrategyName:
 		return fieldError("OverwriteSaramaConfig", "Consumer.Group.Rebalance.GroupStrategies is set: with GroupProtocolConsumer the coordinator assigns; choose its assignor with RemoteAssignor")
 	case len(g.Member.UserData) > 0:
