@@ -195,6 +195,7 @@ func TestWatermillKafkaContextHelpers(t *testing.T) {
 // safeack's completed tails. No record is lost and no commit, of either
 // member, passes a record not acked before it.
 func TestMixedGroupWithWatermillKafka(t *testing.T) {
+	skipOnConsumerProtocol(t, "watermill-kafka's Sarama members share the group: a classic group")
 	t.Parallel()
 	const partitions = 4
 	c, topic, group, acks, watch := startWatched(t, partitions)

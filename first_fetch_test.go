@@ -25,6 +25,7 @@ import (
 // starts at OffsetOldest with an aborted transaction (its records are
 // delivered at ReadUncommitted, as Sarama delivers them; its marker is not).
 func TestFirstRecordsBeforeSaramasFirstFetch(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's early first fetch")
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 	want := map[po]int{}

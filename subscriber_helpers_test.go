@@ -213,8 +213,9 @@ func skipOnConsumerProtocol(t *testing.T, why string) {
 
 // protocolConfig is testSubscriberConfig on group protocol p. On the
 // consumer protocol the coordinator sets the session timeout and the
-// heartbeat (the embedded broker's are short: see kafkatest.Start), so
-// Sarama's are left at their defaults, as NewSubscriber requires.
+// heartbeat (the embedded broker's are short: see kafkatest.Start) and
+// assigns, so Sarama's settings of them are left at their defaults, as
+// NewSubscriber requires.
 func protocolConfig(c *kafkatest.Cluster, group string, p safeack.GroupProtocol, mod func(*safeack.SubscriberConfig)) safeack.SubscriberConfig {
 	cfg := classicTestConfig(c, group)
 	if group != "" {
@@ -227,9 +228,13 @@ func protocolConfig(c *kafkatest.Cluster, group string, p safeack.GroupProtocol,
 		if cfg.ConsumerGroup == "" {
 			cfg.GroupProtocol = safeack.GroupProtocolClassic
 		} else {
+			// A test's Sarama balance strategy (eager or cooperative)
+			// gives way to the coordinator's assignor: on the consumer
+			// protocol every rebalance is incremental.
 			def := sarama.NewConfig().Consumer.Group
-			cfg.OverwriteSaramaConfig.Consumer.Group.Session.Timeout = def.Session.Timeout
-			cfg.OverwriteSaramaConfig.Consumer.Group.Heartbeat.Interval = def.Heartbeat.Interval
+			g := &cfg.OverwriteSaramaConfig.Consumer.Group
+			g.Session.Timeout, g.Heartbeat.Interval = def.Session.Timeout, def.Heartbeat.Interval
+			g.Rebalance.GroupStrategies, g.Rebalance.Strategy = def.Rebalance.GroupStrategies, nil
 		}
 	}
 	return cfg

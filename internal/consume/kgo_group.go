@@ -25,6 +25,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 	"github.com/safeack/safeack/internal/ready"
@@ -325,7 +326,11 @@ func (g *kgoGroup) waitClaims(claims []*kgoClaim) {
 	}
 }
 
-// runKgoClaim runs one claim, as Sarama's ConsumeClaim does.
+// runKgoClaim runs one claim, as Sarama's ConsumeClaim does. A claim that
+// ends on its own while its partition is still assigned (a truncated log
+// found by the leader-epoch checks: its drain committed the divergence
+// point) starts again from the group's commit, as the classic engine's
+// next session does.
 func (g *kgoGroup) runKgoClaim(c *kgoClaim, start partition.Start) {
 	defer g.claimsDone.Done()
 	defer close(c.done)
@@ -333,17 +338,51 @@ func (g *kgoGroup) runKgoClaim(c *kgoClaim, start partition.Start) {
 	if !g.admitClaim(g.sess) {
 		return
 	}
-	defer g.claimReturned()
 	o, run, err := g.claimOrigin(g.sess, c.partition)
-	if !run {
-		if err != nil {
-			g.sub.logger.Error("Cannot start a claim", err, g.sub.logFields.Add(watermill.LogFields{"kafka_partition": c.partition}))
-		}
-		return
+	if run {
+		err = g.runClaim(g.sess, c, o, feed{messages: c.out, start: start})
 	}
-	if err := g.runClaim(g.sess, c, o, feed{messages: c.out, start: start}); err != nil {
+	g.claimReturned()
+	if err != nil {
 		g.sub.logger.Error("Claim ended with an error", err, g.sub.logFields.Add(watermill.LogFields{"kafka_partition": c.partition}))
 	}
+	select {
+	case <-c.stopped: // revoked, lost or closing
+		return
+	default:
+	}
+	g.restartClaim(c)
+}
+
+// restartClaim starts the claim of c's partition again, fetching from the
+// group's commit, unless the partition was revoked meanwhile.
+func (g *kgoGroup) restartClaim(c *kgoClaim) {
+	c.stop()
+	if !backoff.Wait(g.sess.Context(), g.sub.cfg.retrySleep(), g.sub.host.Closing()) {
+		return
+	}
+	p := c.partition
+	committed, err := g.reads.Committed([]int32{p})
+	start := partition.Start{}
+	if cm, ok := committed[p]; err == nil && ok && cm.Offset >= 0 {
+		start = partition.Start{Offset: cm.Offset, Resolved: true}
+	} else if starts, _ := g.sub.initialStarts(g.sarama, []int32{p}); len(starts) > 0 {
+		start = partition.Start{Offset: starts[p], Resolved: true}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.claims[p] != c || g.sess.Context().Err() != nil {
+		return
+	}
+	if start.Resolved {
+		g.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{g.sub.topic: {p: {Epoch: -1, Offset: start.Offset}}})
+	}
+	g.sub.logger.Info("Starting the claim again from the group's commit", g.sub.logFields.Add(watermill.LogFields{
+		"kafka_partition": p, "start": start.Offset}))
+	next := newKgoClaim(g.sub.topic, p)
+	g.claims[p] = next
+	g.claimsDone.Add(1)
+	go g.runKgoClaim(next, start)
 }
 
 // poll hands the fetched records to their claims until ctx ends.
