@@ -3,6 +3,7 @@ package consume
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/IBM/sarama"
 )
@@ -21,14 +22,29 @@ type kgoClaim struct {
 	out  chan *sarama.ConsumerMessage // the worker's feed; closed when the claim stops
 	done chan struct{}                // closed when the claim's run returned
 
+	// validated is the claim's validated leader epoch (nil: none is
+	// watched): a record of a newer epoch waits until the epoch watch
+	// checked it, as Sarama's records wait for its metadata to name the
+	// new leader.
+	validated atomic.Pointer[func() int32]
+
 	mu      sync.Mutex
-	queue   []*sarama.ConsumerMessage
+	queue   []kgoRecord
 	wake    chan struct{} // capacity 1: the queue grew
 	stopped chan struct{}
 	stopOne sync.Once
 }
 
 var _ groupClaim = (*kgoClaim)(nil)
+
+// kgoRecord is a fetched record and the leader epoch of its batch.
+type kgoRecord struct {
+	msg   *sarama.ConsumerMessage
+	epoch int32
+}
+
+// watching is the feed's watching hook (see feed.watching).
+func (c *kgoClaim) watching(validated func() int32) { c.validated.Store(&validated) }
 
 func newKgoClaim(topic string, p int32) *kgoClaim {
 	c := &kgoClaim{
@@ -47,7 +63,7 @@ func (c *kgoClaim) Partition() int32           { return c.partition }
 func (c *kgoClaim) HighWaterMarkOffset() int64 { return c.hwm.Load() }
 
 // push queues records for the worker. It never blocks.
-func (c *kgoClaim) push(msgs []*sarama.ConsumerMessage) {
+func (c *kgoClaim) push(msgs []kgoRecord) {
 	c.mu.Lock()
 	c.queue = append(c.queue, msgs...)
 	c.mu.Unlock()
@@ -68,9 +84,12 @@ func (c *kgoClaim) feed() {
 		batch := c.queue
 		c.queue = nil
 		c.mu.Unlock()
-		for _, m := range batch {
+		for _, r := range batch {
+			if !c.epochChecked(r.epoch) {
+				return
+			}
 			select {
-			case c.out <- m:
+			case c.out <- r.msg:
 			case <-c.stopped:
 				return
 			}
@@ -79,6 +98,22 @@ func (c *kgoClaim) feed() {
 		case <-c.wake:
 		case <-c.stopped:
 			return
+		}
+	}
+}
+
+// epochChecked waits until the epoch watch validated epoch (at once when
+// none watches). It reports false when the claim stopped first.
+func (c *kgoClaim) epochChecked(epoch int32) bool {
+	for {
+		v := c.validated.Load()
+		if v == nil || (*v)() >= epoch {
+			return true
+		}
+		select {
+		case <-c.stopped:
+			return false
+		case <-time.After(epochWatchEvery):
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package consume
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,8 +32,8 @@ func TestConsumerMessageFromRecord(t *testing.T) {
 // order; stop closes the channel, leaving what was not taken.
 func TestKgoClaimFeed(t *testing.T) {
 	c := newKgoClaim("t", 0)
-	c.push([]*sarama.ConsumerMessage{{Offset: 0}, {Offset: 1}})
-	c.push([]*sarama.ConsumerMessage{{Offset: 2}})
+	c.push([]kgoRecord{{msg: &sarama.ConsumerMessage{Offset: 0}}, {msg: &sarama.ConsumerMessage{Offset: 1}}})
+	c.push([]kgoRecord{{msg: &sarama.ConsumerMessage{Offset: 2}}})
 	for want := int64(0); want < 3; want++ {
 		select {
 		case m := <-c.out:
@@ -41,7 +42,24 @@ func TestKgoClaimFeed(t *testing.T) {
 			t.Fatalf("record %d not fed", want)
 		}
 	}
-	c.push([]*sarama.ConsumerMessage{{Offset: 3}})
+	// A record of a newer leader epoch waits until the watch validated
+	// it.
+	validated := atomic.Int32{}
+	c.watching(validated.Load)
+	c.push([]kgoRecord{{msg: &sarama.ConsumerMessage{Offset: 3}, epoch: 1}})
+	select {
+	case m := <-c.out:
+		t.Fatalf("record %d of an epoch not validated was fed", m.Offset)
+	case <-time.After(100 * time.Millisecond):
+	}
+	validated.Store(1)
+	select {
+	case m := <-c.out:
+		require.EqualValues(t, 3, m.Offset)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the record was not fed once its epoch was validated")
+	}
+	c.push([]kgoRecord{{msg: &sarama.ConsumerMessage{Offset: 4}}})
 	c.stop()
 	deadline := time.After(5 * time.Second)
 	for {

@@ -34,6 +34,7 @@ import (
 // kgoGroup is one connection's member of a consumer-protocol group.
 type kgoGroup struct {
 	*member
+	reads  *kgoReads
 	sarama sarama.Client // answers clusterReads and lists the starts
 	cl     *kgo.Client
 	sess   *kgoSession
@@ -54,10 +55,10 @@ type kgoGroup struct {
 // consumeGroupKgo runs the subscription's member of a consumer-protocol
 // group until ctx ends or the membership fails.
 func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Client) error {
-	reads := saramaReads{client: client, group: sub.cfg.ConsumerGroup, topic: sub.topic}
+	reads := &kgoReads{saramaReads: saramaReads{client: client, group: sub.cfg.ConsumerGroup, topic: sub.topic}, epochs: make(map[int32]int32)}
 	epochs := &epochClient{connection: kgoConnection(client, sub.cfg.Brokers)}
 	defer epochs.close()
-	g := &kgoGroup{sarama: client, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
+	g := &kgoGroup{reads: reads, sarama: client, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
 	g.member = &member{sub: sub, ctx: ctx, epochs: epochs, reads: reads, offsets: sessionOffsets{sub: sub, reads: reads}}
 	g.commits = newCommitter(g.member)
 	g.pauser = kgoPauser{g}
@@ -340,7 +341,7 @@ func (g *kgoGroup) runKgoClaim(c *kgoClaim, start partition.Start) {
 	}
 	o, run, err := g.claimOrigin(g.sess, c.partition)
 	if run {
-		err = g.runClaim(g.sess, c, o, feed{messages: c.out, start: start})
+		err = g.runClaim(g.sess, c, o, feed{messages: c.out, start: start, watching: c.watching})
 	}
 	g.claimReturned()
 	if err != nil {
@@ -409,11 +410,14 @@ func (g *kgoGroup) poll(ctx context.Context) {
 				return // revoked meanwhile: the next owner fetches them
 			}
 			c.hwm.Store(fp.HighWatermark)
-			msgs := make([]*sarama.ConsumerMessage, len(fp.Records))
+			recs := make([]kgoRecord, len(fp.Records))
+			top := int32(-1)
 			for i, r := range fp.Records {
-				msgs[i] = consumerMessage(r)
+				recs[i] = kgoRecord{msg: consumerMessage(r), epoch: r.LeaderEpoch}
+				top = max(top, r.LeaderEpoch)
 			}
-			c.push(msgs)
+			g.reads.sawEpoch(fp.Partition, top)
+			c.push(recs)
 		})
 	}
 }
@@ -441,3 +445,36 @@ func (p kgoPauser) Pause(tps map[string][]int32)  { p.g.cl.PauseFetchPartitions(
 func (p kgoPauser) Resume(tps map[string][]int32) { p.g.cl.ResumeFetchPartitions(tps) }
 
 var _ partition.Pauser = kgoPauser{}
+
+// kgoReads is clusterReads for a consumer-protocol member: through the
+// subscription's Sarama client, but for a partition's leader epoch, which
+// franz-go's fetches find first: the newest epoch of the records fetched
+// (before they are handed to the claim), or Sarama's cached metadata's
+// when newer.
+type kgoReads struct {
+	saramaReads
+	mu     sync.Mutex
+	epochs map[int32]int32
+}
+
+func (r *kgoReads) sawEpoch(p int32, epoch int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if epoch > r.epochs[p] {
+		r.epochs[p] = epoch
+	}
+}
+
+func (r *kgoReads) LeaderEpoch(p int32) (int32, error) {
+	r.mu.Lock()
+	seen, ok := r.epochs[p]
+	r.mu.Unlock()
+	e, err := r.saramaReads.LeaderEpoch(p)
+	if err != nil {
+		if ok {
+			return seen, nil
+		}
+		return e, err
+	}
+	return max(e, seen), nil
+}
