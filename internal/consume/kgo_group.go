@@ -183,6 +183,10 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 	// claim's start (see fixStart), as it does for theirs.
 	reset := g.outOfRange(from)
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.sess.Context().Err() != nil {
+		return // stopping: no claim starts after stopClaims
+	}
 	for _, p := range parts {
 		start := partition.Start{Offset: 0}
 		delete(g.from, p)
@@ -203,7 +207,6 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 		g.claimsDone.Add(1)
 		go g.runKgoClaim(c, start)
 	}
-	g.mu.Unlock()
 }
 
 // outOfRange lists the partitions whose fetch start in from lies outside
