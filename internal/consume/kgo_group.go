@@ -23,7 +23,9 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/safeack/safeack/internal/backoff"
 	"github.com/safeack/safeack/internal/kclient"
@@ -104,11 +106,17 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	g.endSession(g.sess, func() bool { return false })
 	g.sess.disownAll()
 	// Leaving the group waits for the coordinator: not past the
-	// shutdown's deadline (see shutdown).
+	// shutdown's deadline (see shutdown). The leave is sent before the
+	// client closes, so that a static member's instance id is free for
+	// its restart at once.
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)
+		memberID, _ := cl.GroupMetadata()
 		cl.Close()
+		if id := sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId; id != "" {
+			g.leaveStatic(client, memberID, id)
+		}
 	}()
 	select {
 	case <-closed:
@@ -116,6 +124,44 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	case <-g.sub.halt.abandoned:
 	}
 	return nil
+}
+
+// leaveStatic sends a static member's leave (member epoch -2, with its
+// instance id) once its client closed: franz-go's own leave names no
+// instance id, which Kafka refuses (INVALID_REQUEST), and the instance id
+// would stay taken until the member's session expired, refusing the
+// member's restart (UNRELEASED_INSTANCE_ID).
+func (g *kgoGroup) leaveStatic(client sarama.Client, memberID, instanceID string) {
+	if memberID == "" {
+		return
+	}
+	ctx, cancel := g.sub.halt.within(CloseGrace)
+	defer cancel()
+	err := func() error {
+		opts, err := kgoConnection(client, g.sub.cfg.Brokers)()
+		if err != nil {
+			return err
+		}
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		req.Group, req.MemberID, req.MemberEpoch, req.InstanceID = g.sub.cfg.ConsumerGroup, memberID, -2, &instanceID
+		resp, err := req.RequestWith(ctx, cl)
+		if err != nil {
+			return err
+		}
+		if err := kerr.ErrorForCode(resp.ErrorCode); err != nil && !errors.Is(err, kerr.UnknownMemberID) {
+			return err
+		}
+		return nil
+	}()
+	if err != nil {
+		g.sub.logger.Info("Cannot leave the consumer group; the coordinator keeps the instance id until the member's session expires",
+			g.sub.logFields.Add(watermill.LogFields{"err": err.Error(), "instance_id": instanceID}))
+	}
 }
 
 // kgoGroupOptions are the kgo options of a consumer-protocol member, from
