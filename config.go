@@ -63,6 +63,18 @@ type SubscriberConfig struct {
 	// concurrency, and nothing is committed.
 	ConsumerGroup string
 
+	// GroupProtocol is the consumer group protocol the ConsumerGroup runs:
+	// GroupProtocolClassic (the zero value: Sarama's consumer group) or
+	// GroupProtocolConsumer (KIP-848, Kafka 4.0+, on franz-go). See
+	// docs/group-protocols.md for what each Sarama setting means under each.
+	GroupProtocol GroupProtocol
+
+	// RemoteAssignor names the group coordinator's assignor with
+	// GroupProtocolConsumer: RemoteAssignorUniform (the default) or
+	// RemoteAssignorRange. It must be empty with GroupProtocolClassic,
+	// whose assignors are Sarama's (Consumer.Group.Rebalance).
+	RemoteAssignor RemoteAssignor
+
 	// NackResendSleep is how long after a Nack the message is redelivered.
 	// Default 100 ms; NoSleep redelivers at once.
 	NackResendSleep time.Duration
@@ -376,6 +388,9 @@ func (c SubscriberConfig) Validate() error {
 	if err := c.OverwriteSaramaConfig.Validate(); err != nil {
 		return fieldError("OverwriteSaramaConfig", "%v", err)
 	}
+	if err := c.validateGroupProtocol(); err != nil {
+		return err
+	}
 	if c.ConsumerGroup != "" {
 		// Sarama refuses it only when the consumer group is made, after
 		// Subscribe returned: the subscription would reconnect forever.
@@ -422,6 +437,8 @@ func (c *SubscriberConfig) options(logger watermill.LoggerAdapter, defaultTailBu
 		Brokers:               c.Brokers,
 		OverwriteSaramaConfig: c.OverwriteSaramaConfig,
 		ConsumerGroup:         c.ConsumerGroup,
+		ConsumerProtocol:      c.GroupProtocol == GroupProtocolConsumer,
+		ServerAssignor:        string(c.RemoteAssignor),
 		Tracer:                c.Tracer,
 		MaxInFlight:           c.MaxInFlight,
 		DrainTimeout:          c.DrainTimeout,

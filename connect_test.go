@@ -159,6 +159,7 @@ func TestSubscribeUnreachableBroker(t *testing.T) {
 // the group is being joined, ready once the member has its assignment
 // (also an empty one), and not ready again once the broker went away.
 func TestSubscriberReady(t *testing.T) {
+	skipOnConsumerProtocol(t, "it holds the classic JoinGroup")
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 

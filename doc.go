@@ -125,6 +125,8 @@
 //   - docs/start-positions.md: where a partition starts (new groups,
 //     commits out of range, added partitions, no consumer group)
 //   - docs/exactly-once.md: exactly-once Kafka-to-Kafka routers
+//   - docs/group-protocols.md: the classic group protocol or the consumer
+//     group protocol (KIP-848, SubscriberConfig.GroupProtocol)
 //   - docs/share-groups.md: NewShareSubscriber on Kafka 4.2+ share groups
 //   - docs/middleware.md: the middleware chain, dead letters, deferred
 //     completion

@@ -77,6 +77,7 @@ func (t spanCounterTracer) Start(ctx context.Context, name string, opts ...trace
 // consumed record through otelsarama (a "<topic> receive" span per record).
 // No other test of this package touches OpenTelemetry's global provider.
 func TestOTELEnabled(t *testing.T) {
+	skipOnConsumerProtocol(t, "Tracer wraps Sarama's ConsumerGroupHandler, refused with GroupProtocolConsumer")
 	t.Parallel()
 	c := kafkatest.Start(t)
 	topic := c.NewTopic(t, 2)
@@ -194,6 +195,7 @@ func TestWatermillKafkaContextHelpers(t *testing.T) {
 // safeack's completed tails. No record is lost and no commit, of either
 // member, passes a record not acked before it.
 func TestMixedGroupWithWatermillKafka(t *testing.T) {
+	skipOnConsumerProtocol(t, "watermill-kafka's Sarama members share the group: a classic group")
 	t.Parallel()
 	const partitions = 4
 	c, topic, group, acks, watch := startWatched(t, partitions)

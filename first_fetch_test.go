@@ -25,6 +25,7 @@ import (
 // starts at OffsetOldest with an aborted transaction (its records are
 // delivered at ReadUncommitted, as Sarama delivers them; its marker is not).
 func TestFirstRecordsBeforeSaramasFirstFetch(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's early first fetch")
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 	want := map[po]int{}
@@ -92,6 +93,7 @@ func (stampInterceptor) OnConsume(m *sarama.ConsumerMessage) {
 // delivered record went through them, the first ones too (the early fetch
 // is off: the interceptors see records on the claim).
 func TestFirstRecordsKeepSaramaInterceptors(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's consumer interceptors, refused with GroupProtocolConsumer")
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2)
 	const n = 20

@@ -88,6 +88,7 @@ func waitLeaderLostReported(t *testing.T, sub *safeack.Subscriber, logs errorLog
 // give the added claim up after its retries, which ended the member's
 // session (and so every claim it had) once.
 func TestUnclaimedAddedByCooperativeRebalance(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's cooperative-sticky strategy and claim watch")
 	t.Parallel()
 	for _, f := range leaderFaults {
 		t.Run(f.name, func(t *testing.T) {
@@ -204,6 +205,7 @@ func TestUnclaimedLeaderLostWhileConsuming(t *testing.T) {
 // (DrainTimeout + min(max(DrainTimeout, 1 s), 5 s) + 2 s), and the final
 // commit covers every acked record, that one included.
 func TestCloseWhileLeaderLost(t *testing.T) {
+	skipOnConsumerProtocol(t, "it waits for Sarama's error about the leaderless partition")
 	t.Parallel()
 	for _, s := range unclaimedStrategies {
 		t.Run(s.name, func(t *testing.T) {

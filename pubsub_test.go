@@ -34,6 +34,7 @@ type suiteEnv struct {
 	ordering     safeack.Ordering
 	marshaler    kafka.MarshalerUnmarshaler
 	drainTimeout time.Duration // 0: 2 s
+	protocol     safeack.GroupProtocol
 }
 
 func newSuiteEnv(t *testing.T, ordering safeack.Ordering, marshaler kafka.MarshalerUnmarshaler) *suiteEnv {
@@ -41,6 +42,7 @@ func newSuiteEnv(t *testing.T, ordering safeack.Ordering, marshaler kafka.Marsha
 		cluster:   kafkatest.Start(t, kafkatest.WithKfakeOpts(kfake.AllowAutoTopicCreation())),
 		ordering:  ordering,
 		marshaler: marshaler,
+		protocol:  envGroupProtocol,
 	}
 }
 
@@ -59,7 +61,14 @@ func (e *suiteEnv) publisher(t *testing.T) message.Publisher {
 func (e *suiteEnv) subscriber(t *testing.T, group string) message.Subscriber {
 	cfg := e.cluster.SaramaConfig()
 	cfg.Consumer.Return.Errors = true
+	protocol := safeack.GroupProtocolClassic
+	if group != "" && e.protocol == safeack.GroupProtocolConsumer {
+		protocol = e.protocol
+		def := sarama.NewConfig().Consumer.Group
+		cfg.Consumer.Group.Session.Timeout, cfg.Consumer.Group.Heartbeat.Interval = def.Session.Timeout, def.Heartbeat.Interval
+	}
 	sub, err := safeack.NewSubscriber(safeack.SubscriberConfig{
+		GroupProtocol:         protocol,
 		Brokers:               e.cluster.Brokers(),
 		Unmarshaler:           e.marshaler,
 		OverwriteSaramaConfig: cfg,
@@ -106,7 +115,13 @@ func fullSuite(c *kafkatest.Cluster) bool {
 
 // runGroupSuite runs Watermill's universal suite with consumer groups.
 func runGroupSuite(t *testing.T, ordering safeack.Ordering, marshaler kafka.MarshalerUnmarshaler, guaranteedOrder bool) {
+	runGroupSuiteOn(t, envGroupProtocol, ordering, marshaler, guaranteedOrder)
+}
+
+// runGroupSuiteOn is runGroupSuite on group protocol p.
+func runGroupSuiteOn(t *testing.T, p safeack.GroupProtocol, ordering safeack.Ordering, marshaler kafka.MarshalerUnmarshaler, guaranteedOrder bool) {
 	env := newSuiteEnv(t, ordering, marshaler)
+	env.protocol = p
 	pubSub, group := env.constructors()
 	tests.TestPubSub(t, tests.Features{
 		ConsumerGroups:  true,
@@ -119,6 +134,14 @@ func runGroupSuite(t *testing.T, ordering safeack.Ordering, marshaler kafka.Mars
 func TestPubSubUnordered(t *testing.T) {
 	t.Parallel()
 	runGroupSuite(t, safeack.Unordered, kafka.DefaultMarshaler{}, false)
+}
+
+// TestPubSubConsumerProtocol runs the suite (Unordered) on the consumer
+// group protocol (KIP-848) in the default suite; SAFEACK_TEST_GROUP_PROTOCOL
+// runs every variant on it.
+func TestPubSubConsumerProtocol(t *testing.T) {
+	t.Parallel()
+	runGroupSuiteOn(t, safeack.GroupProtocolConsumer, safeack.Unordered, kafka.DefaultMarshaler{}, false)
 }
 
 func TestPubSubByKey(t *testing.T) {

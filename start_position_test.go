@@ -150,7 +150,7 @@ func TestStartPosition(t *testing.T) {
 					name := fmt.Sprintf("auto-commit=%v/tail=%v", autoCommit, tail)
 					t.Run(name, func(t *testing.T) {
 						t.Parallel()
-						runStartCase(t, c, sc, autoCommit, tail)
+						runStartCase(t, c, sc, envGroupProtocol, autoCommit, tail)
 					})
 				}
 			}
@@ -158,7 +158,25 @@ func TestStartPosition(t *testing.T) {
 	}
 }
 
-func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, tail bool) {
+// TestStartPositionConsumerProtocol runs every start case on the consumer
+// group protocol (KIP-848) too, in the default suite: its member resolves
+// and pins the starts as the classic one does (commits with the tail, no
+// auto-commit: the commit loop is the same on both).
+func TestStartPositionConsumerProtocol(t *testing.T) {
+	t.Parallel()
+	for _, sc := range startCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			c := kafkatest.Start(t)
+			if sc.embeddedOnly {
+				c.RequireEmbedded(t)
+			}
+			runStartCase(t, c, sc, safeack.GroupProtocolConsumer, false, true)
+		})
+	}
+}
+
+func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, p safeack.GroupProtocol, autoCommit, tail bool) {
 	var topic string
 	if sc.embeddedOnly {
 		topic = c.NewCompactedTopic(t, 1)
@@ -183,7 +201,7 @@ func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, 
 
 	// Member 1: holds the first record it gets, acks the others.
 	acks := newAckLog()
-	sub1 := newTestSubscriber(t, c, group, configure)
+	sub1 := newProtocolSubscriber(t, c, group, p, configure)
 	// The first message out of the channel is the first handed out: the
 	// partition's lowest offset.
 	held := holdFirst(t, sub1, topic, acks, func(po) bool { return true })
@@ -241,7 +259,7 @@ func runStartCase(t *testing.T, c *kafkatest.Cluster, sc startCase, autoCommit, 
 	// together the members ack every record from the start on.
 	var mu sync.Mutex
 	var before []po
-	sub2 := newTestSubscriber(t, c, group, configure)
+	sub2 := newProtocolSubscriber(t, c, group, p, configure)
 	handleAll(mustSubscribe(t, sub2, topic), func(m *message.Message) {
 		k, _ := msgPO(m)
 		if k.o < first {

@@ -30,20 +30,27 @@ func TestSubscriberCloseWhileHandlersRun(t *testing.T) {
 		name       string
 		autoCommit bool
 		finish     bool // held handlers finish, and ack, once the drain started
+		protocol   safeack.GroupProtocol
 	}{
 		{name: "auto-commit", autoCommit: true},
 		{name: "manual-commit", autoCommit: false},
 		{name: "finishing-during-drain", autoCommit: true, finish: true},
 		{name: "finishing-during-drain-manual-commit", autoCommit: false, finish: true},
+		{name: "consumer-protocol", protocol: safeack.GroupProtocolConsumer},
+		{name: "consumer-protocol-finishing-during-drain", finish: true, protocol: safeack.GroupProtocolConsumer},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			testCloseWhileHandlersRun(t, tc.autoCommit, tc.finish)
+			p := tc.protocol
+			if p == safeack.GroupProtocolClassic {
+				p = envGroupProtocol
+			}
+			testCloseWhileHandlersRun(t, p, tc.autoCommit, tc.finish)
 		})
 	}
 }
 
-func testCloseWhileHandlersRun(t *testing.T, autoCommit, finish bool) {
+func testCloseWhileHandlersRun(t *testing.T, p safeack.GroupProtocol, autoCommit, finish bool) {
 	const (
 		partitions   = 2
 		perPartition = 50
@@ -61,7 +68,7 @@ func testCloseWhileHandlersRun(t *testing.T, autoCommit, finish bool) {
 	c.ProduceN(t, topic, partitions, partitions*perPartition, nil)
 
 	acks, watch := watchCommits(t, c, group, topic)
-	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+	sub := newProtocolSubscriber(t, c, group, p, func(cfg *safeack.SubscriberConfig) {
 		cfg.MaxInFlight = 20
 		cfg.Ordering = safeack.Unordered
 		cfg.DrainTimeout = drainTimeout

@@ -323,6 +323,7 @@ func TestFinalTailRefusedIsRetried(t *testing.T) {
 // Before, both were lost and the partition's next owner handled every
 // record again.
 func TestEagerRevokeFinalCommitRefusedIsRetried(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's eager rebalance")
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 1, kafkatest.Embedded())
 	refused := refuseCommitsPastStart(c, group, kerr.CoordinatorLoadInProgress.Code, 2)
@@ -408,6 +409,7 @@ func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n in
 // Before, the refused commit was dropped and the new owner handled the
 // record acked during the drain again.
 func TestCooperativeRevokeFinalCommitRefusedIsRetried(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's cooperative-sticky strategy")
 	t.Parallel()
 	c := kafkatest.Start(t)
 	c.RequireEmbedded(t)

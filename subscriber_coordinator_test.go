@@ -109,6 +109,7 @@ func (o *coordinatorOutage) joins() []string {
 // orphaned member's session to expire. Nothing acked is lost, no commit
 // passes an unacked record, and Close during an outage returns promptly.
 func TestCoordinatorLossKeepsMemberID(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's rejoin after a coordinator loss")
 	t.Parallel()
 	for _, kind := range []string{"dead", "moved"} {
 		t.Run(kind, func(t *testing.T) {

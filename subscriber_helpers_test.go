@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -172,6 +173,83 @@ func newLoggedSubscriber(t *testing.T, c *kafkatest.Cluster, group string, logge
 // testSubscriberConfig is newTestSubscriber's config: short intervals and
 // timeouts, changed by mod if it is not nil.
 func testSubscriberConfig(c *kafkatest.Cluster, group string, mod func(*safeack.SubscriberConfig)) safeack.SubscriberConfig {
+	return protocolConfig(c, group, envGroupProtocol, mod)
+}
+
+// envGroupProtocol is the group protocol of the suite's consumer groups:
+// SAFEACK_TEST_GROUP_PROTOCOL=consumer runs them on GroupProtocolConsumer
+// (KIP-848), anything else or unset on GroupProtocolClassic.
+var envGroupProtocol = func() safeack.GroupProtocol {
+	if os.Getenv("SAFEACK_TEST_GROUP_PROTOCOL") == "consumer" {
+		return safeack.GroupProtocolConsumer
+	}
+	return safeack.GroupProtocolClassic
+}()
+
+// protocols lists the group protocols a test runs on with forProtocols.
+var protocols = []safeack.GroupProtocol{safeack.GroupProtocolClassic, safeack.GroupProtocolConsumer}
+
+// forProtocols runs test once per group protocol, as subtests named after
+// it: the tests of the properties both engines must keep run on both in
+// the default suite.
+func forProtocols(t *testing.T, test func(t *testing.T, p safeack.GroupProtocol)) {
+	for _, p := range protocols {
+		t.Run(p.String(), func(t *testing.T) {
+			t.Parallel()
+			test(t, p)
+		})
+	}
+}
+
+// skipOnConsumerProtocol skips a test of what only the classic protocol
+// has (Sarama's assignors, its session timeouts, transactions), when the
+// suite runs on the consumer protocol.
+func skipOnConsumerProtocol(t *testing.T, why string) {
+	t.Helper()
+	if envGroupProtocol == safeack.GroupProtocolConsumer {
+		t.Skip("classic group protocol only: " + why)
+	}
+}
+
+// protocolConfig is testSubscriberConfig on group protocol p. On the
+// consumer protocol the coordinator sets the session timeout and the
+// heartbeat (the embedded broker's are short: see kafkatest.Start) and
+// assigns, so Sarama's settings of them are left at their defaults, as
+// NewSubscriber requires.
+func protocolConfig(c *kafkatest.Cluster, group string, p safeack.GroupProtocol, mod func(*safeack.SubscriberConfig)) safeack.SubscriberConfig {
+	cfg := classicTestConfig(c, group)
+	if group != "" {
+		cfg.GroupProtocol = p
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	if cfg.GroupProtocol == safeack.GroupProtocolConsumer {
+		if cfg.ConsumerGroup == "" {
+			cfg.GroupProtocol = safeack.GroupProtocolClassic
+		} else {
+			// A test's Sarama balance strategy (eager or cooperative)
+			// gives way to the coordinator's assignor: on the consumer
+			// protocol every rebalance is incremental.
+			def := sarama.NewConfig().Consumer.Group
+			g := &cfg.OverwriteSaramaConfig.Consumer.Group
+			g.Session.Timeout, g.Heartbeat.Interval = def.Session.Timeout, def.Heartbeat.Interval
+			g.Rebalance.GroupStrategies, g.Rebalance.Strategy = def.Rebalance.GroupStrategies, nil
+		}
+	}
+	return cfg
+}
+
+// newProtocolSubscriber is newTestSubscriber on group protocol p.
+func newProtocolSubscriber(t *testing.T, c *kafkatest.Cluster, group string, p safeack.GroupProtocol, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
+	t.Helper()
+	sub, err := safeack.NewSubscriber(protocolConfig(c, group, p, mod), keptLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+func classicTestConfig(c *kafkatest.Cluster, group string) safeack.SubscriberConfig {
 	sc := c.SaramaConfig()
 	sc.Consumer.Return.Errors = true
 	// Notice rebalances quickly.
@@ -184,9 +262,6 @@ func testSubscriberConfig(c *kafkatest.Cluster, group string, mod func(*safeack.
 		ReconnectRetrySleep:   100 * time.Millisecond,
 		DrainTimeout:          time.Second,
 		CommitInterval:        50 * time.Millisecond,
-	}
-	if mod != nil {
-		mod(&cfg)
 	}
 	return cfg
 }
@@ -263,6 +338,7 @@ func receive[T any](t *testing.T, ch <-chan T, timeout time.Duration, fatal stri
 // and a read_committed reader of its output topic.
 func startTxnRig(t *testing.T, partitions, records int, opts ...kafkatest.Option) (*kafkatest.Cluster, *txnRig, *outputReader) {
 	t.Helper()
+	skipOnConsumerProtocol(t, "transactions")
 	c := kafkatest.Start(t, opts...)
 	r := newTxnRig(t, c, partitions, records)
 	return c, r, readOutputs(t, c, r.out, r.parts, sarama.ReadCommitted)

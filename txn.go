@@ -251,6 +251,8 @@ func (c TxnConfig) withSubscriber(sc *SubscriberConfig) (TxnConfig, *sarama.Conf
 		return c, nil, err
 	}
 	switch {
+	case sc.GroupProtocol == GroupProtocolConsumer:
+		return c, nil, fieldError("SubscriberConfig.GroupProtocol", "GroupProtocolConsumer: transactional mode runs on the classic group protocol only (its TxnOffsetCommit is fenced by Sarama's generation)")
 	case sc.ConsumerGroup == "":
 		return c, nil, fieldError("SubscriberConfig.ConsumerGroup", "required in transactional mode: the offsets committed with the outputs are the group's")
 	case !sc.OverwriteSaramaConfig.Version.IsAtLeast(sarama.V2_5_0_0):

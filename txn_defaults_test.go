@@ -35,6 +35,7 @@ type defaultTxn struct {
 
 func newDefaultTxn(t *testing.T, c *kafkatest.Cluster, partitions int, txnID string, mods ...func(*safeack.SubscriberConfig)) *defaultTxn {
 	t.Helper()
+	skipOnConsumerProtocol(t, "transactions")
 	d := &defaultTxn{c: c, in: c.NewTopic(t, partitions), group: c.NewGroup(t)}
 	logger := testLogger()
 	cfg := safeack.SubscriberConfig{Brokers: c.Brokers(), ConsumerGroup: d.group,

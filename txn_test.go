@@ -64,6 +64,7 @@ func (r *txnRig) subscriber(t *testing.T, txnID string, mod func(*safeack.Subscr
 // loggedSubscriber is subscriber logging to logger.
 func (r *txnRig) loggedSubscriber(t *testing.T, txnID string, logger watermill.LoggerAdapter, mod func(*safeack.SubscriberConfig, *safeack.TxnConfig)) (*safeack.Subscriber, *safeack.TxnPublisher) {
 	t.Helper()
+	skipOnConsumerProtocol(t, "transactions")
 	var tc safeack.TxnConfig
 	cfg := testSubscriberConfig(r.c, r.group, func(cfg *safeack.SubscriberConfig) {
 		cfg.Ordering = safeack.Unordered
@@ -511,6 +512,7 @@ func TestTxnPublishWithoutDelivery(t *testing.T) {
 // Invalid transactional configuration is an error that names the field,
 // and changes nothing: the caller's Sarama configs keep their values.
 func TestTxnConfigErrors(t *testing.T) {
+	skipOnConsumerProtocol(t, "transactions")
 	t.Parallel()
 	c := kafkatest.Start(t)
 	group := c.NewGroup(t)
@@ -601,6 +603,7 @@ func TestTxnConfigErrors(t *testing.T) {
 // The deprecated NewTxnPublisher still makes a plain Subscriber
 // transactional for existing users: exactly one committed output per input.
 func TestTxnPublisherDeprecatedWrapper(t *testing.T) {
+	skipOnConsumerProtocol(t, "transactions")
 	t.Parallel()
 	c := kafkatest.Start(t)
 	r := newTxnRig(t, c, 2, 200)

@@ -114,6 +114,7 @@ func groupGeneration(c *kafkatest.Cluster, group string) int32 {
 // leader's return, in the same session: the group does not rebalance.
 // Every commit covers only acked records.
 func TestUnclaimedLeaderless(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's claim watch (Unclaimed)")
 	t.Parallel()
 	for _, s := range unclaimedStrategies {
 		t.Run(s.name, func(t *testing.T) {
@@ -159,6 +160,7 @@ func TestUnclaimedLeaderless(t *testing.T) {
 // instead of failing it: the group keeps its generation, the partition is
 // reported, and it is consumed once its leader answers.
 func TestUnclaimedLeaderNotAnswering(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's claim watch (Unclaimed)")
 	t.Parallel()
 	for _, s := range unclaimedStrategies {
 		t.Run(s.name, func(t *testing.T) {
@@ -203,6 +205,7 @@ func TestUnclaimedLeaderNotAnswering(t *testing.T) {
 // waits, is reported by its member, and is consumed after its leader's
 // return.
 func TestUnclaimedLeaderlessAtRebalance(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's claim watch (Unclaimed)")
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 	acks, watch := watchCommits(t, c, group, topic)
@@ -246,6 +249,7 @@ func TestUnclaimedLeaderlessAtRebalance(t *testing.T) {
 // timeout) instead of at once. Once the leader answers, the records are
 // handled.
 func TestUnclaimedClaimGivenUp(t *testing.T) {
+	skipOnConsumerProtocol(t, "Sarama's claim watch (Unclaimed)")
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 	acks, watch := watchCommits(t, c, group, topic)

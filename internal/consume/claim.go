@@ -185,6 +185,11 @@ type feed struct {
 	start    partition.Start
 	backfill bool
 	done     chan struct{} // closed by close: the backfill stops
+	// watching, when not nil, is given the claim's validated leader epoch
+	// (see epochWatch.epoch) before the worker runs: an engine whose
+	// records carry their leader epoch holds those of a newer epoch until
+	// the watch checked it.
+	watching func(validated func() int32)
 }
 
 func (f feed) close() {
@@ -225,6 +230,9 @@ func (h *member) runClaim(sess groupSession, claim groupClaim, o origin, f feed)
 		}
 		watch = newEpochWatch(h, a.Marker, claim.Topic(), claim.Partition(), from, o.unchecked)
 		a.Marker, a.LeaderEpoch = watch, watch.epoch
+		if f.watching != nil {
+			f.watching(watch.epoch)
+		}
 	}
 	w, err := h.sub.newWorker(sess.Context(), a)
 	if err != nil {

@@ -35,4 +35,12 @@
 // Sarama's producer: txn.go (the publisher's shared side), txn_committer.go
 // (the committer's life), txn_marker.go, txn_coverage.go, txn_run.go (one
 // transaction), txn_delivery.go and txn_output_topics.go.
+//
+// The second engine is the consumer group protocol (KIP-848) on franz-go's
+// kgo (Options.ConsumerProtocol): kgo_group.go runs the membership and the
+// fetches and hands each assignment's partitions to the member as claims
+// added to one long session (its start prepared as a session's start is),
+// a revocation's claims drained and committed before kgo acknowledges it;
+// kgo_session.go is its groupSession, with safeack's own OffsetCommit
+// carrying the member epoch; kgo_claim.go a claim's feed.
 package consume

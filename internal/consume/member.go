@@ -122,6 +122,44 @@ func (h *member) prepareClaims(claimed []int32, start sessionStart, held map[int
 	h.pinned = start.pinned
 }
 
+// addClaims keeps, beside what an earlier start prepared and no claim took
+// yet, what the start of claims added to a running session found for them
+// (see prepareSession): an engine whose session takes claims one
+// assignment at a time (the consumer protocol's) prepares each assignment
+// as Setup prepares a session. The claims admitted from now on wait for
+// the added starts' commit too.
+func (h *member) addClaims(claimed []int32, start sessionStart) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	added := claimStarts(claimed, start.committed, start.truncated, start.unchecked, nil, nil)
+	if h.starts == nil {
+		h.starts = make(map[int32]claimStart, len(added))
+	}
+	maps.Copy(h.starts, added)
+	h.pinned = bothClosed(h.pinned, start.pinned)
+}
+
+// bothClosed returns a channel closed once a and b are (a nil one counts
+// as closed).
+func bothClosed(a, b <-chan struct{}) <-chan struct{} {
+	switch {
+	case a == nil || a == closedChan:
+		if b == nil {
+			return closedChan
+		}
+		return b
+	case b == nil || b == closedChan:
+		return a
+	}
+	out := make(chan struct{})
+	go func() {
+		<-a
+		<-b
+		close(out)
+	}()
+	return out
+}
+
 // endSession stops the commit loop and commits what the claims ended with. When
 // the subscription stops, this final commit may wait closeCommitWait for
 // the brokers (finalCommitWait at a rebalance); the shutdown deadline then

@@ -19,12 +19,18 @@ type Options struct {
 	// turned off: safeack commits itself, every CommitEvery.
 	OverwriteSaramaConfig *sarama.Config
 	ConsumerGroup         string
-	Tracer                kafka.SaramaTracer
-	MaxInFlight           int
-	DrainTimeout          time.Duration
-	ReconnectRetrySleep   time.Duration
-	TailMetadataBudget    int
-	DisableCompletedTail  bool
+	// ConsumerProtocol: the group runs the consumer group protocol
+	// (KIP-848) on kgo (kgo_group.go) rather than Sarama's classic one;
+	// ServerAssignor names the coordinator's assignor ("uniform" or
+	// "range").
+	ConsumerProtocol     bool
+	ServerAssignor       string
+	Tracer               kafka.SaramaTracer
+	MaxInFlight          int
+	DrainTimeout         time.Duration
+	ReconnectRetrySleep  time.Duration
+	TailMetadataBudget   int
+	DisableCompletedTail bool
 
 	// CommitEvery is the commit interval: Sarama's AutoCommit.Interval
 	// when the caller enabled auto-commit, CommitInterval otherwise.

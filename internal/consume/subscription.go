@@ -168,6 +168,9 @@ func (sub *subscription) consumeOnce(parent context.Context, client sarama.Clien
 	if sub.cfg.ConsumerGroup == "" {
 		return sub.consumePartitions(ctx, client)
 	}
+	if sub.cfg.ConsumerProtocol {
+		return sub.consumeGroupKgo(ctx, client)
+	}
 	return sub.consumeGroup(ctx, client)
 }
 

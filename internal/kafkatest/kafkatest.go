@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,9 @@ const (
 	// EmbeddedSessionTimeout is SaramaConfig's session timeout on the
 	// embedded broker: a killed member is evicted within about this long.
 	EmbeddedSessionTimeout = 3 * time.Second
+	// EmbeddedConsumerHeartbeat is the embedded broker's heartbeat
+	// interval for consumer-protocol groups (KIP-848).
+	EmbeddedConsumerHeartbeat = 250 * time.Millisecond
 	// RealSessionTimeout is SaramaConfig's session timeout on a real cluster,
 	// the smallest a default-configured broker accepts.
 	RealSessionTimeout = 6 * time.Second
@@ -171,6 +175,15 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	kopts := []kfake.Opt{
 		kfake.NumBrokers(o.brokers),
 		kfake.GroupMinSessionTimeout(EmbeddedMinSessionTimeout),
+		// Consumer-protocol (KIP-848) groups: the coordinator sets their
+		// heartbeat and session timeout. A member reconciles an
+		// assignment on its heartbeat, so a short one keeps rebalances
+		// quick; the session is EmbeddedSessionTimeout, as the classic
+		// groups' (see SaramaConfig).
+		kfake.BrokerConfigs(map[string]string{
+			"group.consumer.heartbeat.interval.ms": strconv.Itoa(int(EmbeddedConsumerHeartbeat.Milliseconds())),
+			"group.consumer.session.timeout.ms":    strconv.Itoa(int(EmbeddedSessionTimeout.Milliseconds())),
+		}),
 	}
 	if o.superuser != nil {
 		kopts = append(kopts, kfake.EnableSASL(), kfake.Superuser("PLAIN", o.superuser.user, o.superuser.pass))
