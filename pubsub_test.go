@@ -120,6 +120,9 @@ func runGroupSuite(t *testing.T, ordering safeack.Ordering, marshaler kafka.Mars
 
 // runGroupSuiteOn is runGroupSuite on group protocol p.
 func runGroupSuiteOn(t *testing.T, p safeack.GroupProtocol, ordering safeack.Ordering, marshaler kafka.MarshalerUnmarshaler, guaranteedOrder bool) {
+	if p == safeack.GroupProtocolConsumer {
+		requireConsumerProtocol(t)
+	}
 	env := newSuiteEnv(t, ordering, marshaler)
 	env.protocol = p
 	pubSub, group := env.constructors()

@@ -164,6 +164,7 @@ func TestStartPosition(t *testing.T) {
 // auto-commit: the commit loop is the same on both).
 func TestStartPositionConsumerProtocol(t *testing.T) {
 	t.Parallel()
+	requireConsumerProtocol(t)
 	for _, sc := range startCases() {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()

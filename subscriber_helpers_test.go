@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -164,7 +165,11 @@ func newTestSubscriber(t *testing.T, c *kafkatest.Cluster, group string, mod fun
 // newLoggedSubscriber is newTestSubscriber logging to logger.
 func newLoggedSubscriber(t *testing.T, c *kafkatest.Cluster, group string, logger watermill.LoggerAdapter, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
 	t.Helper()
-	sub, err := safeack.NewSubscriber(testSubscriberConfig(c, group, mod), logger)
+	cfg := testSubscriberConfig(c, group, mod)
+	if cfg.GroupProtocol == safeack.GroupProtocolConsumer {
+		requireConsumerProtocol(t)
+	}
+	sub, err := safeack.NewSubscriber(cfg, logger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub
@@ -196,8 +201,26 @@ func forProtocols(t *testing.T, test func(t *testing.T, p safeack.GroupProtocol)
 	for _, p := range protocols {
 		t.Run(p.String(), func(t *testing.T) {
 			t.Parallel()
+			if p == safeack.GroupProtocolConsumer {
+				requireConsumerProtocol(t)
+			}
 			test(t, p)
 		})
+	}
+}
+
+// requireConsumerProtocol skips a test on the consumer group protocol when
+// the real broker the suite runs against is older than Kafka 4.0, which
+// has no KIP-848 (franz-go would fall back to the classic protocol there).
+// The embedded broker speaks it.
+func requireConsumerProtocol(t *testing.T) {
+	t.Helper()
+	if os.Getenv("SAFEACK_KAFKA_BROKERS") == "" {
+		return
+	}
+	v, err := sarama.ParseKafkaVersion(strings.TrimSpace(os.Getenv(kafkatest.EnvVersion)))
+	if err == nil && !v.IsAtLeast(sarama.V4_0_0_0) {
+		t.Skipf("the consumer group protocol (KIP-848) needs Kafka 4.0+; the broker is %v", v)
 	}
 }
 
@@ -243,7 +266,11 @@ func protocolConfig(c *kafkatest.Cluster, group string, p safeack.GroupProtocol,
 // newProtocolSubscriber is newTestSubscriber on group protocol p.
 func newProtocolSubscriber(t *testing.T, c *kafkatest.Cluster, group string, p safeack.GroupProtocol, mod func(*safeack.SubscriberConfig)) *safeack.Subscriber {
 	t.Helper()
-	sub, err := safeack.NewSubscriber(protocolConfig(c, group, p, mod), keptLogger(t))
+	cfg := protocolConfig(c, group, p, mod)
+	if cfg.GroupProtocol == safeack.GroupProtocolConsumer {
+		requireConsumerProtocol(t)
+	}
+	sub, err := safeack.NewSubscriber(cfg, keptLogger(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub
