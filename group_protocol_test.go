@@ -10,10 +10,13 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
@@ -305,4 +308,24 @@ func TestConsumerProtocolRefusedEpochRetried(t *testing.T) {
 			require.Positive(t, watch.check(t))
 		})
 	}
+}
+
+// TestConsumerProtocolNeedsKafka4: on a cluster that does not run the
+// consumer group protocol (an embedded broker answering as Kafka 3.9, which
+// serves ConsumerGroupHeartbeat as an early access but has no group.version
+// feature), Subscribe with GroupProtocolConsumer fails with an error that
+// says so, instead of running on the classic protocol franz-go would fall
+// back to.
+func TestConsumerProtocolNeedsKafka4(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t, kafkatest.Embedded(), kafkatest.WithKfakeOpts(kfake.MaxVersions(kversion.V3_9_0())))
+	topic := c.NewTopic(t, 1)
+	sub, err := safeack.NewSubscriber(protocolConfig(c, c.NewGroup(t), safeack.GroupProtocolConsumer, func(cfg *safeack.SubscriberConfig) {
+		cfg.OverwriteSaramaConfig.Version = sarama.V3_9_0_0
+	}), keptLogger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	_, err = sub.Subscribe(t.Context(), topic)
+	require.ErrorIs(t, err, safeack.ErrInvalidConfig)
+	assert.ErrorContains(t, err, "KIP-848")
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/partition"
 	"github.com/safeack/safeack/internal/ready"
+	"github.com/safeack/safeack/internal/sentinel"
 )
 
 // kgoGroup is one connection's member of a consumer-protocol group.
@@ -526,4 +527,50 @@ func (r *kgoReads) LeaderEpoch(p int32) (int32, error) {
 		return e, err
 	}
 	return max(e, seen), nil
+}
+
+// checkConsumerProtocol fails when the cluster does not run the consumer
+// group protocol (KIP-848, generally available from Kafka 4.0): franz-go
+// would otherwise fall back to the classic protocol without a word, and
+// the subscription would run on a protocol its config did not ask for. The
+// request alone does not tell (Kafka 3.7-3.9 serve ConsumerGroupHeartbeat
+// as an early access); the group.version feature does, where the cluster
+// lists its finalized features.
+func (sub *subscription) checkConsumerProtocol(ctx context.Context, client sarama.Client) error {
+	if !sub.cfg.ConsumerProtocol || sub.cfg.ConsumerGroup == "" {
+		return nil
+	}
+	opts, err := kgoConnection(client, sub.cfg.Brokers)()
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("cannot create the consumer-protocol client: %w", err)
+	}
+	defer cl.Close()
+	net := client.Config().Net
+	ctx, cancel := context.WithTimeout(ctx, net.DialTimeout+net.ReadTimeout)
+	defer cancel()
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("asking the broker which requests it serves (GroupProtocolConsumer): %w", err)
+	}
+	served := false
+	for _, k := range resp.ApiKeys {
+		served = served || k.ApiKey == int16(kmsg.ConsumerGroupHeartbeat)
+	}
+	level := int16(-1) // unknown: the cluster lists no finalized feature
+	for _, f := range resp.FinalizedFeatures {
+		if level < 0 {
+			level = 0
+		}
+		if f.Name == "group.version" {
+			level = f.MaxVersionLevel
+		}
+	}
+	if !served || level == 0 {
+		return fmt.Errorf("%w: GroupProtocol is GroupProtocolConsumer, but the cluster does not run the consumer group protocol (KIP-848: ConsumerGroupHeartbeat served %v, group.version %d; Kafka 4.0+): use GroupProtocolClassic", sentinel.ErrInvalidConfig, served, level)
+	}
+	return nil
 }

@@ -64,6 +64,9 @@ func Start(ctx context.Context, opts *Options, host Host, topic string, txn *Txn
 		err = sub.checkGroupAccess(client)
 	}
 	if err == nil {
+		err = sub.checkConsumerProtocol(ctx, client)
+	}
+	if err == nil {
 		err = sub.checkTailBudget(client)
 	}
 	if err == nil {
