@@ -96,18 +96,18 @@ func setShareAutoOffsetReset(ctx context.Context, client *kgo.Client, group stri
 // dead-letter topic at the broker (KIP-1191, Kafka 4.4).
 const deadLetterTopicConfig = "errors.deadletterqueue.topic.name"
 
-// groupDeadLetterTopic returns the dead-letter topic group names at the
-// broker, "" when it names none (or the broker knows no such config).
-func groupDeadLetterTopic(ctx context.Context, client *kgo.Client, group string) (string, error) {
+// describeConfig reads one config of one resource (nil: not set, or
+// unknown to the broker); what names the resource in errors.
+func describeConfig(ctx context.Context, client *kgo.Client, kind kmsg.ConfigResourceType, name, config, what string) (*string, error) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	res := kmsg.NewDescribeConfigsRequestResource()
-	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
-	res.ResourceName = group
-	res.ConfigNames = []string{deadLetterTopicConfig}
+	res.ResourceType = kind
+	res.ResourceName = name
+	res.ConfigNames = []string{config}
 	req.Resources = append(req.Resources, res)
 	resp, err := req.RequestWith(ctx, client)
 	if err != nil {
-		return "", fmt.Errorf("describing the group's config %s: %w", deadLetterTopicConfig, err)
+		return nil, fmt.Errorf("describing %s: %w", what, err)
 	}
 	for _, r := range resp.Resources {
 		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
@@ -115,15 +115,25 @@ func groupDeadLetterTopic(ctx context.Context, client *kgo.Client, group string)
 			if r.ErrorMessage != nil {
 				msg = ": " + *r.ErrorMessage
 			}
-			return "", fmt.Errorf("describing the group's config %s: %w%s", deadLetterTopicConfig, err, msg)
+			return nil, fmt.Errorf("describing %s: %w%s", what, err, msg)
 		}
 		for _, c := range r.Configs {
-			if c.Name == deadLetterTopicConfig && c.Value != nil {
-				return *c.Value, nil
+			if c.Name == config && c.Value != nil {
+				return c.Value, nil
 			}
 		}
 	}
-	return "", nil
+	return nil, nil
+}
+
+// groupDeadLetterTopic returns the dead-letter topic group names at the
+// broker, "" when it names none (or the broker knows no such config).
+func groupDeadLetterTopic(ctx context.Context, client *kgo.Client, group string) (string, error) {
+	v, err := describeConfig(ctx, client, kmsg.ConfigResourceTypeGroupConfig, group, deadLetterTopicConfig, "the group's config "+deadLetterTopicConfig)
+	if err != nil || v == nil {
+		return "", err
+	}
+	return *v, nil
 }
 
 // deadLetterEnableConfig is the topic config that lets share groups
@@ -134,27 +144,14 @@ const deadLetterEnableConfig = "errors.deadletterqueue.group.enable"
 // checkDeadLetterTopic fails unless topic exists and lets share groups
 // write their dead-letter records to it.
 func checkDeadLetterTopic(ctx context.Context, client *kgo.Client, topic string) error {
-	req := kmsg.NewPtrDescribeConfigsRequest()
-	res := kmsg.NewDescribeConfigsRequestResource()
-	res.ResourceType = kmsg.ConfigResourceTypeTopic
-	res.ResourceName = topic
-	res.ConfigNames = []string{deadLetterEnableConfig}
-	req.Resources = append(req.Resources, res)
-	resp, err := req.RequestWith(ctx, client)
+	v, err := describeConfig(ctx, client, kmsg.ConfigResourceTypeTopic, topic, deadLetterEnableConfig, fmt.Sprintf("the dead-letter topic %q", topic))
 	if err != nil {
-		return fmt.Errorf("describing the dead-letter topic %q: %w", topic, err)
+		return err
 	}
-	for _, r := range resp.Resources {
-		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			return fmt.Errorf("describing the dead-letter topic %q: %w", topic, err)
-		}
-		for _, c := range r.Configs {
-			if c.Name == deadLetterEnableConfig && c.Value != nil && *c.Value == "true" {
-				return nil
-			}
-		}
+	if v == nil || *v != "true" {
+		return fmt.Errorf("the dead-letter topic %q does not have %s=true: the broker would archive rejected records without writing them", topic, deadLetterEnableConfig)
 	}
-	return fmt.Errorf("the dead-letter topic %q does not have %s=true: the broker would archive rejected records without writing them", topic, deadLetterEnableConfig)
+	return nil
 }
 
 // chooseDeadLetter decides where the subscription's records past
