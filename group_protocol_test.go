@@ -255,7 +255,7 @@ func TestGroupProtocolsJoinLeave(t *testing.T) {
 // group protocol (ConsumerGroupDescribe knows only those groups).
 func requireConsumerGroup(t *testing.T, c *kafkatest.Cluster, group string) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers()...))
+	cl, err := kgo.NewClient(append(c.KgoOpts(), kgo.SeedBrokers(c.Brokers()...))...)
 	require.NoError(t, err)
 	defer cl.Close()
 	req := kmsg.NewPtrConsumerGroupDescribeRequest()
