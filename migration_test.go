@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -46,14 +48,14 @@ import (
 // round trip runs on a real Kafka only.
 func TestGroupProtocolMigration(t *testing.T) {
 	t.Parallel()
-	t.Run("upgrade", func(t *testing.T) {
-		t.Parallel()
-		runMigration(t, false)
-	})
-	t.Run("round trip", func(t *testing.T) {
-		t.Parallel()
-		runMigration(t, true)
-	})
+	for _, back := range []bool{false, true} {
+		t.Run(map[bool]string{false: "upgrade", true: "round trip"}[back], func(t *testing.T) {
+			t.Parallel()
+			kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperative bool) {
+				runMigration(t, back, cooperative)
+			})
+		})
+	}
 }
 
 // migrationMembers is how many members the group has through the roll.
@@ -72,6 +74,7 @@ type migrationMember struct {
 // acks seen before: what the test sees of the commits on a real broker,
 // where the requests cannot be observed.
 type sentCommits struct {
+	t     *testing.T
 	watch *commitWatch
 	mu    sync.Mutex
 	seen  []safeack.CommitEvent
@@ -109,7 +112,21 @@ func (s *sentCommits) check(t *testing.T) int {
 	return len(events)
 }
 
-func runMigration(t *testing.T, back bool) {
+// refused counts the commit events whose commit did not take.
+func (s *sentCommits) refused() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, e := range s.seen {
+		if e.Err != nil {
+			n++
+			s.t.Logf("commit sent at %v did not take (final %v, %v): %v", e.Start.Format("15:04:05.000000"), e.Final, e.Partitions, e.Err)
+		}
+	}
+	return n
+}
+
+func runMigration(t *testing.T, back, cooperative bool) {
 	requireConsumerProtocol(t)
 	const partitions = 6
 	c, topic, group, acks, watch := startWatched(t, partitions)
@@ -129,7 +146,7 @@ func runMigration(t *testing.T, back bool) {
 		t.Skip("the embedded broker (kfake) does not convert a consumer-protocol group back to a classic one (its skipped_features: \"Group downgrade\"); " +
 			"the round trip runs on a real Kafka 4.x (scripts/kafka.sh start; docs/testing.md)")
 	}
-	sent := &sentCommits{watch: watch}
+	sent := &sentCommits{t: t, watch: watch}
 	start := time.Now()
 
 	var members []*migrationMember
@@ -143,6 +160,9 @@ func runMigration(t *testing.T, back bool) {
 			cfg.DrainTimeout = 3 * time.Second
 			cfg.Observer = sent
 			cfg.OverwriteSaramaConfig.ClientID = m.name
+			if cooperative {
+				cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+			}
 		})
 		handleAll(mustSubscribe(t, m.sub, topic), func(msg *message.Message) {
 			randomDelay(6 * time.Millisecond)
@@ -210,10 +230,13 @@ func runMigration(t *testing.T, back bool) {
 	const stepTimeout = 45 * time.Second
 	expectType := func(step, typ string, classic, consumer int) {
 		t.Helper()
+		var cl, co int
 		keepProducing(fmt.Sprintf("%s: the group to be a %s group with %d classic and %d consumer-protocol members", step, typ, classic, consumer), stepTimeout, func() bool {
-			got, cl, co := describeGroup(t, c, group)
+			var got string
+			got, cl, co = describeGroup(t, c, group)
 			return got == typ && (typ == "classic" || cl < 0 || (cl == classic && co == consumer))
 		})
+		t.Logf("%v %s: a %s group (members by type at the broker: %d classic, %d consumer; -1: not told)", time.Since(start).Round(time.Millisecond), step, typ, cl, co)
 	}
 
 	for range migrationMembers {
@@ -279,8 +302,8 @@ func runMigration(t *testing.T, back bool) {
 	if watch.log == nil {
 		what = "polls of the committed offsets"
 	}
-	t.Logf("rolled in %v (all acked and committed after %v): %d records produced, %d acked, %d acked more than once; %d %s and %d commits reported sent checked",
-		rolled.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), len(c.ProducedRecords(topic)), total, dups, checked, what, events)
+	t.Logf("rolled in %v (all acked and committed after %v): %d records produced, %d acked, %d acked more than once; %d %s and %d commits reported sent checked (%d of them did not take)",
+		rolled.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), len(c.ProducedRecords(topic)), total, dups, checked, what, events, sent.refused())
 }
 
 func countOf(ms []*migrationMember, p safeack.GroupProtocol) int {
@@ -401,4 +424,62 @@ func migrationPolicy(t *testing.T, c *kafkatest.Cluster) string {
 	}
 	t.Fatalf("the broker does not report group.consumer.migration.policy")
 	return ""
+}
+
+// TestConsumerProtocolWaitsForClassicGroup: a consumer-protocol member
+// whose group the broker keeps classic while classic members are in it
+// (the embedded broker always; Kafka when group.consumer.migration.policy
+// is disabled or downgrade) waits outside the group: its Ready says why,
+// naming the policy, and the log says it without a fetch error at each of
+// franz-go's retries. Once the last classic member left it joins, takes
+// every partition from the classic member's commits, and nothing is lost.
+func TestConsumerProtocolWaitsForClassicGroup(t *testing.T) {
+	t.Parallel()
+	requireConsumerProtocol(t)
+	const partitions = 3
+	c, topic, group, acks, watch := startWatched(t, partitions)
+	if !c.Embedded() {
+		if p := migrationPolicy(t, c); p == "upgrade" || p == "bidirectional" {
+			t.Skipf("the broker's group.consumer.migration.policy is %q: it takes the member into the classic group (TestGroupProtocolMigration); this test needs disabled or downgrade", p)
+		}
+	}
+	classic := newProtocolSubscriber(t, c, group, safeack.GroupProtocolClassic, nil)
+	handleAll(mustSubscribe(t, classic, topic), acks.ack)
+	c.ProduceN(t, topic, partitions, 30, nil)
+	kafkatest.WaitFor(t, 20*time.Second, "the classic member to own every partition", func() bool {
+		return len(ownedPartitions(classic, topic)) == partitions
+	})
+
+	logs := watermill.NewCaptureLogger()
+	member := newLoggedSubscriber(t, c, group, logs, func(cfg *safeack.SubscriberConfig) {
+		cfg.GroupProtocol = safeack.GroupProtocolConsumer
+	})
+	handleAll(mustSubscribe(t, member, topic), acks.ack)
+	kafkatest.WaitFor(t, 20*time.Second, "the consumer-protocol member's Ready to say why it waits", func() bool {
+		err := member.Ready()
+		return err != nil && strings.Contains(err.Error(), "group.consumer.migration.policy")
+	})
+	require.Empty(t, ownedPartitions(member, topic), "the refused member owns partitions")
+	c.ProduceN(t, topic, partitions, 30, nil)
+	require.Equal(t, "classic", groupType(t, c, group))
+
+	require.NoError(t, classic.Close())
+	kafkatest.WaitFor(t, 20*time.Second, "the consumer-protocol member to join and own every partition", func() bool {
+		return member.Ready() == nil && len(ownedPartitions(member, topic)) == partitions
+	})
+	require.Equal(t, "consumer", groupType(t, c, group))
+	c.ProduceN(t, topic, partitions, 30, nil)
+	hwm := c.HighWaterMarks(t, topic)
+	acks.waitAllAcked(t, c, topic, 20*time.Second)
+	watch.waitCommitted(t, hwm, 20*time.Second)
+	require.Positive(t, watch.check(t))
+
+	waiting := 0
+	for _, m := range logs.Captured()[watermill.ErrorLogLevel] {
+		require.NotEqual(t, "Fetch error", m.Msg, "a refused join logged as a fetch error: %v", m.Err)
+		if m.Msg == "Waiting to join the consumer group" {
+			waiting++
+		}
+	}
+	require.Positive(t, waiting, "the refused join was not logged")
 }
