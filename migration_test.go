@@ -78,16 +78,25 @@ type sentCommits struct {
 	watch *commitWatch
 	mu    sync.Mutex
 	seen  []safeack.CommitEvent
+	by    []string // the member of each of seen
 }
 
-func (s *sentCommits) Delivered(ctx context.Context, _ safeack.Delivery) (context.Context, safeack.DeliveryObserver) {
+// sentBy is the Observer of one member: its commits go to sentCommits
+// with its name.
+type sentBy struct {
+	*sentCommits
+	member string
+}
+
+func (s sentBy) Delivered(ctx context.Context, _ safeack.Delivery) (context.Context, safeack.DeliveryObserver) {
 	return ctx, nil
 }
 
-func (s *sentCommits) Committed(c safeack.CommitEvent) {
+func (s sentBy) Committed(c safeack.CommitEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seen = append(s.seen, c)
+	s.by = append(s.by, s.member)
 }
 
 // check returns how many commit events touched the topic, failing t for
@@ -117,10 +126,10 @@ func (s *sentCommits) refused() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	for _, e := range s.seen {
+	for i, e := range s.seen {
 		if e.Err != nil {
 			n++
-			s.t.Logf("commit sent at %v did not take (final %v, %v): %v", e.Start.Format("15:04:05.000000"), e.Final, e.Partitions, e.Err)
+			s.t.Logf("commit sent by %s at %v did not take (final %v, %v): %v", s.by[i], e.Start.Format("15:04:05.000000"), e.Final, e.Partitions, e.Err)
 		}
 	}
 	return n
@@ -158,7 +167,7 @@ func runMigration(t *testing.T, back, cooperative bool) {
 			cfg.MaxInFlight = 16
 			cfg.Ordering = safeack.Unordered
 			cfg.DrainTimeout = 3 * time.Second
-			cfg.Observer = sent
+			cfg.Observer = sentBy{sent, m.name}
 			cfg.OverwriteSaramaConfig.ClientID = m.name
 			if cooperative {
 				cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
@@ -228,6 +237,13 @@ func runMigration(t *testing.T, back, cooperative bool) {
 		}
 	}
 	const stepTimeout = 45 * time.Second
+	// flow lets records flow a while through the group as it is, so that
+	// each step's rebalance meets records in flight.
+	flow := func(step string) {
+		t.Helper()
+		until := time.Now().Add(300 * time.Millisecond)
+		keepProducing(step+": records to flow", stepTimeout, func() bool { return time.Now().After(until) })
+	}
 	expectType := func(step, typ string, classic, consumer int) {
 		t.Helper()
 		var cl, co int
@@ -243,6 +259,7 @@ func runMigration(t *testing.T, back, cooperative bool) {
 		join(safeack.GroupProtocolClassic)
 	}
 	keepProducing("the classic members to own every partition", stepTimeout, ownsAll(live()...))
+	flow("before the roll")
 	expectType("before the roll", "classic", migrationMembers, 0)
 
 	// roll replaces each member of protocol from by one of protocol to.
@@ -263,6 +280,7 @@ func runMigration(t *testing.T, back, cooperative bool) {
 				// moves partitions to it.
 				keepProducing(step+": the new member to take partitions", stepTimeout, ownsAll(joined))
 				expectType(step+", joined", "consumer", countOf(live(), safeack.GroupProtocolClassic), countOf(live(), safeack.GroupProtocolConsumer))
+				flow(step)
 			}
 			require.NoError(t, old.sub.Close(), "closing %s", old.name)
 			old.closed = true
@@ -274,6 +292,7 @@ func runMigration(t *testing.T, back, cooperative bool) {
 				keepProducing(step+": the classic members left to own every partition", stepTimeout, ownsAll(classicOf(live())...))
 				expectType(step+", closed", "classic", countOf(live(), safeack.GroupProtocolClassic), 0)
 			}
+			flow(step)
 		}
 	}
 	roll(safeack.GroupProtocolClassic, safeack.GroupProtocolConsumer, online)
