@@ -54,7 +54,14 @@ func TestGroupProtocolMigration(t *testing.T) {
 		t.Run(map[bool]string{false: "upgrade", true: "round trip"}[back], func(t *testing.T) {
 			t.Parallel()
 			kafkatest.EagerAndCooperative(t, func(t *testing.T, cooperative bool) {
-				runMigration(t, back, cooperative)
+				runMigration(t, back, cooperative, false)
+			})
+			// Static members (Consumer.Group.InstanceId), each replaced
+			// by one of the other protocol with its instance id, as a
+			// rolling restart of a StatefulSet does.
+			t.Run("static", func(t *testing.T) {
+				t.Parallel()
+				runMigration(t, back, false, true)
 			})
 		})
 	}
@@ -66,6 +73,7 @@ const migrationMembers = 3
 // migrationMember is one member of the rolled group.
 type migrationMember struct {
 	name     string
+	instance string // Consumer.Group.InstanceId; "": dynamic
 	protocol safeack.GroupProtocol
 	sub      *safeack.Subscriber
 	closed   bool
@@ -137,7 +145,7 @@ func (s *sentCommits) refused() int {
 	return n
 }
 
-func runMigration(t *testing.T, back, cooperative bool) {
+func runMigration(t *testing.T, back, cooperative, static bool) {
 	requireConsumerProtocol(t)
 	const partitions = 6
 	c, topic, group, acks, watch := startWatched(t, partitions)
@@ -159,15 +167,16 @@ func runMigration(t *testing.T, back, cooperative bool) {
 
 	var members []*migrationMember
 	names := 0
-	join := func(p safeack.GroupProtocol) *migrationMember {
+	join := func(p safeack.GroupProtocol, instance string) *migrationMember {
 		names++
-		m := &migrationMember{name: fmt.Sprintf("%s-%d", p, names), protocol: p}
+		m := &migrationMember{name: fmt.Sprintf("%s-%d", p, names), protocol: p, instance: instance}
 		m.sub = newProtocolSubscriber(t, c, group, p, func(cfg *safeack.SubscriberConfig) {
 			cfg.MaxInFlight = 16
 			cfg.Ordering = safeack.Unordered
 			cfg.DrainTimeout = 3 * time.Second
 			cfg.Observer = sentBy{sent, m.name}
 			cfg.OverwriteSaramaConfig.ClientID = m.name
+			cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = instance
 			if cooperative {
 				cfg.OverwriteSaramaConfig.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 			}
@@ -254,8 +263,12 @@ func runMigration(t *testing.T, back, cooperative bool) {
 		t.Logf("%v %s: a %s group (members by type at the broker: %d classic, %d consumer; -1: not told)", time.Since(start).Round(time.Millisecond), step, typ, cl, co)
 	}
 
-	for range migrationMembers {
-		join(safeack.GroupProtocolClassic)
+	for i := range migrationMembers {
+		instance := ""
+		if static {
+			instance = fmt.Sprintf("member-%d", i+1)
+		}
+		join(safeack.GroupProtocolClassic, instance)
 	}
 	keepProducing("the classic members to own every partition", stepTimeout, ownsAll(live()...))
 	flow("before the roll")
@@ -273,16 +286,30 @@ func runMigration(t *testing.T, back, cooperative bool) {
 				}
 			}
 			step := fmt.Sprintf("%s to %s, step %d", from, to, i+1)
-			joined := join(to)
+			if static {
+				// The old member goes first; the new one takes its
+				// instance id.
+				require.NoError(t, old.sub.Close(), "closing %s", old.name)
+				old.closed = true
+			}
+			joined := join(to, old.instance)
 			if hosted {
 				// The coordinator takes the new member in at once and
 				// moves partitions to it.
 				keepProducing(step+": the new member to take partitions", stepTimeout, ownsAll(joined))
-				expectType(step+", joined", "consumer", countOf(live(), safeack.GroupProtocolClassic), countOf(live(), safeack.GroupProtocolConsumer))
+				typ := "consumer"
+				if countOf(live(), safeack.GroupProtocolConsumer) == 0 {
+					// The last consumer-protocol member was replaced
+					// (static): the group is classic again at once.
+					typ = "classic"
+				}
+				expectType(step+", joined", typ, countOf(live(), safeack.GroupProtocolClassic), countOf(live(), safeack.GroupProtocolConsumer))
 				flow(step)
 			}
-			require.NoError(t, old.sub.Close(), "closing %s", old.name)
-			old.closed = true
+			if !static {
+				require.NoError(t, old.sub.Close(), "closing %s", old.name)
+				old.closed = true
+			}
 			if hosted || i == migrationMembers-1 {
 				keepProducing(step+": the live members to own every partition", stepTimeout, ownsAll(live()...))
 			} else {
