@@ -43,11 +43,15 @@ import (
 //
 // The embedded broker (kfake) converts a classic group only once it is
 // empty, as Kafka does with the migration disabled (where the upgrade runs
-// the same way): the consumer-protocol
-// members wait outside the group (their joins refused) until the last
-// classic member left, and then take every partition. It does not convert
-// a group back at all (its skipped_features: "Group downgrade"), so the
-// round trip runs on a real Kafka only.
+// the same way): the consumer-protocol members wait outside the group
+// (their joins refused) until the last classic member left, and then take
+// every partition. It does not convert a group back at all (its
+// skipped_features: "Group downgrade"), so the round trip runs on a real
+// Kafka only.
+//
+// The classic members balance eagerly (Sarama's default), cooperatively,
+// or are static: a static member is closed first and replaced by one of
+// the other protocol with its instance id.
 func TestGroupProtocolMigration(t *testing.T) {
 	t.Parallel()
 	for _, back := range []bool{false, true} {
@@ -145,6 +149,8 @@ func (s *sentCommits) refused() int {
 	return n
 }
 
+// runMigration is one roll of TestGroupProtocolMigration: up, and back
+// when back is set.
 func runMigration(t *testing.T, back, cooperative, static bool) {
 	requireConsumerProtocol(t)
 	const partitions = 6
@@ -205,13 +211,11 @@ func runMigration(t *testing.T, back, cooperative, static bool) {
 	// every 20 ms while the test waits.
 	lastProduce := time.Time{}
 	polled := time.Time{}
-	produced := 0
 	keepProducing := func(what string, timeout time.Duration, cond func() bool) {
 		t.Helper()
 		ok := waitCond(timeout, func() bool {
 			if time.Since(lastProduce) >= 20*time.Millisecond {
 				c.ProduceN(t, topic, partitions, partitions, nil)
-				produced += partitions
 				lastProduce = time.Now()
 			}
 			if watch.log == nil && time.Since(polled) >= 250*time.Millisecond {
