@@ -42,5 +42,7 @@
 // added to one long session (its start prepared as a session's start is),
 // a revocation's claims drained and committed before kgo acknowledges it;
 // kgo_session.go is its groupSession, with safeack's own OffsetCommit
-// carrying the member epoch; kgo_claim.go a claim's feed.
+// carrying the member epoch; kgo_claim.go a claim's feed; kgo_refused.go
+// a member the coordinator keeps out of a classic group (a migration the
+// broker does not run online).
 package consume

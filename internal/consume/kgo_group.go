@@ -53,6 +53,8 @@ type kgoGroup struct {
 	from map[int32]int64
 	// claimsDone counts the running claims' goroutines.
 	claimsDone sync.WaitGroup
+
+	refusals joinRefusals // see refusedJoin
 }
 
 // consumeGroupKgo runs the subscription's member of a consumer-protocol
@@ -444,7 +446,7 @@ func (g *kgoGroup) poll(ctx context.Context) {
 			return
 		}
 		fs.EachError(func(topic string, p int32, err error) {
-			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+			if ctx.Err() != nil || errors.Is(err, context.Canceled) || g.refusedJoin(err) {
 				return
 			}
 			g.sub.logger.Error("Fetch error", err, g.sub.logFields.Add(watermill.LogFields{"kafka_partition": p}))
