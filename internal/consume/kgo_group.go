@@ -37,10 +37,9 @@ import (
 // kgoGroup is one connection's member of a consumer-protocol group.
 type kgoGroup struct {
 	*member
-	reads  *kgoReads
-	sarama sarama.Client // answers clusterReads and lists the starts
-	cl     *kgo.Client
-	sess   *kgoSession
+	reads *kgoReads   // through the subscription's client, not cl
+	cl    *kgo.Client // the member's: the membership and the fetches
+	sess  *kgoSession
 
 	// started closes once cl and sess are set: kgo may call back before
 	// NewClient returns.
@@ -56,20 +55,24 @@ type kgoGroup struct {
 }
 
 // consumeGroupKgo runs the subscription's member of a consumer-protocol
-// group until ctx ends or the membership fails.
-func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Client) error {
-	reads := &kgoReads{saramaReads: saramaReads{client: client, group: sub.cfg.ConsumerGroup, topic: sub.topic}, epochs: make(map[int32]int32)}
-	epochs := &epochClient{connection: kgoConnection(client, sub.cfg.Brokers)}
-	defer epochs.close()
-	g := &kgoGroup{reads: reads, sarama: client, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
+// group until ctx ends or the membership fails. client is the
+// subscription's (see connectKgo): the reads of the cluster, the
+// leader-epoch checks and a static member's leave go through it; the
+// member runs on a client of its own, which joins the group as it is
+// made.
+func (sub *subscription) consumeGroupKgo(ctx context.Context, client *kgo.Client) error {
+	reads := newKgoReads(client, sub.cfg, sub.topic)
+	epochs := &epochClient{client: client}
+	g := &kgoGroup{reads: reads, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
 	g.member = &member{sub: sub, ctx: ctx, epochs: epochs, reads: reads, offsets: sessionOffsets{sub: sub, reads: reads}}
 	g.commits = newCommitter(g.member)
 	g.pauser = kgoPauser{g}
 
-	opts, err := kgoConnection(client, sub.cfg.Brokers)()
+	opts, err := kclient.KgoOptions(sub.cfg.OverwriteSaramaConfig)
 	if err != nil {
 		return err
 	}
+	opts = append(opts, kgo.SeedBrokers(sub.cfg.Brokers...))
 	opts = append(opts, kgoGroupOptions(sub.cfg)...)
 	opts = append(opts,
 		kgo.ConsumeTopics(sub.topic),
@@ -83,6 +86,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 		return fmt.Errorf("cannot create the consumer-protocol client: %w", err)
 	}
 	g.cl = cl
+	reads.member.Store(cl)
 	sessCtx, endSess := context.WithCancelCause(ctx)
 	g.sess = newKgoSession(sessCtx, cl, sub.cfg.ConsumerGroup, sub.topic, sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId, sub.logger, sub.logFields)
 	g.commits.begin(g.sess, nil)
@@ -132,25 +136,16 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 // instance id, which Kafka refuses (INVALID_REQUEST), and the instance id
 // would stay taken until the member's session expired, refusing the
 // member's restart (UNRELEASED_INSTANCE_ID).
-func (g *kgoGroup) leaveStatic(client sarama.Client, memberID, instanceID string) {
+func (g *kgoGroup) leaveStatic(client *kgo.Client, memberID, instanceID string) {
 	if memberID == "" {
 		return
 	}
 	ctx, cancel := g.sub.halt.within(CloseGrace)
 	defer cancel()
 	err := func() error {
-		opts, err := kgoConnection(client, g.sub.cfg.Brokers)()
-		if err != nil {
-			return err
-		}
-		cl, err := kgo.NewClient(opts...)
-		if err != nil {
-			return err
-		}
-		defer cl.Close()
 		req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 		req.Group, req.MemberID, req.MemberEpoch, req.InstanceID = g.sub.cfg.ConsumerGroup, memberID, -2, &instanceID
-		resp, err := req.RequestWith(ctx, cl)
+		resp, err := req.RequestWith(ctx, client)
 		if err != nil {
 			return err
 		}
@@ -216,7 +211,7 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 	g.cl.ResumeFetchPartitions(map[string][]int32{g.sub.topic: parts})
 	g.sub.logger.Debug("Partitions assigned", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
 	committed, readErr := g.reads.Committed(parts)
-	starts, startErrs := g.sub.initialStarts(g.sarama, parts)
+	starts, startErrs := g.sub.initialStarts(g.reads, parts)
 	start, err := g.prepareSession(g.sess, parts, committed, readErr, nil, starts, startErrs)
 	if err != nil {
 		g.sub.logger.Error("Cannot start the assigned partitions' claims", err, g.sub.logFields)
@@ -267,8 +262,8 @@ func (g *kgoGroup) outOfRange(from map[int32]int64) map[int32]bool {
 	for p := range from {
 		parts = append(parts, p)
 	}
-	first, _ := kclient.ListOffsets(g.sarama, g.sub.topic, parts, sarama.OffsetOldest)
-	end, _ := kclient.ListOffsets(g.sarama, g.sub.topic, parts, sarama.OffsetNewest)
+	first, _ := g.reads.ListOffsets(parts, sarama.OffsetOldest)
+	end, _ := g.reads.ListOffsets(parts, sarama.OffsetNewest)
 	out := make(map[int32]bool)
 	for p, off := range from {
 		if lo, ok := first[p]; ok && off < lo {
@@ -417,7 +412,7 @@ func (g *kgoGroup) restartClaim(c *kgoClaim) {
 	start := partition.Start{}
 	if cm, ok := committed[p]; err == nil && ok && cm.Offset >= 0 {
 		start = partition.Start{Offset: cm.Offset, Resolved: true}
-	} else if starts, _ := g.sub.initialStarts(g.sarama, []int32{p}); len(starts) > 0 {
+	} else if starts, _ := g.sub.initialStarts(g.reads, []int32{p}); len(starts) > 0 {
 		start = partition.Start{Offset: starts[p], Resolved: true}
 	}
 	g.mu.Lock()
@@ -496,39 +491,6 @@ func (p kgoPauser) Resume(tps map[string][]int32) { p.g.cl.ResumeFetchPartitions
 
 var _ partition.Pauser = kgoPauser{}
 
-// kgoReads is clusterReads for a consumer-protocol member: through the
-// subscription's Sarama client, but for a partition's leader epoch, which
-// franz-go's fetches find first: the newest epoch of the records fetched
-// (before they are handed to the claim), or Sarama's cached metadata's
-// when newer.
-type kgoReads struct {
-	saramaReads
-	mu     sync.Mutex
-	epochs map[int32]int32
-}
-
-func (r *kgoReads) sawEpoch(p int32, epoch int32) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if epoch > r.epochs[p] {
-		r.epochs[p] = epoch
-	}
-}
-
-func (r *kgoReads) LeaderEpoch(p int32) (int32, error) {
-	r.mu.Lock()
-	seen, ok := r.epochs[p]
-	r.mu.Unlock()
-	e, err := r.saramaReads.LeaderEpoch(p)
-	if err != nil {
-		if ok {
-			return seen, nil
-		}
-		return e, err
-	}
-	return max(e, seen), nil
-}
-
 // checkConsumerProtocol fails when the cluster does not run the consumer
 // group protocol (KIP-848, generally available from Kafka 4.0): franz-go
 // would otherwise fall back to the classic protocol without a word, and
@@ -536,23 +498,13 @@ func (r *kgoReads) LeaderEpoch(p int32) (int32, error) {
 // request alone does not tell (Kafka 3.7-3.9 serve ConsumerGroupHeartbeat
 // as an early access); the group.version feature does, where the cluster
 // lists its finalized features.
-func (sub *subscription) checkConsumerProtocol(ctx context.Context, client sarama.Client) error {
-	if !sub.cfg.ConsumerProtocol || sub.cfg.ConsumerGroup == "" {
-		return nil
+func (sub *subscription) checkConsumerProtocol(ctx context.Context, client conn) error {
+	if client.kgo == nil {
+		return nil // not a consumer-protocol member (see connect)
 	}
-	opts, err := kgoConnection(client, sub.cfg.Brokers)()
-	if err != nil {
-		return err
-	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("cannot create the consumer-protocol client: %w", err)
-	}
-	defer cl.Close()
-	net := client.Config().Net
-	ctx, cancel := context.WithTimeout(ctx, net.DialTimeout+net.ReadTimeout)
+	ctx, cancel := context.WithTimeout(ctx, requestBound(sub.cfg.OverwriteSaramaConfig))
 	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, client.kgo)
 	if err != nil {
 		return fmt.Errorf("asking the broker which requests it serves (GroupProtocolConsumer): %w", err)
 	}
