@@ -1,0 +1,90 @@
+package safeack_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/safeack/safeack"
+	"github.com/safeack/safeack/internal/kafkatest"
+)
+
+// connectionsBySoftware counts, from now on, the connections made to the
+// embedded broker by the client software that made them: each connection
+// starts with an ApiVersions request naming it (Sarama's "sarama",
+// franz-go's "kgo").
+func connectionsBySoftware(c *kafkatest.Cluster) func() map[string]int {
+	var mu sync.Mutex
+	counts := make(map[string]int)
+	c.Answer(kmsg.ApiVersions, func(req kmsg.Request, _ int32) (kmsg.Response, bool) {
+		av := req.(*kmsg.ApiVersionsRequest)
+		mu.Lock()
+		counts[av.ClientSoftwareName]++
+		mu.Unlock()
+		return nil, false
+	})
+	return func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make(map[string]int, len(counts))
+		for k, v := range counts {
+			out[k] = v
+		}
+		return out
+	}
+}
+
+// TestConsumerProtocolOpensNoSaramaClient: a consumer-protocol subscription
+// reads the cluster (its checks at Subscribe, the commits, the starts and
+// the high-water marks) through franz-go: from Subscribe to Close, no
+// connection of Sarama's reaches the broker, and Sarama's Version does not
+// matter (an old one, which Sarama's own requests would follow, changes
+// nothing). The classic protocol's subscription, the control, connects
+// through Sarama.
+func TestConsumerProtocolOpensNoSaramaClient(t *testing.T) {
+	t.Parallel()
+	forProtocols(t, func(t *testing.T, p safeack.GroupProtocol) {
+		c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
+		c.ProduceN(t, topic, 2, 20, nil)
+		conns := connectionsBySoftware(c) // the harness's clients are connected already
+
+		var mu sync.Mutex
+		seen := make(map[po]bool)
+		sub := newProtocolSubscriber(t, c, group, p, func(cfg *safeack.SubscriberConfig) {
+			cfg.CommitInterval = 50 * time.Millisecond
+			if p == safeack.GroupProtocolConsumer {
+				cfg.OverwriteSaramaConfig.Version = sarama.V0_10_0_0
+			}
+		})
+		handleAll(mustSubscribe(t, sub, topic), func(m *message.Message) {
+			k, _ := msgPO(m)
+			mu.Lock()
+			seen[k] = true
+			mu.Unlock()
+			m.Ack()
+		})
+		kafkatest.WaitFor(t, 30*time.Second, "every record to be handled", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(seen) == 20
+		})
+		kafkatest.WaitFor(t, 15*time.Second, "the group to commit the end of each partition", func() bool {
+			cm := c.CommittedOffsets(t, group, topic)
+			return cm[0].Offset == 10 && cm[1].Offset == 10
+		})
+		require.NoError(t, sub.Close())
+		got := conns()
+		t.Logf("%v: connections by client software, Subscribe to Close: %v", p, got)
+		if p == safeack.GroupProtocolConsumer {
+			require.Zero(t, got["sarama"], "a connection of Sarama's")
+			require.Positive(t, got["kgo"])
+		} else {
+			require.Positive(t, got["sarama"], "the classic protocol connects through Sarama")
+		}
+	})
+}
