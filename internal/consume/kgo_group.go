@@ -40,6 +40,7 @@ type kgoGroup struct {
 	reads *kgoReads   // through the subscription's client, not cl
 	cl    *kgo.Client // the member's: the membership and the fetches
 	sess  *kgoSession
+	held  kgoHeld // the claims waiting for their leaders
 
 	// started closes once cl and sess are set: kgo may call back before
 	// NewClient returns.
@@ -67,6 +68,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client *kgo.Client
 	g.member = &member{sub: sub, ctx: ctx, epochs: epochs, reads: reads, offsets: sessionOffsets{sub: sub, reads: reads}}
 	g.commits = newCommitter(g.member)
 	g.pauser = kgoPauser{g}
+	g.held = kgoHeld{g: g, overdueAfter: claimOverdueAfter(sub.cfg.OverwriteSaramaConfig)}
 
 	opts, err := kclient.KgoOptions(sub.cfg.OverwriteSaramaConfig)
 	if err != nil {
@@ -106,6 +108,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client *kgo.Client
 	// commit covers them (see member.endSession), before kgo leaves the
 	// group (its revocation then finds no claim).
 	endSess(context.Canceled)
+	g.held.forget(nil)
 	g.stopClaims(nil)
 	g.claimsDone.Wait()
 	g.endSession(g.sess, func() bool { return false })
@@ -195,10 +198,10 @@ func kgoGroupOptions(cfg *Options) []kgo.Opt {
 	return opts
 }
 
-// assigned starts the claims of the partitions the coordinator added: as
-// Sarama's Setup does for a session, their commits are read and checked
-// and the starts of those without one pinned; kgo then fetches from
-// exactly there (adjustOffsets).
+// assigned starts the claims of the partitions the coordinator added (see
+// startClaims). Those whose leaders do not answer the listing of their
+// starts wait, their fetching paused, until their leaders answer (see
+// kgoHeld), as the classic engine's claims of such partitions wait.
 func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][]int32) {
 	<-g.started
 	parts := slices.Clone(added[g.sub.topic])
@@ -210,8 +213,40 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 	// A partition paused by its last claim starts again unpaused.
 	g.cl.ResumeFetchPartitions(map[string][]int32{g.sub.topic: parts})
 	g.sub.logger.Debug("Partitions assigned", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
-	committed, readErr := g.reads.Committed(parts)
 	starts, startErrs := g.sub.initialStarts(g.reads, parts)
+	var held []int32
+	for _, p := range parts {
+		if startErrs[p] != nil {
+			held = append(held, p)
+		}
+	}
+	if len(held) > 0 {
+		g.cl.PauseFetchPartitions(map[string][]int32{g.sub.topic: held})
+		g.held.hold(held, startErrs)
+		parts = slices.DeleteFunc(parts, func(p int32) bool { return startErrs[p] != nil })
+	}
+	g.startClaimsFrom(parts, starts, startErrs, false)
+}
+
+// startClaims starts the claims of held partitions whose leaders answer
+// now (see kgoHeld): their starts are listed again, and their fetching
+// resumes from where their claims start.
+func (g *kgoGroup) startClaims(parts []int32, late bool) {
+	starts, startErrs := g.sub.initialStarts(g.reads, parts)
+	g.startClaimsFrom(parts, starts, startErrs, late)
+}
+
+// startClaimsFrom starts the claims of parts, whose starts at
+// Offsets.Initial are listed in starts (or failed, startErrs): as Sarama's
+// Setup does for a session, their commits are read and checked and the
+// starts of those without one pinned; kgo then fetches from exactly there
+// (adjustOffsets at an assignment; late, for claims held back, SetOffsets
+// before their fetching resumes).
+func (g *kgoGroup) startClaimsFrom(parts []int32, starts map[int32]int64, startErrs map[int32]error, late bool) {
+	if len(parts) == 0 {
+		return
+	}
+	committed, readErr := g.reads.Committed(parts)
 	start, err := g.prepareSession(g.sess, parts, committed, readErr, nil, starts, startErrs)
 	if err != nil {
 		g.sub.logger.Error("Cannot start the assigned partitions' claims", err, g.sub.logFields)
@@ -229,7 +264,11 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 	if g.sess.Context().Err() != nil {
 		return // stopping: no claim starts after stopClaims
 	}
+	owned := g.sess.Claims()[g.sub.topic]
 	for _, p := range parts {
+		if late && (!slices.Contains(owned, p) || g.claims[p] != nil) {
+			continue // revoked while it was held
+		}
 		start := partition.Start{Offset: 0}
 		delete(g.from, p)
 		if off, ok := from[p]; ok {
@@ -243,6 +282,12 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 				start.Offset = off
 				g.from[p] = off
 			}
+		}
+		if late {
+			if off, ok := g.from[p]; ok {
+				g.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{g.sub.topic: {p: {Epoch: -1, Offset: off}}})
+			}
+			g.cl.ResumeFetchPartitions(map[string][]int32{g.sub.topic: {p}})
 		}
 		c := newKgoClaim(g.sub.topic, p)
 		g.claims[p] = c
@@ -301,6 +346,7 @@ func (g *kgoGroup) revoked(_ context.Context, _ *kgo.Client, revoked map[string]
 		return
 	}
 	g.sub.logger.Debug("Partitions revoked", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
+	g.held.forget(parts)
 	g.waitClaims(g.stopClaims(parts))
 	g.sess.disown(parts)
 }
@@ -316,6 +362,7 @@ func (g *kgoGroup) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	}
 	g.sub.logger.Info("Partitions lost; their records are the next owner's", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
 	g.sess.disown(parts)
+	g.held.forget(parts)
 	g.waitClaims(g.stopClaims(parts))
 	g.sub.setPhase(ready.Joining, nil)
 	go g.watchJoined(g.sess.Context())
