@@ -1,11 +1,14 @@
 package safeack_test
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -87,4 +90,38 @@ func TestConsumerProtocolOpensNoSaramaClient(t *testing.T) {
 			require.Positive(t, got["sarama"], "the classic protocol connects through Sarama")
 		}
 	})
+}
+
+// TestConsumerProtocolMissingTopicLoggedAsError: a consumer-protocol
+// subscription to a topic the cluster does not have logs an Error naming
+// the topic with UNKNOWN_TOPIC_OR_PARTITION (matching
+// sarama.ErrUnknownTopicOrPartition, as on the classic protocol) and is not
+// ready. Before, franz-go's member joined, waited for the topic without a
+// word, and Ready reported it consuming.
+func TestConsumerProtocolMissingTopicLoggedAsError(t *testing.T) {
+	t.Parallel()
+	requireConsumerProtocol(t)
+	c := kafkatest.Start(t)
+	if c.AutoCreatesTopics(t) {
+		t.Skip("the cluster creates a topic its metadata is asked for (auto.create.topics.enable)")
+	}
+	logger := watermill.NewCaptureLogger()
+	cfg := protocolConfig(c, c.NewGroup(t), safeack.GroupProtocolConsumer, func(cfg *safeack.SubscriberConfig) {
+		cfg.WaitForTopicCreationTimeout = 50 * time.Millisecond
+	})
+	sub, err := safeack.NewSubscriber(cfg, logger)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	missing := "missing-" + c.NewGroup(t)
+	_, err = sub.Subscribe(context.Background(), missing)
+	require.NoError(t, err, "Subscribe does not wait for the topic")
+	kafkatest.WaitFor(t, 5*time.Second, "an Error naming the missing topic", func() bool {
+		for _, m := range logger.Captured()[watermill.ErrorLogLevel] {
+			if errors.Is(m.Err, sarama.ErrUnknownTopicOrPartition) && m.Fields["topic"] == missing {
+				return true
+			}
+		}
+		return false
+	})
+	require.ErrorIs(t, sub.Ready(), safeack.ErrNotReady)
 }

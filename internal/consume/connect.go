@@ -39,8 +39,10 @@ func (c conn) close() error {
 }
 
 // partitionCount is how many partitions topic has; 0 when it cannot be
-// read (a topic that does not exist yet).
-func (c conn) partitionCount(ctx context.Context, topic string) int32 {
+// read (a topic that does not exist yet). As Sarama's metadata requests,
+// it has the cluster create the topic when autoCreate
+// (Metadata.AllowAutoTopicCreation) and the cluster does so.
+func (c conn) partitionCount(ctx context.Context, topic string, autoCreate bool) int32 {
 	if c.kgo == nil {
 		partitions, err := c.sarama.Partitions(topic)
 		if err != nil {
@@ -48,7 +50,7 @@ func (c conn) partitionCount(ctx context.Context, topic string) int32 {
 		}
 		return int32(len(partitions))
 	}
-	t, err := topicMetadata(ctx, c.kgo, topic)
+	t, err := topicMetadata(ctx, c.kgo, topic, autoCreate)
 	if err != nil {
 		return 0
 	}

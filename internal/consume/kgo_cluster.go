@@ -284,11 +284,14 @@ func (r *kgoReads) leaders(ctx context.Context, partitions []int32, fresh bool, 
 // topicMetadata asks the cluster for the subscription's topic; an error
 // when the topic is unknown or not authorized.
 func (r *kgoReads) topicMetadata(ctx context.Context) (kmsg.MetadataResponseTopic, error) {
-	return topicMetadata(ctx, r.cl, r.topic)
+	return topicMetadata(ctx, r.cl, r.topic, false)
 }
 
-func topicMetadata(ctx context.Context, cl *kgo.Client, topic string) (kmsg.MetadataResponseTopic, error) {
+// topicMetadata asks the cluster for topic, to be created if autoCreate
+// and the cluster creates topics on demand (auto.create.topics.enable).
+func topicMetadata(ctx context.Context, cl *kgo.Client, topic string, autoCreate bool) (kmsg.MetadataResponseTopic, error) {
 	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = autoCreate
 	rt := kmsg.NewMetadataRequestTopic()
 	rt.Topic = kmsg.StringPtr(topic)
 	req.Topics = append(req.Topics, rt)

@@ -70,6 +70,9 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client *kgo.Client
 	g.pauser = kgoPauser{g}
 	g.held = kgoHeld{g: g, overdueAfter: claimOverdueAfter(sub.cfg.OverwriteSaramaConfig)}
 
+	if err := g.checkTopic(ctx, client); err != nil {
+		return err
+	}
 	opts, err := kclient.KgoOptions(sub.cfg.OverwriteSaramaConfig)
 	if err != nil {
 		return err
@@ -132,6 +135,23 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client *kgo.Client
 	case <-g.sub.halt.abandoned:
 	}
 	return nil
+}
+
+// checkTopic fails when the cluster does not have the topic, or refuses to
+// describe it, as Sarama's consumer group fails before it joins: the
+// subscription logs the error and connects again (see subscription.run).
+// franz-go's member would join and wait for the topic without a word. As
+// Sarama's metadata requests, it has the cluster create the topic when
+// Metadata.AllowAutoTopicCreation is set and the cluster does so.
+func (g *kgoGroup) checkTopic(ctx context.Context, client *kgo.Client) error {
+	sc := g.sub.cfg.OverwriteSaramaConfig
+	ctx, cancel := context.WithTimeout(ctx, requestBound(sc))
+	defer cancel()
+	_, err := topicMetadata(ctx, client, g.sub.topic, sc.Metadata.AllowAutoTopicCreation)
+	if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.TopicAuthorizationFailed) {
+		return err
+	}
+	return nil // another error: the member's own requests meet it, or it passes
 }
 
 // leaveStatic sends a static member's leave (member epoch -2, with its

@@ -72,7 +72,7 @@ func Start(ctx context.Context, opts *Options, host Host, topic string, txn *Txn
 		if opts.ConsumerGroup == "" {
 			sub.resolveFirstStarts(client.sarama)
 		} else {
-			sub.firstPartitions = client.partitionCount(ctx, topic) // see initialOffset
+			sub.firstPartitions = client.partitionCount(ctx, topic, opts.OverwriteSaramaConfig.Metadata.AllowAutoTopicCreation) // see initialOffset
 		}
 	}
 	s := &Subscription{sub: sub, client: client}
