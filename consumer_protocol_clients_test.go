@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -124,4 +125,44 @@ func TestConsumerProtocolMissingTopicLoggedAsError(t *testing.T) {
 		return false
 	})
 	require.ErrorIs(t, sub.Ready(), safeack.ErrNotReady)
+}
+
+// TestConsumerProtocolUnreachableBroker: a consumer-protocol Subscribe
+// fails with a clear error when no broker can be reached (refused, or a
+// broker that never answers), within the time Sarama's config allows, as
+// the classic protocol's does (TestSubscribeUnreachableBroker).
+func TestConsumerProtocolUnreachableBroker(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		broker func(t *testing.T) string
+	}{
+		{"refused", func(*testing.T) string { return "127.0.0.1:1" }},
+		{"silent", silentBroker},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			broker := tc.broker(t)
+			cfg := unreachableConfig([]string{broker}, "g")
+			cfg.GroupProtocol = safeack.GroupProtocolConsumer
+			sub, err := safeack.NewSubscriber(cfg, testLogger())
+			require.NoError(t, err)
+			defer sub.Close()
+			start := time.Now()
+			_, err = sub.Subscribe(context.Background(), "orders")
+			took := time.Since(start)
+			t.Logf("Subscribe failed after %v: %v", took.Round(time.Millisecond), err)
+			require.Error(t, err)
+			require.ErrorContains(t, err, "orders")
+			require.ErrorContains(t, err, broker)
+			if tc.name == "refused" {
+				require.ErrorIs(t, err, syscall.ECONNREFUSED)
+			} else {
+				require.GreaterOrEqual(t, took, cfg.OverwriteSaramaConfig.Net.ReadTimeout)
+				require.ErrorContains(t, err, "no answer within")
+			}
+			require.Less(t, took, 10*time.Second)
+			require.ErrorIs(t, sub.Ready(), safeack.ErrNotReady)
+		})
+	}
 }

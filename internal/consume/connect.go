@@ -137,6 +137,9 @@ func (sub *subscription) connectKgo(ctx context.Context) (*kgo.Client, error) {
 		if err == nil {
 			return cl, nil
 		}
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer within %v (Net.DialTimeout + Net.ReadTimeout): %w", requestBound(sc), err)
+		}
 		if attempt >= sc.Metadata.Retry.Max || ctx.Err() != nil {
 			break
 		}
