@@ -51,6 +51,9 @@ type kgoGroup struct {
 	// from is where kgo fetches each assigned partition from, as the
 	// member's start decided (see assigned); absent: kgo's own choice.
 	from map[int32]int64
+	// unassigned lists the partitions revoked or lost since their last
+	// assignment: a held claim released meanwhile does not start.
+	unassigned map[int32]bool
 	// claimsDone counts the running claims' goroutines.
 	claimsDone sync.WaitGroup
 }
@@ -230,6 +233,11 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 	}
 	slices.Sort(parts)
 	g.sess.own(parts)
+	g.mu.Lock()
+	for _, p := range parts {
+		delete(g.unassigned, p)
+	}
+	g.mu.Unlock()
 	// A partition paused by its last claim starts again unpaused.
 	g.cl.ResumeFetchPartitions(map[string][]int32{g.sub.topic: parts})
 	g.sub.logger.Debug("Partitions assigned", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
@@ -250,10 +258,31 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 
 // startClaims starts the claims of held partitions whose leaders answer
 // now (see kgoHeld): their starts are listed again, and their fetching
-// resumes from where their claims start.
+// resumes from where their claims start. One whose listing fails again is
+// held again.
 func (g *kgoGroup) startClaims(parts []int32, late bool) {
 	starts, startErrs := g.sub.initialStarts(g.reads, parts)
+	if len(startErrs) > 0 {
+		var again []int32
+		for p := range startErrs {
+			again = append(again, p)
+		}
+		g.held.hold(again, startErrs)
+		parts = slices.DeleteFunc(slices.Clone(parts), func(p int32) bool { return startErrs[p] != nil })
+	}
 	g.startClaimsFrom(parts, starts, startErrs, late)
+}
+
+// unassign records that parts were revoked or lost (see unassigned).
+func (g *kgoGroup) unassign(parts []int32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.unassigned == nil {
+		g.unassigned = make(map[int32]bool)
+	}
+	for _, p := range parts {
+		g.unassigned[p] = true
+	}
 }
 
 // startClaimsFrom starts the claims of parts, whose starts at
@@ -286,7 +315,7 @@ func (g *kgoGroup) startClaimsFrom(parts []int32, starts map[int32]int64, startE
 	}
 	owned := g.sess.Claims()[g.sub.topic]
 	for _, p := range parts {
-		if late && (!slices.Contains(owned, p) || g.claims[p] != nil) {
+		if late && (g.unassigned[p] || !slices.Contains(owned, p) || g.claims[p] != nil) {
 			continue // revoked while it was held
 		}
 		start := partition.Start{Offset: 0}
@@ -366,6 +395,7 @@ func (g *kgoGroup) revoked(_ context.Context, _ *kgo.Client, revoked map[string]
 		return
 	}
 	g.sub.logger.Debug("Partitions revoked", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
+	g.unassign(parts)
 	g.held.forget(parts)
 	g.waitClaims(g.stopClaims(parts))
 	g.sess.disown(parts)
@@ -381,6 +411,7 @@ func (g *kgoGroup) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 		return
 	}
 	g.sub.logger.Info("Partitions lost; their records are the next owner's", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
+	g.unassign(parts)
 	g.sess.disown(parts)
 	g.held.forget(parts)
 	g.waitClaims(g.stopClaims(parts))
