@@ -21,6 +21,11 @@ import (
 type conn struct {
 	sarama sarama.Client
 	kgo    *kgo.Client
+	// kgoConf is the Sarama config the franz-go clients of the connection
+	// are made from (kclient.KgoOptions): a copy whose dialer is conns,
+	// which the shutdown deadline closes under them (see consumeOnce).
+	kgoConf *sarama.Config
+	conns   *kclient.ConnTracker
 }
 
 func (c conn) none() bool { return c.sarama == nil && c.kgo == nil }
@@ -72,8 +77,10 @@ func (sub *subscription) connect(ctx context.Context) (conn, error) {
 	done := make(chan result, 1)
 	go func() {
 		if sub.cfg.ConsumerProtocol && sub.cfg.ConsumerGroup != "" {
-			c, err := sub.connectKgo(ctx)
-			done <- result{conn{kgo: c}, err}
+			cfg := kclient.CopySaramaConfig(sub.cfg.OverwriteSaramaConfig)
+			conns := kclient.TrackConns(cfg)
+			c, err := sub.connectKgo(ctx, cfg)
+			done <- result{conn{kgo: c, kgoConf: cfg, conns: conns}, err}
 			return
 		}
 		cfg := kclient.CopySaramaConfig(sub.cfg.OverwriteSaramaConfig)
@@ -116,9 +123,9 @@ func (sub *subscription) connect(ctx context.Context) (conn, error) {
 // broker answers, tried as Sarama tries its first metadata request. It
 // sends the subscription's reads of the cluster (kgoReads), its checks
 // and the leader-epoch checks; the group member runs on a client of its
-// own (see consumeGroupKgo).
-func (sub *subscription) connectKgo(ctx context.Context) (*kgo.Client, error) {
-	sc := sub.cfg.OverwriteSaramaConfig
+// own (see consumeGroupKgo). sc is the subscription's Sarama config,
+// copied, dialing through the connection's tracker.
+func (sub *subscription) connectKgo(ctx context.Context, sc *sarama.Config) (*kgo.Client, error) {
 	opts, err := kclient.KgoOptions(sc)
 	if err != nil {
 		return nil, err

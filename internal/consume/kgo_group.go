@@ -59,12 +59,13 @@ type kgoGroup struct {
 }
 
 // consumeGroupKgo runs the subscription's member of a consumer-protocol
-// group until ctx ends or the membership fails. client is the
+// group until ctx ends or the membership fails. conn's client is the
 // subscription's (see connectKgo): the reads of the cluster, the
 // leader-epoch checks and a static member's leave go through it; the
 // member runs on a client of its own, which joins the group as it is
 // made.
-func (sub *subscription) consumeGroupKgo(ctx context.Context, client *kgo.Client) error {
+func (sub *subscription) consumeGroupKgo(ctx context.Context, conn conn) error {
+	client := conn.kgo
 	reads := newKgoReads(client, sub.cfg, sub.topic)
 	epochs := &epochClient{client: client}
 	g := &kgoGroup{reads: reads, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
@@ -76,7 +77,9 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client *kgo.Client
 	if err := g.checkTopic(ctx, client); err != nil {
 		return err
 	}
-	opts, err := kclient.KgoOptions(sub.cfg.OverwriteSaramaConfig)
+	// The connection's config: its dialer is the connection's tracker,
+	// whose connections the shutdown deadline closes.
+	opts, err := kclient.KgoOptions(conn.kgoConf)
 	if err != nil {
 		return err
 	}

@@ -149,6 +149,9 @@ func (sub *subscription) consumeOnce(parent context.Context, client conn) error 
 			if tc, ok := client.sarama.(*kclient.TrackedClient); ok {
 				tc.Abandon()
 			}
+			if client.conns != nil {
+				client.conns.Abandon() // the franz-go clients' connections
+			}
 			go closeClient()
 		case <-ended:
 		}
@@ -165,7 +168,7 @@ func (sub *subscription) consumeOnce(parent context.Context, client conn) error 
 	}()
 
 	if client.kgo != nil {
-		return sub.consumeGroupKgo(ctx, client.kgo)
+		return sub.consumeGroupKgo(ctx, client)
 	}
 	if sub.cfg.ConsumerGroup == "" {
 		return sub.consumePartitions(ctx, client.sarama)
