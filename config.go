@@ -55,7 +55,8 @@ type SubscriberConfig struct {
 	// cooperative-sticky); a BalanceStrategy of your own is shared as
 	// given and must be safe for concurrent use by several groups. With a
 	// ConsumerGroup, Version must be at least 0.10.2, as Sarama's consumer
-	// groups need.
+	// groups need (GroupProtocolClassic; GroupProtocolConsumer opens no
+	// Sarama client, and Version does not matter to it).
 	OverwriteSaramaConfig *sarama.Config
 
 	// ConsumerGroup is the Kafka consumer group. When empty, every partition
@@ -394,7 +395,9 @@ func (c SubscriberConfig) Validate() error {
 	if c.ConsumerGroup != "" {
 		// Sarama refuses it only when the consumer group is made, after
 		// Subscribe returned: the subscription would reconnect forever.
-		if v := c.OverwriteSaramaConfig.Version; !v.IsAtLeast(sarama.V0_10_2_0) {
+		// The consumer protocol sends no request of Sarama's: franz-go
+		// agrees each request's version with the broker.
+		if v := c.OverwriteSaramaConfig.Version; !v.IsAtLeast(sarama.V0_10_2_0) && c.GroupProtocol != GroupProtocolConsumer {
 			return fieldError("OverwriteSaramaConfig.Version", "%s: consumer groups need %s or later", v, sarama.V0_10_2_0)
 		}
 		if rt := c.OverwriteSaramaConfig.Consumer.Group.Rebalance.Timeout; c.DrainTimeout >= rt {

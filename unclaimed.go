@@ -50,6 +50,11 @@ func (u UnclaimedPartition) topicPartition() TopicPartition { return u.TopicPart
 // group, within a second), one that runs fetches again once Sarama finds
 // the leader (it asks every Consumer.Retry.Backoff). A partition leaves
 // the list when it is consumed again, or when it is revoked.
+//
+// Both group protocols report the same: on GroupProtocolConsumer the claim
+// of a partition whose leader does not answer waits, its fetching paused,
+// and starts within about a second of its leader answering; one that runs
+// fetches again once franz-go finds the leader.
 func (s *Subscriber) Unclaimed() []UnclaimedPartition {
 	return s.unclaimed.list()
 }

@@ -42,7 +42,11 @@
 // added to one long session (its start prepared as a session's start is),
 // a revocation's claims drained and committed before kgo acknowledges it;
 // kgo_session.go is its groupSession, with safeack's own OffsetCommit
-// carrying the member epoch; kgo_claim.go a claim's feed; kgo_refused.go
-// a member the coordinator keeps out of a classic group (a migration the
-// broker does not run online).
+// carrying the member epoch; kgo_claim.go a claim's feed; kgo_cluster.go
+// answers clusterReads through the subscription's own kgo client (connect
+// makes it: a consumer-protocol subscription has no Sarama client);
+// kgo_held.go holds back the claims of partitions whose leaders do not
+// answer and reports them, as claim_watch.go does for Sarama's;
+// kgo_refused.go a member the coordinator keeps out of a classic group (a
+// migration the broker does not run online).
 package consume

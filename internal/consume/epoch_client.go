@@ -24,6 +24,10 @@ type epochClient struct {
 	// connection returns the options that reach the cluster: the engine's
 	// connection settings and seed brokers (see kgoConnection).
 	connection func() ([]kgo.Opt, error)
+	// client, when set, is a franz-go client the subscription has
+	// already (the consumer protocol's, see connectKgo): it sends the
+	// checks, and is not the epochClient's to close.
+	client *kgo.Client
 
 	mu sync.Mutex
 	cl *kgo.Client
@@ -31,6 +35,9 @@ type epochClient struct {
 
 // get returns the franz-go client, making it if need be.
 func (e *epochClient) get() (*kgo.Client, error) {
+	if e.client != nil {
+		return e.client, nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.cl != nil {

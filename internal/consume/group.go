@@ -137,7 +137,7 @@ func (h *groupHandler) Setup(saramaSess sarama.ConsumerGroupSession) error {
 		// it as it joined) is not asked: asking would refresh it again,
 		// with Sarama's retries, for each such partition.
 		noLeader := leaderlessPartitions(h.client, h.sub.topic, claimed)
-		starts, startErrs = h.sub.initialStarts(h.client, slices.DeleteFunc(slices.Clone(claimed), func(p int32) bool {
+		starts, startErrs = h.sub.initialStarts(saramaReads{client: h.client, topic: h.sub.topic}, slices.DeleteFunc(slices.Clone(claimed), func(p int32) bool {
 			return noLeader[p] != nil
 		}))
 		maps.Copy(startErrs, noLeader)

@@ -37,10 +37,10 @@ import (
 // kgoGroup is one connection's member of a consumer-protocol group.
 type kgoGroup struct {
 	*member
-	reads  *kgoReads
-	sarama sarama.Client // answers clusterReads and lists the starts
-	cl     *kgo.Client
-	sess   *kgoSession
+	reads *kgoReads   // through the subscription's client, not cl
+	cl    *kgo.Client // the member's: the membership and the fetches
+	sess  *kgoSession
+	held  kgoHeld // the claims waiting for their leaders
 
 	// started closes once cl and sess are set: kgo may call back before
 	// NewClient returns.
@@ -51,6 +51,9 @@ type kgoGroup struct {
 	// from is where kgo fetches each assigned partition from, as the
 	// member's start decided (see assigned); absent: kgo's own choice.
 	from map[int32]int64
+	// unassigned lists the partitions revoked or lost since their last
+	// assignment: a held claim released meanwhile does not start.
+	unassigned map[int32]bool
 	// claimsDone counts the running claims' goroutines.
 	claimsDone sync.WaitGroup
 
@@ -58,20 +61,31 @@ type kgoGroup struct {
 }
 
 // consumeGroupKgo runs the subscription's member of a consumer-protocol
-// group until ctx ends or the membership fails.
-func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Client) error {
-	reads := &kgoReads{saramaReads: saramaReads{client: client, group: sub.cfg.ConsumerGroup, topic: sub.topic}, epochs: make(map[int32]int32)}
-	epochs := &epochClient{connection: kgoConnection(client, sub.cfg.Brokers)}
-	defer epochs.close()
-	g := &kgoGroup{reads: reads, sarama: client, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
+// group until ctx ends or the membership fails. conn's client is the
+// subscription's (see connectKgo): the reads of the cluster, the
+// leader-epoch checks and a static member's leave go through it; the
+// member runs on a client of its own, which joins the group as it is
+// made.
+func (sub *subscription) consumeGroupKgo(ctx context.Context, conn conn) error {
+	client := conn.kgo
+	reads := newKgoReads(client, sub.cfg, sub.topic)
+	epochs := &epochClient{client: client}
+	g := &kgoGroup{reads: reads, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
 	g.member = &member{sub: sub, ctx: ctx, epochs: epochs, reads: reads, offsets: sessionOffsets{sub: sub, reads: reads}}
 	g.commits = newCommitter(g.member)
 	g.pauser = kgoPauser{g}
+	g.held = kgoHeld{g: g, overdueAfter: claimOverdueAfter(sub.cfg.OverwriteSaramaConfig)}
 
-	opts, err := kgoConnection(client, sub.cfg.Brokers)()
+	if err := g.checkTopic(ctx, client); err != nil {
+		return err
+	}
+	// The connection's config: its dialer is the connection's tracker,
+	// whose connections the shutdown deadline closes.
+	opts, err := kclient.KgoOptions(conn.kgoConf)
 	if err != nil {
 		return err
 	}
+	opts = append(opts, kgo.SeedBrokers(sub.cfg.Brokers...))
 	opts = append(opts, kgoGroupOptions(sub.cfg)...)
 	opts = append(opts,
 		kgo.ConsumeTopics(sub.topic),
@@ -85,6 +99,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 		return fmt.Errorf("cannot create the consumer-protocol client: %w", err)
 	}
 	g.cl = cl
+	reads.member.Store(cl)
 	sessCtx, endSess := context.WithCancelCause(ctx)
 	g.sess = newKgoSession(sessCtx, cl, sub.cfg.ConsumerGroup, sub.topic, sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId, sub.logger, sub.logFields)
 	g.commits.begin(g.sess, nil)
@@ -104,6 +119,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	// commit covers them (see member.endSession), before kgo leaves the
 	// group (its revocation then finds no claim).
 	endSess(context.Canceled)
+	g.held.forget(nil)
 	g.stopClaims(nil)
 	g.claimsDone.Wait()
 	g.endSession(g.sess, func() bool { return false })
@@ -129,30 +145,38 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	return nil
 }
 
+// checkTopic fails when the cluster does not have the topic, or refuses to
+// describe it, as Sarama's consumer group fails before it joins: the
+// subscription logs the error and connects again (see subscription.run).
+// franz-go's member would join and wait for the topic without a word. As
+// Sarama's metadata requests, it has the cluster create the topic when
+// Metadata.AllowAutoTopicCreation is set and the cluster does so.
+func (g *kgoGroup) checkTopic(ctx context.Context, client *kgo.Client) error {
+	sc := g.sub.cfg.OverwriteSaramaConfig
+	ctx, cancel := context.WithTimeout(ctx, requestBound(sc))
+	defer cancel()
+	_, err := topicMetadata(ctx, client, g.sub.topic, sc.Metadata.AllowAutoTopicCreation)
+	if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.TopicAuthorizationFailed) {
+		return err
+	}
+	return nil // another error: the member's own requests meet it, or it passes
+}
+
 // leaveStatic sends a static member's leave (member epoch -2, with its
 // instance id) once its client closed: franz-go's own leave names no
 // instance id, which Kafka refuses (INVALID_REQUEST), and the instance id
 // would stay taken until the member's session expired, refusing the
 // member's restart (UNRELEASED_INSTANCE_ID).
-func (g *kgoGroup) leaveStatic(client sarama.Client, memberID, instanceID string) {
+func (g *kgoGroup) leaveStatic(client *kgo.Client, memberID, instanceID string) {
 	if memberID == "" {
 		return
 	}
 	ctx, cancel := g.sub.halt.within(CloseGrace)
 	defer cancel()
 	err := func() error {
-		opts, err := kgoConnection(client, g.sub.cfg.Brokers)()
-		if err != nil {
-			return err
-		}
-		cl, err := kgo.NewClient(opts...)
-		if err != nil {
-			return err
-		}
-		defer cl.Close()
 		req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 		req.Group, req.MemberID, req.MemberEpoch, req.InstanceID = g.sub.cfg.ConsumerGroup, memberID, -2, &instanceID
-		resp, err := req.RequestWith(ctx, cl)
+		resp, err := req.RequestWith(ctx, client)
 		if err != nil {
 			return err
 		}
@@ -202,10 +226,10 @@ func kgoGroupOptions(cfg *Options) []kgo.Opt {
 	return opts
 }
 
-// assigned starts the claims of the partitions the coordinator added: as
-// Sarama's Setup does for a session, their commits are read and checked
-// and the starts of those without one pinned; kgo then fetches from
-// exactly there (adjustOffsets).
+// assigned starts the claims of the partitions the coordinator added (see
+// startClaims). Those whose leaders do not answer the listing of their
+// starts wait, their fetching paused, until their leaders answer (see
+// kgoHeld), as the classic engine's claims of such partitions wait.
 func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][]int32) {
 	<-g.started
 	parts := slices.Clone(added[g.sub.topic])
@@ -214,11 +238,69 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 	}
 	slices.Sort(parts)
 	g.sess.own(parts)
+	g.mu.Lock()
+	for _, p := range parts {
+		delete(g.unassigned, p)
+	}
+	g.mu.Unlock()
 	// A partition paused by its last claim starts again unpaused.
 	g.cl.ResumeFetchPartitions(map[string][]int32{g.sub.topic: parts})
 	g.sub.logger.Debug("Partitions assigned", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
+	starts, startErrs := g.sub.initialStarts(g.reads, parts)
+	var held []int32
+	for _, p := range parts {
+		if startErrs[p] != nil {
+			held = append(held, p)
+		}
+	}
+	if len(held) > 0 {
+		g.cl.PauseFetchPartitions(map[string][]int32{g.sub.topic: held})
+		g.held.hold(held, startErrs)
+		parts = slices.DeleteFunc(parts, func(p int32) bool { return startErrs[p] != nil })
+	}
+	g.startClaimsFrom(parts, starts, startErrs, false)
+}
+
+// startClaims starts the claims of held partitions whose leaders answer
+// now (see kgoHeld): their starts are listed again, and their fetching
+// resumes from where their claims start. One whose listing fails again is
+// held again.
+func (g *kgoGroup) startClaims(parts []int32, late bool) {
+	starts, startErrs := g.sub.initialStarts(g.reads, parts)
+	if len(startErrs) > 0 {
+		var again []int32
+		for p := range startErrs {
+			again = append(again, p)
+		}
+		g.held.hold(again, startErrs)
+		parts = slices.DeleteFunc(slices.Clone(parts), func(p int32) bool { return startErrs[p] != nil })
+	}
+	g.startClaimsFrom(parts, starts, startErrs, late)
+}
+
+// unassign records that parts were revoked or lost (see unassigned).
+func (g *kgoGroup) unassign(parts []int32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.unassigned == nil {
+		g.unassigned = make(map[int32]bool)
+	}
+	for _, p := range parts {
+		g.unassigned[p] = true
+	}
+}
+
+// startClaimsFrom starts the claims of parts, whose starts at
+// Offsets.Initial are listed in starts (or failed, startErrs): as Sarama's
+// Setup does for a session, their commits are read and checked and the
+// starts of those without one pinned; kgo then fetches from exactly there
+// (adjustOffsets at an assignment; late, for claims held back, SetOffsets
+// before their fetching resumes).
+func (g *kgoGroup) startClaimsFrom(parts []int32, starts map[int32]int64, startErrs map[int32]error, late bool) {
+	if len(parts) == 0 {
+		return
+	}
 	committed, readErr := g.reads.Committed(parts)
-	starts, startErrs := g.sub.initialStarts(g.sarama, parts)
 	start, err := g.prepareSession(g.sess, parts, committed, readErr, nil, starts, startErrs)
 	if err != nil {
 		g.sub.logger.Error("Cannot start the assigned partitions' claims", err, g.sub.logFields)
@@ -236,7 +318,11 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 	if g.sess.Context().Err() != nil {
 		return // stopping: no claim starts after stopClaims
 	}
+	owned := g.sess.Claims()[g.sub.topic]
 	for _, p := range parts {
+		if late && (g.unassigned[p] || !slices.Contains(owned, p) || g.claims[p] != nil) {
+			continue // revoked while it was held
+		}
 		start := partition.Start{Offset: 0}
 		delete(g.from, p)
 		if off, ok := from[p]; ok {
@@ -250,6 +336,12 @@ func (g *kgoGroup) assigned(_ context.Context, _ *kgo.Client, added map[string][
 				start.Offset = off
 				g.from[p] = off
 			}
+		}
+		if late {
+			if off, ok := g.from[p]; ok {
+				g.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{g.sub.topic: {p: {Epoch: -1, Offset: off}}})
+			}
+			g.cl.ResumeFetchPartitions(map[string][]int32{g.sub.topic: {p}})
 		}
 		c := newKgoClaim(g.sub.topic, p)
 		g.claims[p] = c
@@ -269,8 +361,8 @@ func (g *kgoGroup) outOfRange(from map[int32]int64) map[int32]bool {
 	for p := range from {
 		parts = append(parts, p)
 	}
-	first, _ := kclient.ListOffsets(g.sarama, g.sub.topic, parts, sarama.OffsetOldest)
-	end, _ := kclient.ListOffsets(g.sarama, g.sub.topic, parts, sarama.OffsetNewest)
+	first, _ := g.reads.ListOffsets(parts, sarama.OffsetOldest)
+	end, _ := g.reads.ListOffsets(parts, sarama.OffsetNewest)
 	out := make(map[int32]bool)
 	for p, off := range from {
 		if lo, ok := first[p]; ok && off < lo {
@@ -308,6 +400,8 @@ func (g *kgoGroup) revoked(_ context.Context, _ *kgo.Client, revoked map[string]
 		return
 	}
 	g.sub.logger.Debug("Partitions revoked", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
+	g.unassign(parts)
+	g.held.forget(parts)
 	g.waitClaims(g.stopClaims(parts))
 	g.sess.disown(parts)
 }
@@ -322,7 +416,9 @@ func (g *kgoGroup) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 		return
 	}
 	g.sub.logger.Info("Partitions lost; their records are the next owner's", g.sub.logFields.Add(watermill.LogFields{"partitions": fmt.Sprint(parts)}))
+	g.unassign(parts)
 	g.sess.disown(parts)
+	g.held.forget(parts)
 	g.waitClaims(g.stopClaims(parts))
 	g.sub.setPhase(ready.Joining, nil)
 	go g.watchJoined(g.sess.Context())
@@ -419,7 +515,7 @@ func (g *kgoGroup) restartClaim(c *kgoClaim) {
 	start := partition.Start{}
 	if cm, ok := committed[p]; err == nil && ok && cm.Offset >= 0 {
 		start = partition.Start{Offset: cm.Offset, Resolved: true}
-	} else if starts, _ := g.sub.initialStarts(g.sarama, []int32{p}); len(starts) > 0 {
+	} else if starts, _ := g.sub.initialStarts(g.reads, []int32{p}); len(starts) > 0 {
 		start = partition.Start{Offset: starts[p], Resolved: true}
 	}
 	g.mu.Lock()
@@ -498,39 +594,6 @@ func (p kgoPauser) Resume(tps map[string][]int32) { p.g.cl.ResumeFetchPartitions
 
 var _ partition.Pauser = kgoPauser{}
 
-// kgoReads is clusterReads for a consumer-protocol member: through the
-// subscription's Sarama client, but for a partition's leader epoch, which
-// franz-go's fetches find first: the newest epoch of the records fetched
-// (before they are handed to the claim), or Sarama's cached metadata's
-// when newer.
-type kgoReads struct {
-	saramaReads
-	mu     sync.Mutex
-	epochs map[int32]int32
-}
-
-func (r *kgoReads) sawEpoch(p int32, epoch int32) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if epoch > r.epochs[p] {
-		r.epochs[p] = epoch
-	}
-}
-
-func (r *kgoReads) LeaderEpoch(p int32) (int32, error) {
-	r.mu.Lock()
-	seen, ok := r.epochs[p]
-	r.mu.Unlock()
-	e, err := r.saramaReads.LeaderEpoch(p)
-	if err != nil {
-		if ok {
-			return seen, nil
-		}
-		return e, err
-	}
-	return max(e, seen), nil
-}
-
 // checkConsumerProtocol fails when the cluster does not run the consumer
 // group protocol (KIP-848, generally available from Kafka 4.0): franz-go
 // would otherwise fall back to the classic protocol without a word, and
@@ -538,23 +601,13 @@ func (r *kgoReads) LeaderEpoch(p int32) (int32, error) {
 // request alone does not tell (Kafka 3.7-3.9 serve ConsumerGroupHeartbeat
 // as an early access); the group.version feature does, where the cluster
 // lists its finalized features.
-func (sub *subscription) checkConsumerProtocol(ctx context.Context, client sarama.Client) error {
-	if !sub.cfg.ConsumerProtocol || sub.cfg.ConsumerGroup == "" {
-		return nil
+func (sub *subscription) checkConsumerProtocol(ctx context.Context, client conn) error {
+	if client.kgo == nil {
+		return nil // not a consumer-protocol member (see connect)
 	}
-	opts, err := kgoConnection(client, sub.cfg.Brokers)()
-	if err != nil {
-		return err
-	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("cannot create the consumer-protocol client: %w", err)
-	}
-	defer cl.Close()
-	net := client.Config().Net
-	ctx, cancel := context.WithTimeout(ctx, net.DialTimeout+net.ReadTimeout)
+	ctx, cancel := context.WithTimeout(ctx, requestBound(sub.cfg.OverwriteSaramaConfig))
 	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, client.kgo)
 	if err != nil {
 		return fmt.Errorf("asking the broker which requests it serves (GroupProtocolConsumer): %w", err)
 	}

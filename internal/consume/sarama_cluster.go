@@ -31,6 +31,10 @@ func (r saramaReads) HighWaterMarks(partitions []int32) (map[int32]int64, map[in
 	return kclient.ListOffsetsOnce(r.client, r.topic, partitions, sarama.OffsetNewest)
 }
 
+func (r saramaReads) ListOffsets(partitions []int32, at int64) (map[int32]int64, map[int32]error) {
+	return kclient.ListOffsets(r.client, r.topic, partitions, at)
+}
+
 func (r saramaReads) LeaderEpoch(partition int32) (int32, error) {
 	_, e, err := r.client.LeaderAndEpoch(r.topic, partition)
 	return e, err

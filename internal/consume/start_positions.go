@@ -33,9 +33,17 @@ func (sub *subscription) initialOffset(partition int32) int64 {
 	return sub.cfg.OverwriteSaramaConfig.Consumer.Offsets.Initial
 }
 
+// offsetLister lists the offsets at a position (sarama.OffsetNewest or
+// sarama.OffsetOldest) of partitions of the subscription's topic, one
+// request per leader, each partition tried again as a client tries a
+// request; those without an answer are in errs.
+type offsetLister interface {
+	ListOffsets(partitions []int32, at int64) (offsets map[int32]int64, errs map[int32]error)
+}
+
 // initialStarts resolves initialOffset for the given partitions, with
-// one kclient.ListOffsets per position asked for.
-func (sub *subscription) initialStarts(client sarama.Client, partitions []int32) (map[int32]int64, map[int32]error) {
+// one listing per position asked for.
+func (sub *subscription) initialStarts(client offsetLister, partitions []int32) (map[int32]int64, map[int32]error) {
 	byInitial := make(map[int64][]int32, 1)
 	for _, p := range partitions {
 		at := sub.initialOffset(p)
@@ -43,7 +51,7 @@ func (sub *subscription) initialStarts(client sarama.Client, partitions []int32)
 	}
 	starts, errs := make(map[int32]int64, len(partitions)), make(map[int32]error)
 	for at, ps := range byInitial {
-		s, e := kclient.ListOffsets(client, sub.topic, ps, at)
+		s, e := client.ListOffsets(ps, at)
 		maps.Copy(starts, s)
 		maps.Copy(errs, e)
 	}
@@ -131,7 +139,7 @@ func (sub *subscription) resolveFirstStarts(client sarama.Client) {
 	// A partition the metadata names no leader for is not asked: asking
 	// would refresh the metadata, with Sarama's retries, for each one.
 	noLeader := leaderlessPartitions(client, sub.topic, partitions)
-	starts, errs := sub.initialStarts(client, slices.DeleteFunc(slices.Clone(partitions), func(p int32) bool {
+	starts, errs := sub.initialStarts(saramaReads{client: client, topic: sub.topic}, slices.DeleteFunc(slices.Clone(partitions), func(p int32) bool {
 		return noLeader[p] != nil
 	}))
 	maps.Copy(errs, noLeader)

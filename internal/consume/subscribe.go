@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/maphash"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -19,7 +18,7 @@ import (
 // context ends or the host closes, then closes Output.
 type Subscription struct {
 	sub    *subscription
-	client sarama.Client // the first connection, made by Start
+	client conn // the first connection, made by Start
 }
 
 // Start begins a subscription to topic for host: it makes the first
@@ -61,19 +60,19 @@ func Start(ctx context.Context, opts *Options, host Host, topic string, txn *Txn
 
 	client, err := sub.connect(ctx)
 	if err == nil {
-		err = sub.checkGroupAccess(client)
+		err = sub.checkGroupAccess(ctx, client)
 	}
 	if err == nil {
 		err = sub.checkConsumerProtocol(ctx, client)
 	}
 	if err == nil {
-		err = sub.checkTailBudget(client)
+		err = sub.checkTailBudget(ctx, client)
 	}
 	if err == nil {
 		if opts.ConsumerGroup == "" {
-			sub.resolveFirstStarts(client)
-		} else if partitions, perr := client.Partitions(topic); perr == nil {
-			sub.firstPartitions = int32(len(partitions)) // see initialOffset
+			sub.resolveFirstStarts(client.sarama)
+		} else {
+			sub.firstPartitions = client.partitionCount(ctx, topic, opts.OverwriteSaramaConfig.Metadata.AllowAutoTopicCreation) // see initialOffset
 		}
 	}
 	s := &Subscription{sub: sub, client: client}
@@ -92,9 +91,7 @@ func (s *Subscription) Output() <-chan *message.Message { return s.sub.output }
 
 // Abort gives up a started subscription that will not run.
 func (s *Subscription) Abort() {
-	if s.client != nil {
-		_ = s.client.Close()
-	}
+	s.client.close()
 	if s.sub.txn != nil {
 		s.sub.txn.close()
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/safeack/safeack/internal/backoff"
@@ -60,9 +59,9 @@ func (sub *subscription) newWorker(parent context.Context, a partition.Assignmen
 // run consumes until ctx ends or the Subscriber closes, reconnecting after
 // errors as watermill-kafka does. client is the first connection, made by
 // Subscribe.
-func (sub *subscription) run(ctx context.Context, client sarama.Client) {
+func (sub *subscription) run(ctx context.Context, client conn) {
 	for {
-		if client == nil {
+		if client.none() {
 			c, err := sub.connect(ctx)
 			if err != nil {
 				if sub.stopping(ctx) {
@@ -83,7 +82,7 @@ func (sub *subscription) run(ctx context.Context, client sarama.Client) {
 			sub.setPhase(ready.Joining, nil)
 		}
 		err := sub.consumeOnce(ctx, client)
-		client = nil
+		client = conn{}
 		if errors.Is(err, sentinel.ErrInstanceFenced) {
 			return // logged and reported by fenced; a reconnect would rejoin
 		}
@@ -121,11 +120,11 @@ func (sub *subscription) stopping(ctx context.Context) bool {
 
 // consumeOnce runs one client connection until it fails or is stopped,
 // and closes the client.
-func (sub *subscription) consumeOnce(parent context.Context, client sarama.Client) error {
+func (sub *subscription) consumeOnce(parent context.Context, client conn) error {
 	var closeOnce sync.Once
 	closeClient := func() {
 		closeOnce.Do(func() {
-			if err := client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
+			if err := client.close(); err != nil {
 				sub.logger.Error("Cannot close Sarama client", err, sub.logFields)
 			}
 		})
@@ -147,8 +146,11 @@ func (sub *subscription) consumeOnce(parent context.Context, client sarama.Clien
 	go func() {
 		select {
 		case <-sub.halt.abandoned:
-			if tc, ok := client.(*kclient.TrackedClient); ok {
+			if tc, ok := client.sarama.(*kclient.TrackedClient); ok {
 				tc.Abandon()
+			}
+			if client.conns != nil {
+				client.conns.Abandon() // the franz-go clients' connections
 			}
 			go closeClient()
 		case <-ended:
@@ -165,13 +167,13 @@ func (sub *subscription) consumeOnce(parent context.Context, client sarama.Clien
 		}
 	}()
 
-	if sub.cfg.ConsumerGroup == "" {
-		return sub.consumePartitions(ctx, client)
-	}
-	if sub.cfg.ConsumerProtocol {
+	if client.kgo != nil {
 		return sub.consumeGroupKgo(ctx, client)
 	}
-	return sub.consumeGroup(ctx, client)
+	if sub.cfg.ConsumerGroup == "" {
+		return sub.consumePartitions(ctx, client.sarama)
+	}
+	return sub.consumeGroup(ctx, client.sarama)
 }
 
 // setPhase reports where the subscription stands, for Ready.
