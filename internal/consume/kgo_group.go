@@ -391,7 +391,7 @@ func (g *kgoGroup) runKgoClaim(c *kgoClaim, start partition.Start) {
 	}
 	o, run, err := g.claimOrigin(g.sess, c.partition)
 	if run {
-		err = g.runClaim(g.sess, c, o, feed{messages: c.out, start: start, watching: c.watching})
+		err = g.runClaim(g.sess, c, o, feed{messages: c.out, start: start, watching: c.watching, diverging: c.diverging})
 	}
 	g.claimReturned()
 	if err != nil {
@@ -447,6 +447,10 @@ func (g *kgoGroup) poll(ctx context.Context) {
 			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 				return
 			}
+			if lost, ok := errors.AsType[*kgo.ErrDataLoss](err); ok && topic == g.sub.topic {
+				g.dataLoss(lost)
+				return
+			}
 			g.sub.logger.Error("Fetch error", err, g.sub.logFields.Add(watermill.LogFields{"kafka_partition": p}))
 		})
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
@@ -469,6 +473,30 @@ func (g *kgoGroup) poll(ctx context.Context) {
 			g.reads.sawEpoch(fp.Partition, top)
 			c.push(recs)
 		})
+	}
+}
+
+// dataLoss hands franz-go's finding that a partition's log lost records
+// to the partition's claim. franz-go checks the leader epoch of what it
+// fetched on its own when the partition's leader changes (KIP-320), and,
+// when the new leader's log diverged below its fetch position, moves the
+// fetch back to the divergence point (or, where it cannot tell where,
+// to Offsets.Initial) and says so with an ErrDataLoss. The records the
+// claim took or queued from there on are then not the log's: the claim
+// ends as for a truncation its own epoch watch finds (the marks held at
+// the divergence point), and starts again from the group's commit. This
+// is what holds when the claim's own check could not run (an
+// OffsetForLeaderEpoch refused): before, the records franz-go fetched
+// again were below what the claim had taken, refused, and the partition
+// stopped until its next assignment.
+func (g *kgoGroup) dataLoss(lost *kgo.ErrDataLoss) {
+	g.mu.Lock()
+	c := g.claims[lost.Partition]
+	g.mu.Unlock()
+	g.sub.logger.Info("The client found the partition's log diverged from what it fetched", g.sub.logFields.Add(watermill.LogFields{
+		"kafka_partition": lost.Partition, "consumed_to": lost.ConsumedTo, "reset_to": lost.ResetTo, "claimed": c != nil}))
+	if c != nil {
+		c.diverged(lost.ResetTo)
 	}
 }
 
