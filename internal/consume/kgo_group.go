@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -45,6 +46,12 @@ type kgoGroup struct {
 	// started closes once cl and sess are set: kgo may call back before
 	// NewClient returns.
 	started chan struct{}
+	// fencedCh closes (once, fenceOnce) when the coordinator fenced the
+	// member's instance id (see fence).
+	fencedCh  chan struct{}
+	fenceOnce sync.Once
+	// joined: the coordinator took the member in once (see watchJoined).
+	joined atomic.Bool
 
 	mu     sync.Mutex
 	claims map[int32]*kgoClaim
@@ -61,7 +68,8 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	reads := &kgoReads{saramaReads: saramaReads{client: client, group: sub.cfg.ConsumerGroup, topic: sub.topic}, epochs: make(map[int32]int32)}
 	epochs := &epochClient{connection: kgoConnection(client, sub.cfg.Brokers)}
 	defer epochs.close()
-	g := &kgoGroup{reads: reads, sarama: client, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
+	g := &kgoGroup{reads: reads, sarama: client, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64),
+		started: make(chan struct{}), fencedCh: make(chan struct{})}
 	g.member = &member{sub: sub, ctx: ctx, epochs: epochs, reads: reads, offsets: sessionOffsets{sub: sub, reads: reads}}
 	g.commits = newCommitter(g.member)
 	g.pauser = kgoPauser{g}
@@ -77,6 +85,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 		kgo.AdjustFetchOffsetsFn(g.adjustOffsets),
 		kgo.OnPartitionsRevoked(g.revoked),
 		kgo.OnPartitionsLost(g.lost),
+		kgo.WithHooks(kgoFenceHook{g}),
 	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -85,6 +94,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	g.cl = cl
 	sessCtx, endSess := context.WithCancelCause(ctx)
 	g.sess = newKgoSession(sessCtx, cl, sub.cfg.ConsumerGroup, sub.topic, sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId, sub.logger, sub.logFields)
+	g.sess.fenced = g.fence
 	g.commits.begin(g.sess, nil)
 	g.mu.Lock()
 	g.pinned = closedChan
@@ -97,14 +107,23 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 		defer close(polled)
 		g.poll(sessCtx)
 	}()
-	<-ctx.Done()
+	fenced := false
+	select {
+	case <-ctx.Done():
+	case <-g.fencedCh:
+		// The partitions are the fencing member's: nothing more is
+		// committed for them (the claims' drains and the final commit
+		// find none owned), and the member does not rejoin.
+		fenced = true
+		g.sess.disownAll()
+	}
 	// The subscription stops: every claim drains and the session's final
 	// commit covers them (see member.endSession), before kgo leaves the
 	// group (its revocation then finds no claim).
 	endSess(context.Canceled)
 	g.stopClaims(nil)
 	g.claimsDone.Wait()
-	g.endSession(g.sess, func() bool { return false })
+	g.endSession(g.sess, func() bool { return fenced })
 	g.sess.disownAll()
 	// Leaving the group waits for the coordinator: not past the
 	// shutdown's deadline (see shutdown). The leave is sent before the
@@ -115,7 +134,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 		defer close(closed)
 		memberID, _ := cl.GroupMetadata()
 		cl.Close()
-		if id := sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId; id != "" {
+		if id := sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId; id != "" && !fenced {
 			g.leaveStatic(client, memberID, id)
 		}
 	}()
@@ -124,8 +143,50 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 		<-polled
 	case <-g.sub.halt.abandoned:
 	}
+	if fenced {
+		return sub.fenced()
+	}
 	return nil
 }
+
+// fence ends the member whose instance id another member took: the
+// coordinator answers FENCED_INSTANCE_ID (to a heartbeat naming the id, or
+// a commit), or, to the rejoin of a member it dropped, UNRELEASED_INSTANCE_ID
+// (franz-go's keepalive heartbeats name no instance id: a dropped member
+// is told UNKNOWN_MEMBER_ID and rejoins). On the consumer protocol another
+// member can take the id only once this one's session expired (a member
+// stalled, cut off): while this one is alive the coordinator refuses the
+// other's join. As on the classic protocol the subscription stops for
+// good, with sentinel.ErrInstanceFenced: a rejoin would only be refused
+// while the other member holds the id.
+func (g *kgoGroup) fence() {
+	g.fenceOnce.Do(func() { close(g.fencedCh) })
+}
+
+// kgoFenceHook tells the member of an error that ended kgo's group
+// session: FENCED_INSTANCE_ID fences it (see kgoGroup.fence).
+type kgoFenceHook struct{ g *kgoGroup }
+
+func (h kgoFenceHook) OnGroupManageError(err error) {
+	switch {
+	case errors.Is(err, kerr.FencedInstanceID):
+		h.g.fence()
+	case errors.Is(err, kerr.UnreleasedInstanceID) && h.g.joined.Load():
+		h.g.fence()
+	case errors.Is(err, kerr.UnreleasedInstanceID):
+		// A member that never joined: another one holds the instance id
+		// (a copy started beside the running one, or the restart of a
+		// deploy before the old one left). franz-go goes on trying; the
+		// member joins once the other leaves.
+		id := h.g.sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId
+		err = fmt.Errorf("another live member of consumer group %q holds Consumer.Group.InstanceId %q; joining once it leaves: %w",
+			h.g.sub.cfg.ConsumerGroup, id, err)
+		h.g.sub.logger.Error("Cannot join the consumer group", err, h.g.sub.logFields.Add(watermill.LogFields{"instance_id": id}))
+		h.g.sub.setPhase(ready.Joining, err)
+	}
+}
+
+var _ kgo.HookGroupManageError = kgoFenceHook{}
 
 // leaveStatic sends a static member's leave (member epoch -2, with its
 // instance id) once its client closed: franz-go's own leave names no
@@ -334,6 +395,7 @@ func (g *kgoGroup) watchJoined(ctx context.Context) {
 	defer t.Stop()
 	for {
 		if _, epoch := g.cl.GroupMetadata(); epoch > 0 {
+			g.joined.Store(true)
 			g.sub.setPhase(ready.Consuming, nil)
 			return
 		}
@@ -450,6 +512,9 @@ func (g *kgoGroup) poll(ctx context.Context) {
 			if lost, ok := errors.AsType[*kgo.ErrDataLoss](err); ok && topic == g.sub.topic {
 				g.dataLoss(lost)
 				return
+			}
+			if errors.Is(err, kerr.FencedInstanceID) || errors.Is(err, kerr.UnreleasedInstanceID) {
+				return // told by kgoFenceHook
 			}
 			g.sub.logger.Error("Fetch error", err, g.sub.logFields.Add(watermill.LogFields{"kafka_partition": p}))
 		})

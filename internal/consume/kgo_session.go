@@ -26,6 +26,9 @@ type kgoSession struct {
 	instanceID string
 	logger     watermill.LoggerAdapter
 	logFields  watermill.LogFields
+	// fenced, when not nil, is told of a commit refused with
+	// FENCED_INSTANCE_ID (see kgoGroup.fence).
+	fenced func()
 
 	// commitMu orders the commits: a later mark never lands before an
 	// earlier one.
@@ -212,6 +215,11 @@ func (s *kgoSession) commitOnce() (retry bool, err error) {
 				if s.owned[rp.Partition] {
 					s.sent[rp.Partition] = m
 				}
+			case errors.Is(perr, kerr.FencedInstanceID):
+				if s.fenced != nil {
+					s.fenced()
+				}
+				err = perr
 			case errors.Is(perr, kerr.StaleMemberEpoch), errors.Is(perr, kerr.FencedMemberEpoch),
 				errors.Is(perr, kerr.UnknownMemberID), errors.Is(perr, kerr.IllegalGeneration):
 				retry = retry || s.owned[rp.Partition]
