@@ -93,7 +93,8 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	}
 	g.cl = cl
 	sessCtx, endSess := context.WithCancelCause(ctx)
-	g.sess = newKgoSession(sessCtx, cl, sub.cfg.ConsumerGroup, sub.topic, sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId, sub.logger, sub.logFields)
+	g.sess = newKgoSession(sessCtx, cl, sub.cfg.ConsumerGroup, sub.topic, sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId,
+		sub.halt.abandoned, sub.logger, sub.logFields)
 	g.sess.fenced = g.fence
 	g.commits.begin(g.sess, nil)
 	g.mu.Lock()
