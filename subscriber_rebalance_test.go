@@ -536,7 +536,6 @@ func testChurn(t *testing.T, cooperative bool, initial int64, ordering safeack.O
 // commit (not the one its session started with) and skip B's completed
 // records.
 func TestCooperativeRoundTripKeepsTail(t *testing.T) {
-	skipOnConsumerProtocol(t, "Sarama's cooperative-sticky strategy")
 	t.Parallel()
 	const partitions = 2
 	c, topic, group, acks, watch := startWatched(t, partitions)

@@ -52,6 +52,9 @@ type kgoGroup struct {
 	fenceOnce sync.Once
 	// joined: the coordinator took the member in once (see watchJoined).
 	joined atomic.Bool
+	// heartbeats: when the coordinator last answered the member's
+	// heartbeat (see watchHeartbeats).
+	heartbeats heartbeatLog
 
 	mu     sync.Mutex
 	claims map[int32]*kgoClaim
@@ -85,7 +88,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 		kgo.AdjustFetchOffsetsFn(g.adjustOffsets),
 		kgo.OnPartitionsRevoked(g.revoked),
 		kgo.OnPartitionsLost(g.lost),
-		kgo.WithHooks(kgoFenceHook{g}),
+		kgo.WithHooks(kgoFenceHook{g}, &g.heartbeats),
 	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -103,6 +106,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, client sarama.Clie
 	close(g.started)
 
 	go g.watchJoined(sessCtx)
+	go g.watchHeartbeats(sessCtx)
 	polled := make(chan struct{})
 	go func() {
 		defer close(polled)
@@ -404,6 +408,93 @@ func (g *kgoGroup) watchJoined(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// heartbeatLog keeps when the coordinator last answered the member's
+// heartbeat (ConsumerGroupHeartbeat, whatever its error code: the
+// coordinator is there), and the longest gap between two answers while
+// it answered (the broker sets the interval: 5 s by default on Kafka).
+type heartbeatLog struct {
+	mu     sync.Mutex
+	last   time.Time
+	maxGap time.Duration
+	silent bool // the member reported the coordinator silent (see watchHeartbeats)
+}
+
+// maxHeartbeatGap caps the gap learnt between two answers: Kafka's
+// group.consumer.max.heartbeat.interval.ms is 15 s by default.
+const maxHeartbeatGap = 15 * time.Second
+
+func (l *heartbeatLog) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
+	if key != int16(kmsg.ConsumerGroupHeartbeat) || e2e.Err() != nil {
+		return
+	}
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && !l.silent {
+		l.maxGap = min(max(l.maxGap, now.Sub(l.last)), maxHeartbeatGap)
+	}
+	l.last = now
+}
+
+var _ kgo.HookBrokerE2E = (*heartbeatLog)(nil)
+
+// silence reports how long the coordinator has answered no heartbeat
+// when that is past twice the longest gap between answers, plus 3 s
+// (0 otherwise), and whether the member reported it silent before.
+func (l *heartbeatLog) silence(now time.Time) (since time.Duration, reported bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last.IsZero() {
+		return 0, l.silent
+	}
+	if d := now.Sub(l.last); d > 2*l.maxGap+3*time.Second {
+		return d, l.silent
+	}
+	return 0, l.silent
+}
+
+func (l *heartbeatLog) setSilent(silent bool) {
+	l.mu.Lock()
+	l.silent = silent
+	l.mu.Unlock()
+}
+
+// watchHeartbeats tells Ready the member is not consuming while its
+// coordinator answers none of its heartbeats (the brokers went away, the
+// network is cut): franz-go keeps its membership and tries again on its
+// own, and the member consumes again once the coordinator answers (its
+// partitions may have moved meanwhile, see lost). The classic engine's
+// session ends instead, and its subscription reconnects: Ready says so
+// alike.
+func (g *kgoGroup) watchHeartbeats(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		since, reported := g.heartbeats.silence(time.Now())
+		switch {
+		case since > 0 && !reported && g.joined.Load():
+			g.heartbeats.setSilent(true)
+			err := fmt.Errorf("the group coordinator has answered no heartbeat of the member for %v; franz-go tries again",
+				since.Round(time.Millisecond))
+			g.sub.logger.Error("Consumer group coordinator unreachable", err, g.sub.logFields)
+			g.sub.setPhase(ready.Connecting, err)
+		case since == 0 && reported:
+			g.heartbeats.setSilent(false)
+			g.sub.logger.Info("The group coordinator answers the member's heartbeats again", g.sub.logFields)
+			if _, epoch := g.cl.GroupMetadata(); epoch > 0 {
+				g.sub.setPhase(ready.Consuming, nil)
+			} else {
+				g.sub.setPhase(ready.Joining, nil)
+			}
 		}
 	}
 }
