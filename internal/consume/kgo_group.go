@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -412,46 +413,73 @@ func (g *kgoGroup) watchJoined(ctx context.Context) {
 	}
 }
 
-// heartbeatLog keeps when the coordinator last answered the member's
-// heartbeat (ConsumerGroupHeartbeat, whatever its error code: the
-// coordinator is there), and the longest gap between two answers while
-// it answered (the broker sets the interval: 5 s by default on Kafka).
+// heartbeatLog keeps whether the member's heartbeats reach its
+// coordinator: since when they fail (the request's connection to the
+// coordinator failed or broke: the broker is gone, the network cut),
+// until one is answered again (whatever its error code: the coordinator is
+// there). Silence alone is no sign: the coordinator sets the interval
+// (5 s by default on Kafka, up to group.consumer.max.heartbeat.interval.ms).
 type heartbeatLog struct {
-	mu     sync.Mutex
-	last   time.Time
-	maxGap time.Duration
-	silent bool // the member reported the coordinator silent (see watchHeartbeats)
+	mu           sync.Mutex
+	coordinator  int32 // the node that last answered a heartbeat
+	answered     bool  // one did
+	failingSince time.Time
+	silent       bool // the member reported the coordinator unreachable (see watchHeartbeats)
 }
 
-// maxHeartbeatGap caps the gap learnt between two answers: Kafka's
-// group.consumer.max.heartbeat.interval.ms is 15 s by default.
-const maxHeartbeatGap = 15 * time.Second
-
-func (l *heartbeatLog) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
-	if key != int16(kmsg.ConsumerGroupHeartbeat) || e2e.Err() != nil {
+func (l *heartbeatLog) OnBrokerE2E(meta kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
+	if key != int16(kmsg.ConsumerGroupHeartbeat) {
 		return
 	}
-	now := time.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.last.IsZero() && !l.silent {
-		l.maxGap = min(max(l.maxGap, now.Sub(l.last)), maxHeartbeatGap)
+	if e2e.Err() != nil {
+		l.failing()
+		return
 	}
-	l.last = now
+	l.coordinator, l.answered, l.failingSince = meta.NodeID, true, time.Time{}
 }
 
-var _ kgo.HookBrokerE2E = (*heartbeatLog)(nil)
-
-// silence reports how long the coordinator has answered no heartbeat
-// when that is past twice the longest gap between answers, plus 3 s
-// (0 otherwise), and whether the member reported it silent before.
-func (l *heartbeatLog) silence(now time.Time) (since time.Duration, reported bool) {
+// OnBrokerConnect counts a failed connection to the coordinator as a
+// failed heartbeat: franz-go sends none on a connection it cannot open.
+func (l *heartbeatLog) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.last.IsZero() {
+	if l.answered && meta.NodeID == l.coordinator {
+		l.failing()
+	}
+}
+
+// failing notes a failed heartbeat. Callers hold mu.
+func (l *heartbeatLog) failing() {
+	if l.failingSince.IsZero() {
+		l.failingSince = time.Now()
+	}
+}
+
+var (
+	_ kgo.HookBrokerE2E     = (*heartbeatLog)(nil)
+	_ kgo.HookBrokerConnect = (*heartbeatLog)(nil)
+)
+
+// heartbeatsFailFor is how long the member's heartbeats fail before Ready
+// reports the coordinator unreachable: franz-go's own retries of a
+// request to a broker that restarts or moves take about this long.
+const heartbeatsFailFor = 2 * time.Second
+
+// unreachable reports for how long the member's heartbeats have failed,
+// once past heartbeatsFailFor (0 otherwise), and whether the member
+// reported it before.
+func (l *heartbeatLog) unreachable(now time.Time) (since time.Duration, reported bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failingSince.IsZero() {
 		return 0, l.silent
 	}
-	if d := now.Sub(l.last); d > 2*l.maxGap+3*time.Second {
+	if d := now.Sub(l.failingSince); d > heartbeatsFailFor {
 		return d, l.silent
 	}
 	return 0, l.silent
@@ -464,7 +492,7 @@ func (l *heartbeatLog) setSilent(silent bool) {
 }
 
 // watchHeartbeats tells Ready the member is not consuming while its
-// coordinator answers none of its heartbeats (the brokers went away, the
+// heartbeats cannot reach its coordinator (the brokers went away, the
 // network is cut): franz-go keeps its membership and tries again on its
 // own, and the member consumes again once the coordinator answers (its
 // partitions may have moved meanwhile, see lost). The classic engine's
@@ -479,11 +507,11 @@ func (g *kgoGroup) watchHeartbeats(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		since, reported := g.heartbeats.silence(time.Now())
+		since, reported := g.heartbeats.unreachable(time.Now())
 		switch {
 		case since > 0 && !reported && g.joined.Load():
 			g.heartbeats.setSilent(true)
-			err := fmt.Errorf("the group coordinator has answered no heartbeat of the member for %v; franz-go tries again",
+			err := fmt.Errorf("the member's heartbeats have not reached the group coordinator for %v; franz-go tries again",
 				since.Round(time.Millisecond))
 			g.sub.logger.Error("Consumer group coordinator unreachable", err, g.sub.logFields)
 			g.sub.setPhase(ready.Connecting, err)
