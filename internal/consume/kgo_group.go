@@ -53,8 +53,8 @@ type kgoGroup struct {
 	fenceOnce sync.Once
 	// joined: the coordinator took the member in once (see watchJoined).
 	joined atomic.Bool
-	// heartbeats: when the coordinator last answered the member's
-	// heartbeat (see watchHeartbeats).
+	// heartbeats: whether the member's heartbeats reach its coordinator
+	// (see watchHeartbeats).
 	heartbeats heartbeatLog
 
 	mu     sync.Mutex
