@@ -159,14 +159,18 @@ func TestSubscribeUnreachableBroker(t *testing.T) {
 // the group is being joined, ready once the member has its assignment
 // (also an empty one), and not ready again once the broker went away.
 func TestSubscriberReady(t *testing.T) {
-	skipOnConsumerProtocol(t, "it holds the classic JoinGroup")
 	t.Parallel()
 	c, topic, group := kafkatest.StartTopic(t, 2, kafkatest.Embedded())
 
-	// Hold every JoinGroup until released: the member stays joining.
+	// Hold every join until released (JoinGroup, or the consumer
+	// protocol's ConsumerGroupHeartbeat): the member stays joining.
 	release := make(chan struct{})
 	kf := c.Kfake()
-	kf.ControlKey(kmsg.JoinGroup.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+	join := kmsg.JoinGroup
+	if envGroupProtocol == safeack.GroupProtocolConsumer {
+		join = kmsg.ConsumerGroupHeartbeat
+	}
+	kf.ControlKey(join.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
 		kf.KeepControl()
 		kf.SleepControl(func() { <-release })
 		return nil, nil, false

@@ -101,17 +101,189 @@ func (l errorLog) count(target error) int {
 // would fence the newer one in turn, and the two would take the partitions
 // from each other for as long as both run. Every commit at the broker
 // covers only acked records.
+//
+// On the consumer protocol (KIP-848) the coordinator refuses B's join
+// while A is alive (UNRELEASED_INSTANCE_ID): B takes A's instance id only
+// once A's session expired (A stalled: its heartbeats are held here), and
+// A learns of it when its heartbeats get through again. From there A stops
+// as on the classic protocol; B, refused meanwhile, joins once the id is
+// free.
 func TestStaticMemberFenced(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name              string
-		busy, cooperative bool
-	}{{"idle", false, false}, {"busy", true, false}, {"busy-cooperative", true, true}} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			testStaticMemberFenced(t, tc.busy, tc.cooperative)
+	forProtocols(t, func(t *testing.T, p safeack.GroupProtocol) {
+		for _, tc := range []struct {
+			name              string
+			busy, cooperative bool
+		}{{"idle", false, false}, {"busy", true, false}, {"busy-cooperative", true, true}} {
+			if p == safeack.GroupProtocolConsumer && tc.cooperative {
+				continue // every rebalance of the consumer protocol is incremental
+			}
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				if p == safeack.GroupProtocolConsumer {
+					testStaticMemberFencedConsumer(t, tc.busy)
+					return
+				}
+				testStaticMemberFenced(t, tc.busy, tc.cooperative)
+			})
+		}
+	})
+}
+
+// testStaticMemberFencedConsumer is TestStaticMemberFenced on the consumer
+// group protocol: B joins with A's instance id once A's session expired
+// while A stalled (its heartbeats held at the broker), and A, back, is
+// fenced. busy: A acks and commits while it stalls.
+func testStaticMemberFencedConsumer(t *testing.T, busy bool) {
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t) // A's heartbeats are held at the embedded broker
+	const partitions = 2
+	topic, group := c.NewTopic(t, partitions), c.NewGroup(t)
+	acks, watch := watchCommits(t, c, group, topic)
+	c.ProduceN(t, topic, partitions, partitions*20, nil)
+	member := func(logger watermill.LoggerAdapter) *safeack.Subscriber {
+		cfg := protocolConfig(c, group, safeack.GroupProtocolConsumer, func(cfg *safeack.SubscriberConfig) {
+			cfg.Ordering = safeack.Unordered
+			cfg.MaxInFlight = 4
+			cfg.DrainTimeout = 300 * time.Millisecond
+			cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = "twin"
+		})
+		sub, err := safeack.NewSubscriber(cfg, logger)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
+		return sub
+	}
+
+	// A holds offset 5 of partition 0 and acks everything else, slowly
+	// from offset 20 on.
+	logA := newErrorLog()
+	a := member(logA)
+	var heldMu sync.Mutex
+	var held *message.Message
+	var handedAfterFence []po
+	var fencedAt time.Time
+	doneA := handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		k, _ := msgPO(m)
+		heldMu.Lock()
+		if !fencedAt.IsZero() {
+			handedAfterFence = append(handedAfterFence, k)
+		}
+		if k == (po{0, 5}) && held == nil {
+			held = m
+			heldMu.Unlock()
+			return
+		}
+		heldMu.Unlock()
+		if k.o >= 20 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		acks.ack(m)
+	})
+	kafkatest.WaitFor(t, mwWait, "A to ack all but its held record", func() bool {
+		return len(acks.missing(c, topic)) == 1
+	})
+	watch.waitCommitted(t, map[int32]int64{0: 5, 1: 20}, mwWait)
+	var memberA string
+	for _, oc := range watch.log.Commits() {
+		if oc.Group == group {
+			memberA = oc.MemberID
+		}
+	}
+	require.NotEmpty(t, memberA)
+	if busy {
+		c.ProduceN(t, topic, partitions, 800, nil)
+		kafkatest.WaitFor(t, mwWait, "A to ack some of the new records", func() bool {
+			return len(acks.missing(c, topic)) < 790
 		})
 	}
+
+	// A stalls: its heartbeats are held until B owns the partitions, so
+	// that its session (3 s on the embedded broker) expires meanwhile.
+	var b *safeack.Subscriber
+	var bStarted atomic.Bool
+	bOwnsAll := func() bool {
+		return bStarted.Load() && len(ownedPartitions(b, topic)) == partitions
+	}
+	kf := c.Kfake()
+	stalledAt := time.Now()
+	kf.ControlKey(kmsg.ConsumerGroupHeartbeat.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		if hb := req.(*kmsg.ConsumerGroupHeartbeatRequest); hb.Group == group && hb.MemberID == memberA {
+			kf.SleepControl(func() { kafkatest.Poll(mwWait, 20*time.Millisecond, bOwnsAll) })
+		}
+		return nil, nil, false
+	})
+	b = newLoggedSubscriber(t, c, group, testLogger(), func(cfg *safeack.SubscriberConfig) {
+		cfg.GroupProtocol = safeack.GroupProtocolConsumer
+		cfg.Ordering = safeack.Unordered
+		cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId = "twin"
+	})
+	bStarted.Store(true)
+	doneB := handleAll(mustSubscribe(t, b, topic), acks.ack)
+	kafkatest.WaitFor(t, mwWait, "B to own the partitions", bOwnsAll)
+	require.NoError(t, b.WaitReady(t.Context()))
+
+	// A reported the fencing, closed its channel, owns nothing.
+	kafkatest.WaitFor(t, mwWait, "A to report the fencing", func() bool {
+		return errors.Is(a.Ready(), safeack.ErrInstanceFenced)
+	})
+	err := a.Ready()
+	require.ErrorIs(t, err, safeack.ErrNotReady)
+	require.Contains(t, err.Error(), `"twin"`)
+	heldMu.Lock()
+	fencedAt = time.Now()
+	heldMu.Unlock()
+	logged, ok := logA.first(safeack.ErrInstanceFenced)
+	require.True(t, ok, "A logged no Error wrapping ErrInstanceFenced")
+	require.Equal(t, 1, logA.count(safeack.ErrInstanceFenced), "the fencing is logged once")
+	select {
+	case <-doneA:
+	case <-time.After(mwWait):
+		t.Fatal("A's message channel did not close after the fencing")
+	}
+	require.Empty(t, ownedPartitions(a, topic), "A still shows partitions in Stats")
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		require.NoError(t, b.Ready(), "B lost its membership: A came back")
+		require.Len(t, ownedPartitions(b, topic), partitions, "B lost partitions: A came back")
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// A's held record, acked now, changes nothing: B handles it again, and
+	// everything else.
+	heldMu.Lock()
+	require.NotNil(t, held)
+	acks.ackLate(held)
+	heldMu.Unlock()
+	c.ProduceN(t, topic, partitions, partitions*10, nil)
+	acks.waitAllAcked(t, c, topic, mwWait)
+	require.Equal(t, 1, acks.count(po{0, 5}), "the record A held was not handled again by B")
+	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
+	heldMu.Lock()
+	require.Empty(t, handedAfterFence, "A handed records out after it reported the fencing")
+	heldMu.Unlock()
+
+	require.NoError(t, b.Close())
+	<-doneB
+	require.NoError(t, a.Close())
+	require.ErrorIs(t, a.Ready(), safeack.ErrSubscriberClosed)
+	require.ErrorIs(t, a.Ready(), safeack.ErrInstanceFenced, "Ready after Close forgot the fencing")
+
+	// At the broker: every commit of the group covers acked records only,
+	// and none from A's member was taken after it stalled (A's commits
+	// then are refused: its member is gone).
+	require.Positive(t, watch.check(t))
+	require.Empty(t, acks.badMessages())
+	var fromAAfterStall int
+	for _, oc := range watch.log.Commits() {
+		if oc.Group != group || oc.MemberID != memberA {
+			continue
+		}
+		require.False(t, oc.At.After(logged.at), "A committed after it logged the fencing: %+v", oc)
+		if oc.At.After(stalledAt) {
+			fromAAfterStall++
+		}
+	}
+	t.Logf("A's commit requests after it stalled: %d; fencing logged %v after: %v", fromAAfterStall, logged.at.Sub(stalledAt), logged.err)
 }
 
 func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {

@@ -412,7 +412,6 @@ func refuseCommitsPastStart(c *kafkatest.Cluster, group string, code int16, n in
 // Before, the refused commit was dropped and the new owner handled the
 // record acked during the drain again.
 func TestCooperativeRevokeFinalCommitRefusedIsRetried(t *testing.T) {
-	skipOnConsumerProtocol(t, "Sarama's cooperative-sticky strategy")
 	t.Parallel()
 	c := kafkatest.Start(t)
 	c.RequireEmbedded(t)

@@ -224,6 +224,18 @@ func requireConsumerProtocol(t *testing.T) {
 	}
 }
 
+// consumerHeartbeat is the heartbeat interval c's coordinator gives
+// consumer-protocol members: a member takes or gives up a partition on its
+// heartbeat. A real broker keeps Kafka's default
+// (group.consumer.heartbeat.interval.ms, 5 s; scripts/kafka.sh only lowers
+// its minimum).
+func consumerHeartbeat(c *kafkatest.Cluster) time.Duration {
+	if c.Embedded() {
+		return kafkatest.EmbeddedConsumerHeartbeat
+	}
+	return 5 * time.Second
+}
+
 // skipOnConsumerProtocol skips a test of what only the classic protocol
 // has (Sarama's assignors, its session timeouts, transactions), when the
 // suite runs on the consumer protocol.

@@ -180,6 +180,48 @@ func truncatedWhileConsuming(t *testing.T, cooperative, startCheckRefused bool) 
 	require.Positive(t, truncations, "the truncation is counted")
 }
 
+// TestTruncatedLogWhileConsumingWithoutTail: an unclean leader election
+// truncates the log of a partition a member with DisableCompletedTail is
+// consuming. Such a member checks no epoch while consuming; the partition
+// goes on: the records the new leader writes after it are handled and
+// committed. On the consumer protocol franz-go checks the epoch of what it
+// fetched on its own and moves its fetch back to the divergence point: the
+// claim ends there (counted as a truncation) and starts again from the
+// group's commit. Before, the records franz-go fetched again were below
+// what the claim had taken: refused, and the partition stopped.
+func TestTruncatedLogWhileConsumingWithoutTail(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t)
+	c.RequireEmbedded(t)
+	topic, group := c.NewTopic(t, 1), c.NewGroup(t)
+	const n, diverged, more = 10, 6, 5
+	produceSequential(t, c, topic, 0, n)
+	sub := newTestSubscriber(t, c, group, func(cfg *safeack.SubscriberConfig) {
+		cfg.Ordering = safeack.Unordered
+		cfg.DisableCompletedTail = true
+	})
+	handled := &handlingLog{times: map[int64][]time.Time{}}
+	handleAll(mustSubscribe(t, sub, topic), handled.handle)
+	waitCommitted(t, c, group, topic, n, "every record committed before the election")
+
+	answerEpochEnd(c, topic, diverged, 0)
+	bumpLeaderEpoch(t, c, topic)
+	produceSequential(t, c, topic, 0, more) // n..n+more-1, in the new epoch
+	kafkatest.WaitFor(t, 30*time.Second, "every record written after the election handled", func() bool {
+		for off := int64(n); off < n+more; off++ {
+			if handled.count(off) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	waitCommitted(t, c, group, topic, n+more, "every record committed after the election")
+	if envGroupProtocol == safeack.GroupProtocolConsumer {
+		truncations, _ := totalsOf(sub)
+		require.Positive(t, truncations, "franz-go's finding is counted as a truncation")
+	}
+}
+
 // TestTruncatedLogUnderIdleClaim: an unclean leader election truncates the
 // log below the commit a member's claim started from, before the claim
 // took any record (the partition was idle: the claim starts at its end).

@@ -190,6 +190,11 @@ type feed struct {
 	// records carry their leader epoch holds those of a newer epoch until
 	// the watch checked it.
 	watching func(validated func() int32)
+	// diverging, when not nil, is given once the worker runs the way to
+	// tell the claim that the engine found the partition's log diverged
+	// at an offset (see member.diverged): an engine whose client checks
+	// leader epochs on its own and moves its fetch back on a truncation.
+	diverging func(diverged func(at int64))
 }
 
 func (f feed) close() {
@@ -249,6 +254,9 @@ func (h *member) runClaim(sess groupSession, claim groupClaim, o origin, f feed)
 		watch.start(sess.Context(), w)
 		defer watch.close()
 	}
+	if f.diverging != nil {
+		f.diverging(func(at int64) { h.diverged(w, watch, at) })
+	}
 	h.workers.Add(w)
 	h.sub.leaders.started(w)
 	h.sub.host.Attach(w)
@@ -260,4 +268,25 @@ func (h *member) runClaim(sess groupSession, claim groupClaim, o origin, f feed)
 	w.Run(f.messages, h.sub.host.Closing())
 	commits.end(w, watch)
 	return nil
+}
+
+// diverged ends the claim of w's partition, whose log the engine's client
+// found diverged at at: the records the claim took (or holds, not yet
+// handed out) from there on are not the log's any more, and the client
+// fetches from there again. The epoch watch holds the marks there, as it
+// does for a truncation it finds itself (see epochWatch.truncate), so that
+// the claim's drain commits no position past the divergence; the claim
+// then starts again from the group's commit. Without a watch
+// (DisableCompletedTail, which checks no epoch while consuming) the drain
+// commits the completed prefix as it is.
+func (h *member) diverged(w *partition.Worker, watch *epochWatch, at int64) {
+	if watch != nil {
+		watch.foundDivergence(at)
+		return
+	}
+	w.CountLogTruncation()
+	h.sub.logger.Error("The partition's log was truncated while it was consumed (unclean leader election?); "+
+		"its claim starts again from the group's commit", errLogTruncated,
+		h.sub.logFields.Add(watermill.LogFields{"kafka_partition": w.Partition(), "diverged_at": at}))
+	w.End()
 }

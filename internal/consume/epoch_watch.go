@@ -125,6 +125,11 @@ type epochWatch struct {
 	// newEpochWatch). Read and written by run only.
 	unchecked bool
 
+	// found is where the engine's client found the log diverged (see
+	// diverged); -1: it did not. foundSig wakes run.
+	found    int64
+	foundSig chan struct{}
+
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
@@ -147,7 +152,8 @@ type epochWatch struct {
 // are held there until the answer (see run).
 func newEpochWatch(h *member, marker partition.Marker, topic string, p int32, committed kclient.CommittedOffset, unchecked bool) *epochWatch {
 	x := &epochWatch{h: h, marker: marker, topic: topic, partition: p, budget: h.sub.cfg.TailMetadataBudget,
-		diverged: -1, checking: -1, offset: committed.Offset, meta: committed.Metadata, stop: make(chan struct{})}
+		diverged: -1, checking: -1, offset: committed.Offset, meta: committed.Metadata,
+		found: -1, foundSig: make(chan struct{}, 1), stop: make(chan struct{})}
 	x.validated.Store(frontier.NoLeaderEpoch)
 	ce, haveEpoch := frontier.LeaderEpochOf(committed.Metadata)
 	haveEpoch = haveEpoch && committed.Offset >= 0
@@ -188,6 +194,17 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 		case <-x.stop:
 			return
 		case <-ctx.Done():
+			return
+		case <-x.foundSig:
+			x.mu.Lock()
+			found := x.found
+			x.mu.Unlock()
+			// The claim took (or holds) records past it that the log
+			// no longer has: even when none was marked past it, those
+			// it holds must not be handed out.
+			x.truncate(w, x.notBelowLogStart(found), x.h.sub.logFields.Add(watermill.LogFields{
+				"kafka_topic": x.topic, "kafka_partition": x.partition, "leader_epoch": x.validated.Load(),
+				"diverged_at": found, "found_by": "the client's fetch"}))
 			return
 		case <-t.C:
 		}
@@ -273,6 +290,22 @@ func (x *epochWatch) run(ctx context.Context, w *partition.Worker) {
 			hold, x.unchecked = -1, false
 			x.release(e)
 		}
+	}
+}
+
+// foundDivergence tells the watch that the engine's client found the partition's
+// log diverged at at (franz-go's own leader-epoch check moved its fetch
+// back there): run holds the marks there and ends the assignment, as for
+// a truncation it finds itself.
+func (x *epochWatch) foundDivergence(at int64) {
+	x.mu.Lock()
+	if x.found < 0 || at < x.found {
+		x.found = at
+	}
+	x.mu.Unlock()
+	select {
+	case x.foundSig <- struct{}{}:
+	default:
 	}
 }
 

@@ -28,6 +28,13 @@ type kgoClaim struct {
 	// new leader.
 	validated atomic.Pointer[func() int32]
 
+	// divergedMu guards onDiverged, the claim's way to report a
+	// divergence once its worker runs (see feed.diverging), and pending,
+	// one reported before (-1: none).
+	divergedMu sync.Mutex
+	onDiverged func(at int64)
+	pending    int64
+
 	mu      sync.Mutex
 	queue   []kgoRecord
 	wake    chan struct{} // capacity 1: the queue grew
@@ -53,6 +60,7 @@ func newKgoClaim(topic string, p int32) *kgoClaim {
 		done:    make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		stopped: make(chan struct{}),
+		pending: -1,
 	}
 	go c.feed()
 	return c
@@ -61,6 +69,34 @@ func newKgoClaim(topic string, p int32) *kgoClaim {
 func (c *kgoClaim) Topic() string              { return c.topic }
 func (c *kgoClaim) Partition() int32           { return c.partition }
 func (c *kgoClaim) HighWaterMarkOffset() int64 { return c.hwm.Load() }
+
+// diverging is the feed's diverging hook: a divergence reported before
+// the worker ran is passed on now.
+func (c *kgoClaim) diverging(diverged func(at int64)) {
+	c.divergedMu.Lock()
+	c.onDiverged = diverged
+	at := c.pending
+	c.divergedMu.Unlock()
+	if at >= 0 {
+		diverged(at)
+	}
+}
+
+// diverged tells the claim that franz-go found its partition's log
+// diverged at at and fetches from there again (an ErrDataLoss): the claim
+// ends, holding its marks there (see member.diverged), and starts again
+// from the group's commit; what it queued is dropped with it.
+func (c *kgoClaim) diverged(at int64) {
+	c.divergedMu.Lock()
+	f := c.onDiverged
+	if f == nil && (c.pending < 0 || at < c.pending) {
+		c.pending = at
+	}
+	c.divergedMu.Unlock()
+	if f != nil {
+		f(at)
+	}
+}
 
 // push queues records for the worker. It never blocks.
 func (c *kgoClaim) push(msgs []kgoRecord) {

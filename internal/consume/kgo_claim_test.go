@@ -73,3 +73,20 @@ func TestKgoClaimFeed(t *testing.T) {
 		}
 	}
 }
+
+// TestKgoClaimDivergedBeforeItsWorkerRuns: a divergence franz-go reports
+// before the claim's worker runs is kept, the lowest of several, and
+// passed on once the worker gives the claim its way to report one; later
+// ones are passed on at once.
+func TestKgoClaimDivergedBeforeItsWorkerRuns(t *testing.T) {
+	c := newKgoClaim("t", 0)
+	defer c.stop()
+	c.diverged(7)
+	c.diverged(5)
+	c.diverged(9)
+	var got []int64
+	c.diverging(func(at int64) { got = append(got, at) })
+	require.Equal(t, []int64{5}, got)
+	c.diverged(8)
+	require.Equal(t, []int64{5, 8}, got)
+}

@@ -17,8 +17,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -45,6 +47,15 @@ type kgoGroup struct {
 	// started closes once cl and sess are set: kgo may call back before
 	// NewClient returns.
 	started chan struct{}
+	// fencedCh closes (once, fenceOnce) when the coordinator fenced the
+	// member's instance id (see fence).
+	fencedCh  chan struct{}
+	fenceOnce sync.Once
+	// joined: the coordinator took the member in once (see watchJoined).
+	joined atomic.Bool
+	// heartbeats: whether the member's heartbeats reach its coordinator
+	// (see watchHeartbeats).
+	heartbeats heartbeatLog
 
 	mu     sync.Mutex
 	claims map[int32]*kgoClaim
@@ -70,7 +81,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, conn conn) error {
 	client := conn.kgo
 	reads := newKgoReads(client, sub.cfg, sub.topic)
 	epochs := &epochClient{client: client}
-	g := &kgoGroup{reads: reads, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{})}
+	g := &kgoGroup{reads: reads, claims: make(map[int32]*kgoClaim), from: make(map[int32]int64), started: make(chan struct{}), fencedCh: make(chan struct{})}
 	g.member = &member{sub: sub, ctx: ctx, epochs: epochs, reads: reads, offsets: sessionOffsets{sub: sub, reads: reads}}
 	g.commits = newCommitter(g.member)
 	g.pauser = kgoPauser{g}
@@ -93,6 +104,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, conn conn) error {
 		kgo.AdjustFetchOffsetsFn(g.adjustOffsets),
 		kgo.OnPartitionsRevoked(g.revoked),
 		kgo.OnPartitionsLost(g.lost),
+		kgo.WithHooks(kgoFenceHook{g}, &g.heartbeats),
 	)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -101,7 +113,9 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, conn conn) error {
 	g.cl = cl
 	reads.member.Store(cl)
 	sessCtx, endSess := context.WithCancelCause(ctx)
-	g.sess = newKgoSession(sessCtx, cl, sub.cfg.ConsumerGroup, sub.topic, sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId, sub.logger, sub.logFields)
+	g.sess = newKgoSession(sessCtx, cl, sub.cfg.ConsumerGroup, sub.topic, sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId,
+		sub.halt.abandoned, sub.logger, sub.logFields)
+	g.sess.fenced = g.fence
 	g.commits.begin(g.sess, nil)
 	g.mu.Lock()
 	g.pinned = closedChan
@@ -109,12 +123,22 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, conn conn) error {
 	close(g.started)
 
 	go g.watchJoined(sessCtx)
+	go g.watchHeartbeats(sessCtx)
 	polled := make(chan struct{})
 	go func() {
 		defer close(polled)
 		g.poll(sessCtx)
 	}()
-	<-ctx.Done()
+	fenced := false
+	select {
+	case <-ctx.Done():
+	case <-g.fencedCh:
+		// The partitions are the fencing member's: nothing more is
+		// committed for them (the claims' drains and the final commit
+		// find none owned), and the member does not rejoin.
+		fenced = true
+		g.sess.disownAll()
+	}
 	// The subscription stops: every claim drains and the session's final
 	// commit covers them (see member.endSession), before kgo leaves the
 	// group (its revocation then finds no claim).
@@ -122,7 +146,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, conn conn) error {
 	g.held.forget(nil)
 	g.stopClaims(nil)
 	g.claimsDone.Wait()
-	g.endSession(g.sess, func() bool { return false })
+	g.endSession(g.sess, func() bool { return fenced })
 	g.sess.disownAll()
 	// Leaving the group waits for the coordinator: not past the
 	// shutdown's deadline (see shutdown). The leave is sent before the
@@ -133,7 +157,7 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, conn conn) error {
 		defer close(closed)
 		memberID, _ := cl.GroupMetadata()
 		cl.Close()
-		if id := sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId; id != "" {
+		if id := sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId; id != "" && !fenced {
 			g.leaveStatic(client, memberID, id)
 		}
 	}()
@@ -141,6 +165,9 @@ func (sub *subscription) consumeGroupKgo(ctx context.Context, conn conn) error {
 	case <-closed:
 		<-polled
 	case <-g.sub.halt.abandoned:
+	}
+	if fenced {
+		return sub.fenced()
 	}
 	return nil
 }
@@ -161,6 +188,45 @@ func (g *kgoGroup) checkTopic(ctx context.Context, client *kgo.Client) error {
 	}
 	return nil // another error: the member's own requests meet it, or it passes
 }
+
+// fence ends the member whose instance id another member took: the
+// coordinator answers FENCED_INSTANCE_ID (to a heartbeat naming the id, or
+// a commit), or, to the rejoin of a member it dropped, UNRELEASED_INSTANCE_ID
+// (franz-go's keepalive heartbeats name no instance id: a dropped member
+// is told UNKNOWN_MEMBER_ID and rejoins). On the consumer protocol another
+// member can take the id only once this one's session expired (a member
+// stalled, cut off): while this one is alive the coordinator refuses the
+// other's join. As on the classic protocol the subscription stops for
+// good, with sentinel.ErrInstanceFenced: a rejoin would only be refused
+// while the other member holds the id.
+func (g *kgoGroup) fence() {
+	g.fenceOnce.Do(func() { close(g.fencedCh) })
+}
+
+// kgoFenceHook tells the member of an error that ended kgo's group
+// session: FENCED_INSTANCE_ID fences it (see kgoGroup.fence).
+type kgoFenceHook struct{ g *kgoGroup }
+
+func (h kgoFenceHook) OnGroupManageError(err error) {
+	switch {
+	case errors.Is(err, kerr.FencedInstanceID):
+		h.g.fence()
+	case errors.Is(err, kerr.UnreleasedInstanceID) && h.g.joined.Load():
+		h.g.fence()
+	case errors.Is(err, kerr.UnreleasedInstanceID):
+		// A member that never joined: another one holds the instance id
+		// (a copy started beside the running one, or the restart of a
+		// deploy before the old one left). franz-go goes on trying; the
+		// member joins once the other leaves.
+		id := h.g.sub.cfg.OverwriteSaramaConfig.Consumer.Group.InstanceId
+		err = fmt.Errorf("another live member of consumer group %q holds Consumer.Group.InstanceId %q; joining once it leaves: %w",
+			h.g.sub.cfg.ConsumerGroup, id, err)
+		h.g.sub.logger.Error("Cannot join the consumer group", err, h.g.sub.logFields.Add(watermill.LogFields{"instance_id": id}))
+		h.g.sub.setPhase(ready.Joining, err)
+	}
+}
+
+var _ kgo.HookGroupManageError = kgoFenceHook{}
 
 // leaveStatic sends a static member's leave (member epoch -2, with its
 // instance id) once its client closed: franz-go's own leave names no
@@ -432,6 +498,7 @@ func (g *kgoGroup) watchJoined(ctx context.Context) {
 	defer t.Stop()
 	for {
 		if _, epoch := g.cl.GroupMetadata(); epoch > 0 {
+			g.joined.Store(true)
 			g.sub.setPhase(ready.Consuming, nil)
 			return
 		}
@@ -439,6 +506,120 @@ func (g *kgoGroup) watchJoined(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// heartbeatLog keeps whether the member's heartbeats reach its
+// coordinator: since when they fail (the request's connection to the
+// coordinator failed or broke: the broker is gone, the network cut),
+// until one is answered again (whatever its error code: the coordinator is
+// there). Silence alone is no sign: the coordinator sets the interval
+// (5 s by default on Kafka, up to group.consumer.max.heartbeat.interval.ms).
+type heartbeatLog struct {
+	mu           sync.Mutex
+	coordinator  int32 // the node that last answered a heartbeat
+	answered     bool  // one did
+	failingSince time.Time
+	silent       bool // the member reported the coordinator unreachable (see watchHeartbeats)
+}
+
+func (l *heartbeatLog) OnBrokerE2E(meta kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
+	if key != int16(kmsg.ConsumerGroupHeartbeat) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e2e.Err() != nil {
+		l.failing()
+		return
+	}
+	l.coordinator, l.answered, l.failingSince = meta.NodeID, true, time.Time{}
+}
+
+// OnBrokerConnect counts a failed connection to the coordinator as a
+// failed heartbeat: franz-go sends none on a connection it cannot open.
+func (l *heartbeatLog) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.answered && meta.NodeID == l.coordinator {
+		l.failing()
+	}
+}
+
+// failing notes a failed heartbeat. Callers hold mu.
+func (l *heartbeatLog) failing() {
+	if l.failingSince.IsZero() {
+		l.failingSince = time.Now()
+	}
+}
+
+var (
+	_ kgo.HookBrokerE2E     = (*heartbeatLog)(nil)
+	_ kgo.HookBrokerConnect = (*heartbeatLog)(nil)
+)
+
+// heartbeatsFailFor is how long the member's heartbeats fail before Ready
+// reports the coordinator unreachable: franz-go's own retries of a
+// request to a broker that restarts or moves take about this long.
+const heartbeatsFailFor = 2 * time.Second
+
+// unreachable reports for how long the member's heartbeats have failed,
+// once past heartbeatsFailFor (0 otherwise), and whether the member
+// reported it before.
+func (l *heartbeatLog) unreachable(now time.Time) (since time.Duration, reported bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failingSince.IsZero() {
+		return 0, l.silent
+	}
+	if d := now.Sub(l.failingSince); d > heartbeatsFailFor {
+		return d, l.silent
+	}
+	return 0, l.silent
+}
+
+func (l *heartbeatLog) setSilent(silent bool) {
+	l.mu.Lock()
+	l.silent = silent
+	l.mu.Unlock()
+}
+
+// watchHeartbeats tells Ready the member is not consuming while its
+// heartbeats cannot reach its coordinator (the brokers went away, the
+// network is cut): franz-go keeps its membership and tries again on its
+// own, and the member consumes again once the coordinator answers (its
+// partitions may have moved meanwhile, see lost). The classic engine's
+// session ends instead, and its subscription reconnects: Ready says so
+// alike.
+func (g *kgoGroup) watchHeartbeats(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		since, reported := g.heartbeats.unreachable(time.Now())
+		switch {
+		case since > 0 && !reported && g.joined.Load():
+			g.heartbeats.setSilent(true)
+			err := fmt.Errorf("the member's heartbeats have not reached the group coordinator for %v; franz-go tries again",
+				since.Round(time.Millisecond))
+			g.sub.logger.Error("Consumer group coordinator unreachable", err, g.sub.logFields)
+			g.sub.setPhase(ready.Connecting, err)
+		case since == 0 && reported:
+			g.heartbeats.setSilent(false)
+			g.sub.logger.Info("The group coordinator answers the member's heartbeats again", g.sub.logFields)
+			if _, epoch := g.cl.GroupMetadata(); epoch > 0 {
+				g.sub.setPhase(ready.Consuming, nil)
+			} else {
+				g.sub.setPhase(ready.Joining, nil)
+			}
 		}
 	}
 }
@@ -489,7 +670,7 @@ func (g *kgoGroup) runKgoClaim(c *kgoClaim, start partition.Start) {
 	}
 	o, run, err := g.claimOrigin(g.sess, c.partition)
 	if run {
-		err = g.runClaim(g.sess, c, o, feed{messages: c.out, start: start, watching: c.watching})
+		err = g.runClaim(g.sess, c, o, feed{messages: c.out, start: start, watching: c.watching, diverging: c.diverging})
 	}
 	g.claimReturned()
 	if err != nil {
@@ -545,6 +726,13 @@ func (g *kgoGroup) poll(ctx context.Context) {
 			if ctx.Err() != nil || errors.Is(err, context.Canceled) || g.refusedJoin(err) {
 				return
 			}
+			if lost, ok := errors.AsType[*kgo.ErrDataLoss](err); ok && topic == g.sub.topic {
+				g.dataLoss(lost)
+				return
+			}
+			if errors.Is(err, kerr.FencedInstanceID) || errors.Is(err, kerr.UnreleasedInstanceID) {
+				return // told by kgoFenceHook
+			}
 			g.sub.logger.Error("Fetch error", err, g.sub.logFields.Add(watermill.LogFields{"kafka_partition": p}))
 		})
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
@@ -567,6 +755,30 @@ func (g *kgoGroup) poll(ctx context.Context) {
 			g.reads.sawEpoch(fp.Partition, top)
 			c.push(recs)
 		})
+	}
+}
+
+// dataLoss hands franz-go's finding that a partition's log lost records
+// to the partition's claim. franz-go checks the leader epoch of what it
+// fetched on its own when the partition's leader changes (KIP-320), and,
+// when the new leader's log diverged below its fetch position, moves the
+// fetch back to the divergence point (or, where it cannot tell where,
+// to Offsets.Initial) and says so with an ErrDataLoss. The records the
+// claim took or queued from there on are then not the log's: the claim
+// ends as for a truncation its own epoch watch finds (the marks held at
+// the divergence point), and starts again from the group's commit. This
+// is what holds when the claim's own check could not run (an
+// OffsetForLeaderEpoch refused): before, the records franz-go fetched
+// again were below what the claim had taken, refused, and the partition
+// stopped until its next assignment.
+func (g *kgoGroup) dataLoss(lost *kgo.ErrDataLoss) {
+	g.mu.Lock()
+	c := g.claims[lost.Partition]
+	g.mu.Unlock()
+	g.sub.logger.Info("The client found the partition's log diverged from what it fetched", g.sub.logFields.Add(watermill.LogFields{
+		"kafka_partition": lost.Partition, "consumed_to": lost.ConsumedTo, "reset_to": lost.ResetTo, "claimed": c != nil}))
+	if c != nil {
+		c.diverged(lost.ResetTo)
 	}
 }
 

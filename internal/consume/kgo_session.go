@@ -26,6 +26,13 @@ type kgoSession struct {
 	instanceID string
 	logger     watermill.LoggerAdapter
 	logFields  watermill.LogFields
+	// fenced, when not nil, is told of a commit refused with
+	// FENCED_INSTANCE_ID (see kgoGroup.fence).
+	fenced func()
+	// abandoned closes at the shutdown's deadline: a request still
+	// waiting for a broker then fails at once, and no new one is sent,
+	// as the classic engine's client does (kclient.TrackedClient.Abandon).
+	abandoned <-chan struct{}
 
 	// commitMu orders the commits: a later mark never lands before an
 	// earlier one.
@@ -46,9 +53,11 @@ type kgoMark struct {
 
 var _ groupSession = (*kgoSession)(nil)
 
-func newKgoSession(ctx context.Context, cl *kgo.Client, group, topic, instanceID string, logger watermill.LoggerAdapter, fields watermill.LogFields) *kgoSession {
+func newKgoSession(ctx context.Context, cl *kgo.Client, group, topic, instanceID string, abandoned <-chan struct{},
+	logger watermill.LoggerAdapter, fields watermill.LogFields,
+) *kgoSession {
 	return &kgoSession{
-		ctx: ctx, cl: cl, group: group, topic: topic, instanceID: instanceID, logger: logger, logFields: fields,
+		ctx: ctx, cl: cl, group: group, topic: topic, instanceID: instanceID, abandoned: abandoned, logger: logger, logFields: fields,
 		owned: make(map[int32]bool), marks: make(map[int32]kgoMark), sent: make(map[int32]kgoMark),
 	}
 }
@@ -149,7 +158,11 @@ func (s *kgoSession) Commit() {
 		if !retry {
 			return
 		}
-		time.Sleep(wait) // kgo's heartbeat brings the new epoch meanwhile
+		select { // kgo's heartbeat brings the new epoch meanwhile
+		case <-time.After(wait):
+		case <-s.abandoned:
+			return
+		}
 		wait *= 2
 	}
 }
@@ -167,6 +180,11 @@ func (s *kgoSession) commitOnce() (retry bool, err error) {
 	s.mu.Unlock()
 	if len(pending) == 0 {
 		return false, nil
+	}
+	select {
+	case <-s.abandoned:
+		return false, errShutdownAbandoned
+	default:
 	}
 	id, err := s.loadTopicID()
 	if err != nil {
@@ -193,7 +211,7 @@ func (s *kgoSession) commitOnce() (retry bool, err error) {
 		rt.Partitions = append(rt.Partitions, rp)
 	}
 	req.Topics = append(req.Topics, rt)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := s.requestContext()
 	defer cancel()
 	resp, err := req.RequestWith(ctx, s.cl)
 	if err != nil {
@@ -212,6 +230,11 @@ func (s *kgoSession) commitOnce() (retry bool, err error) {
 				if s.owned[rp.Partition] {
 					s.sent[rp.Partition] = m
 				}
+			case errors.Is(perr, kerr.FencedInstanceID):
+				if s.fenced != nil {
+					s.fenced()
+				}
+				err = perr
 			case errors.Is(perr, kerr.StaleMemberEpoch), errors.Is(perr, kerr.FencedMemberEpoch),
 				errors.Is(perr, kerr.UnknownMemberID), errors.Is(perr, kerr.IllegalGeneration):
 				retry = retry || s.owned[rp.Partition]
@@ -222,6 +245,27 @@ func (s *kgoSession) commitOnce() (retry bool, err error) {
 		}
 	}
 	return retry, err
+}
+
+// errShutdownAbandoned: the shutdown's deadline passed; no request is sent.
+var errShutdownAbandoned = errors.New("safeack: the subscription's shutdown deadline passed; nothing more is sent")
+
+// requestContext bounds one of the session's requests: 10 s, or until the
+// shutdown's deadline passed (see abandoned).
+func (s *kgoSession) requestContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if s.abandoned == nil {
+		return ctx, cancel
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-s.abandoned:
+			cancel()
+		case <-done:
+		}
+	}()
+	return ctx, func() { close(done); cancel() }
 }
 
 // loadTopicID reads the topic's id once: OffsetCommit v10 names topics by
@@ -237,7 +281,7 @@ func (s *kgoSession) loadTopicID() ([16]byte, error) {
 	rt := kmsg.NewMetadataRequestTopic()
 	rt.Topic = kmsg.StringPtr(s.topic)
 	req.Topics = append(req.Topics, rt)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := s.requestContext()
 	defer cancel()
 	resp, err := req.RequestWith(ctx, s.cl)
 	if err != nil {

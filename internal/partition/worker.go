@@ -83,6 +83,7 @@ type Worker struct {
 	inFlight       int          // handed out, not yet acked or nacked
 	tokensHeld     atomic.Int32 // tokens held by this partition's unanswered messages
 	prefixMayMove  atomic.Bool  // a completion since the last mark may have moved the prefix
+	atShare        atomic.Bool  // run waits at its token share with records ready (see Pool.waitingAtShare)
 	counters       counters
 	marked         int64 // last offset marked; written by run
 	confirmed      int64 // last offset the coordinator reported committed; -1 unknown
@@ -248,8 +249,8 @@ func (w *Worker) Run(claim <-chan *sarama.ConsumerMessage, stop <-chan struct{})
 	w.claim, w.stop = claim, stop
 	var retry *time.Timer
 	var retryC <-chan time.Time
-	w.pool.running.Add(1)
-	defer w.pool.running.Add(-1)
+	w.pool.started(w)
+	defer w.pool.stopped(w)
 	if w.pinStart {
 		w.pinStart = false
 		w.fixStart(w.start.Offset)
@@ -306,6 +307,8 @@ func (w *Worker) Run(claim <-chan *sarama.ConsumerMessage, stop <-chan struct{})
 			out, next = w.pool.output, w.next.msg
 		} else if w.wantsToken() {
 			acquire = w.pool.tokens
+		} else if w.readyLen() > 0 && !w.waitAtShare() {
+			w.wakeRun() // a token is free: loop and take it (tryHandOut)
 		}
 		if w.stuck != nil && retryC == nil {
 			retry = time.NewTimer(w.cfg.UnmarshalRetry)
@@ -348,5 +351,6 @@ func (w *Worker) Run(claim <-chan *sarama.ConsumerMessage, stop <-chan struct{})
 			w.drain("context done")
 			return
 		}
+		w.stopWaitingAtShare()
 	}
 }

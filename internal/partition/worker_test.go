@@ -726,6 +726,55 @@ func TestWorkersShareTokens(t *testing.T) {
 	}
 }
 
+// TestWorkerAtShareTakesAnIdleToken: a partition at its share of the
+// tokens with records ready takes a token another partition frees with
+// nothing of its own to hand out. Before, it waited for its own acks to
+// pass a token on, and the freed tokens stayed free: its handlers waiting
+// for its next records (a Batcher bounded by MaxInFlight) never returned.
+func TestWorkerAtShareTakesAnIdleToken(t *testing.T) {
+	cfg := &Config{Ordering: Unordered, Seed: maphash.MakeSeed(), Unmarshaler: kafka.DefaultMarshaler{},
+		MaxPending: 100, DrainTimeout: 0, Logger: watermill.NopLogger{}}
+	out := make(chan *message.Message)
+	pool := NewPool(out, 4)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() { close(stop); wg.Wait() }()
+	run := func(p int32, n int64) {
+		w, err := New(context.Background(), cfg, pool, Assignment{Topic: "t", Partition: p, Start: Start{Resolved: true}})
+		require.NoError(t, err)
+		claim := make(chan *sarama.ConsumerMessage, n)
+		for o := range n {
+			claim <- &sarama.ConsumerMessage{Topic: "t", Partition: p, Offset: o}
+		}
+		wg.Go(func() { w.Run(claim, stop) })
+	}
+	take := func(what string) *message.Message {
+		t.Helper()
+		select {
+		case m := <-out:
+			return m
+		case <-time.After(waitLimit):
+			t.Fatal(what)
+			return nil
+		}
+	}
+	run(0, 2) // alone: its share is every token
+	idle := []*message.Message{take("partition 0's first record"), take("partition 0's second record")}
+	run(1, 4) // its share: the 2 tokens left
+	take("partition 1's first record")
+	take("partition 1's second record")
+	select {
+	case m := <-out:
+		t.Fatalf("a fifth message (offset %d) was handed out with 4 tokens", offsetOf(m))
+	case <-time.After(50 * time.Millisecond):
+	}
+	for _, m := range idle {
+		m.Ack() // partition 0 has nothing more: its tokens go back to the pool
+	}
+	take("partition 1's third record, with a token partition 0 freed")
+	take("partition 1's fourth record, with a token partition 0 freed")
+}
+
 // TestWorkerTakesFirstRecordsBeforeTheClaim: records fetched early are
 // handed out before the claim delivers anything, and the claim's copies of
 // them are dropped: every offset is handed out once, in order.
