@@ -48,6 +48,13 @@ type memberSpec struct {
 	// commitTap); set on a real cluster, whose broker side cannot be
 	// observed.
 	Tap bool
+	// Protocol is the member's group protocol; on the consumer protocol
+	// the coordinator assigns, and sets the session timeout and the
+	// heartbeat (see scenario.shortenConsumerSessions).
+	Protocol safeack.GroupProtocol
+	// TopicID is Topic's id: OffsetCommit v10 (consumer protocol) names
+	// topics by id, and the tap must know it.
+	TopicID [16]byte
 }
 
 // workSpec is what a handler does with a record: sleep up to Max; one
@@ -111,10 +118,14 @@ func newMember(spec memberSpec, base *sarama.Config, logger watermill.LoggerAdap
 	if spec.Cooperative {
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}
+	if spec.Protocol == safeack.GroupProtocolConsumer {
+		leaveToCoordinator(sc)
+	}
 	if tap != nil {
 		tap.install(sc)
 	}
 	return safeack.NewSubscriber(safeack.SubscriberConfig{
+		GroupProtocol:          spec.Protocol,
 		Brokers:                spec.Brokers,
 		OverwriteSaramaConfig:  sc,
 		ConsumerGroup:          spec.Group,
@@ -220,7 +231,7 @@ func TestChaosChild(t *testing.T) {
 	out := &lineSink{w: bufio.NewWriter(os.Stdout)}
 	var tap *commitTap
 	if spec.Tap {
-		tap = &commitTap{topic: spec.Topic, sent: func(c sentCommit) { out.line("%s", commitLine(out.seq.Add(1), c)) }}
+		tap = &commitTap{topic: spec.Topic, topicID: spec.TopicID, sent: func(c sentCommit) { out.line("%s", commitLine(out.seq.Add(1), c)) }}
 	}
 	sub, err := newMember(spec, c.SaramaConfig(), logger, tap)
 	if err != nil {
@@ -600,7 +611,7 @@ func (sc *scenario) joinE() (*member, error) {
 	spec := sc.spec()
 	var tap *commitTap
 	if spec.Tap {
-		tap = &commitTap{topic: spec.Topic, sent: func(c sentCommit) { sc.sent.add(spec.ID, c) }}
+		tap = &commitTap{topic: spec.Topic, topicID: spec.TopicID, sent: func(c sentCommit) { sc.sent.add(spec.ID, c) }}
 	}
 	sub, err := newMember(spec, sc.c.SaramaConfig(), sc.logger, tap)
 	if err != nil {
