@@ -252,7 +252,7 @@ func TestGroupWatch(t *testing.T) {
 	if !strings.Contains(tl, "partitions [2] owned by no live consumer") || !strings.Contains(tl, "made-up consumer restarted") {
 		t.Errorf("the timeline does not tell the stall:\n%s", tl)
 	}
-	if !strings.Contains(tl, "the broker says: group ") {
+	if !strings.Contains(tl, "the broker says: group ") && !strings.Contains(tl, "the broker says: consumer group ") {
 		t.Errorf("the timeline does not say what the broker reports of the group:\n%s", tl)
 	}
 }

@@ -4,6 +4,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -153,7 +154,11 @@ func describeConsumerGroup(c *kafkatest.Cluster, group, topic string, member fun
 		return fmt.Sprintf("(ConsumerGroupDescribe failed: %v)", err)
 	}
 	g := resp.Groups[0]
-	if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
+	switch err := kerr.ErrorForCode(g.ErrorCode); {
+	case errors.Is(err, kerr.GroupIDNotFound):
+		// As DescribeGroups says "Dead" of a group nobody joined.
+		return "consumer group unknown to the broker (GROUP_ID_NOT_FOUND)"
+	case err != nil:
 		return fmt.Sprintf("(ConsumerGroupDescribe: %v)", err)
 	}
 	parts := func(a kmsg.Assignment) string {
