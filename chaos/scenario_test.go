@@ -470,6 +470,10 @@ func (sc *scenario) verify(end map[int32]int64) {
 	if len(views) == 0 {
 		v.add("no commit was observed")
 	}
+	if !sc.c.Embedded() && len(sent) == 0 {
+		// The polls alone would pass: the tap must see the requests.
+		v.add("the commit tap saw no OffsetCommit request of the consumers (%s protocol): it cannot read their commits", protocol)
+	}
 	for _, m := range sc.startIssues {
 		v.add("%s", m)
 	}
