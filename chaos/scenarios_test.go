@@ -463,7 +463,9 @@ func (in *injector) count() (int, string) {
 
 // TestBrokerRestart restarts the real broker (keeping its data) while three
 // in-process members consume and the producer writes: once with -short,
-// three times otherwise. It is not parallel: the other scenarios wait.
+// three times otherwise. Each restart's stall (from the broker's return
+// until every partition acked a record produced after it) is in the
+// figures. It is not parallel: the other scenarios wait.
 func TestBrokerRestart(t *testing.T) {
 	if os.Getenv(kafkatest.EnvBrokers) == "" {
 		t.Skip("restarts a real broker: set " + kafkatest.EnvBrokers)
@@ -489,6 +491,25 @@ func TestBrokerRestart(t *testing.T) {
 			t.Fatalf("restart %d (%s): %v\n%s", i+1, restart, err, out)
 		}
 		took := time.Since(t0)
+		// Its stall counts from the broker's return: until every
+		// partition acked a record produced after it.
+		f := sc.failure(fmt.Sprintf("broker restart %d (down %v; stall from its return)", i+1, took.Round(100*time.Millisecond)), 0, nil)
+		// The churn goes on once records flow again to every
+		// partition (the producer needs a few seconds after the
+		// broker's return), so that the members consume records
+		// produced after the restart before it ends.
+		if !waitCond(time.Minute, func() bool {
+			now := sc.prod.confirmedNow()
+			for p := range now {
+				if now[p] <= f.after[p] {
+					return false
+				}
+			}
+			return true
+		}) {
+			t.Errorf("the producer wrote to some partitions nothing within 1m of restart %d's end: confirmed %v, before %v", i+1, sc.prod.confirmedNow(), f.after)
+		}
+		sc.note("records produced to every partition after restart %d", i+1)
 		t.Logf("broker restart %d took %v", i+1, took.Round(100*time.Millisecond))
 		down = append(down, fmt.Sprintf("%.0fs", took.Seconds()))
 		sc.fig.Faults++
