@@ -320,10 +320,22 @@ func (s *lineSink) start(p int32, o int64, key string, assign uint64) {
 	_ = s.w.Flush()
 }
 
+// ack holds the sink from before the ack until its line is written, so
+// that the line follows the ack at once: a process SIGKILLed between the
+// two loses an ack its commits may already cover (the checks would see a
+// commit past an unacked record), and waiting for the sink behind other
+// handlers' lines made that window wide on a loaded machine (seen on the
+// consumer protocol, whose first commits come quickly). The commit lines
+// of the tap wait too: none is written between an ack and its line.
 func (s *lineSink) ack(p int32, o int64, key string) func() {
+	s.mu.Lock()
 	seq := s.seq.Add(1)
 	at := time.Now()
-	return func() { s.line("A %d %d %d %d %s", seq, p, o, at.UnixNano(), keyField(key)) }
+	return func() {
+		defer s.mu.Unlock()
+		fmt.Fprintf(s.w, "A %d %d %d %d %s\n", seq, p, o, at.UnixNano(), keyField(key))
+		_ = s.w.Flush()
+	}
 }
 
 func (s *lineSink) nack(p int32, o int64, key string) {
