@@ -132,15 +132,23 @@ func TestChecksFloor(t *testing.T) {
 }
 
 // TestCommitTapDecodes checks the tap's decoding of OffsetCommit requests
-// (flexible and not) and the consumer processes' commit lines.
+// (flexible and not; v9, the consumer protocol's, with the member epoch;
+// v10, which names the topic by id) and the consumer processes' commit
+// lines.
 func TestCommitTapDecodes(t *testing.T) {
 	md := "sa1:xyz"
-	for _, v := range []int16{2, 7, 8, 9} {
+	id := [16]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	tap := &commitTap{topic: "t", topicID: id}
+	for _, v := range []int16{2, 7, 8, 9, 10} {
 		req := kmsg.NewPtrOffsetCommitRequest()
 		req.Version = v
 		req.Group, req.Generation, req.MemberID = "g", 4, "m-1"
 		tp := kmsg.NewOffsetCommitRequestTopic()
-		tp.Topic = "t"
+		if v >= 10 {
+			tp.TopicID = id
+		} else {
+			tp.Topic = "t"
+		}
 		for p := range int32(2) {
 			pp := kmsg.NewOffsetCommitRequestTopicPartition()
 			pp.Partition, pp.Offset, pp.Metadata = p, 100+int64(p), &md
@@ -152,6 +160,17 @@ func TestCommitTapDecodes(t *testing.T) {
 		got, ok := decodeOffsetCommit(b)
 		if !ok {
 			t.Fatalf("v%d: not decoded", v)
+		}
+		if !tap.names(got.Topics[0]) {
+			t.Fatalf("v%d: the tap does not see its topic in %+v", v, got.Topics[0])
+		}
+		other := got.Topics[0]
+		other.Topic, other.TopicID = "", [16]byte{9}
+		if v < 10 {
+			other.Topic = "u"
+		}
+		if tap.names(other) {
+			t.Fatalf("v%d: the tap takes another topic (%+v) for its own", v, other)
 		}
 		if got.Group != "g" || len(got.Topics) != 1 || len(got.Topics[0].Partitions) != 2 ||
 			got.Topics[0].Partitions[1].Offset != 101 || *got.Topics[0].Partitions[1].Metadata != md {
@@ -233,7 +252,7 @@ func TestGroupWatch(t *testing.T) {
 	if !strings.Contains(tl, "partitions [2] owned by no live consumer") || !strings.Contains(tl, "made-up consumer restarted") {
 		t.Errorf("the timeline does not tell the stall:\n%s", tl)
 	}
-	if !strings.Contains(tl, "the broker says: group ") {
+	if !strings.Contains(tl, "the broker says: group ") && !strings.Contains(tl, "the broker says: consumer group ") {
 		t.Errorf("the timeline does not say what the broker reports of the group:\n%s", tl)
 	}
 }

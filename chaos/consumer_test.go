@@ -48,6 +48,13 @@ type memberSpec struct {
 	// commitTap); set on a real cluster, whose broker side cannot be
 	// observed.
 	Tap bool
+	// Protocol is the member's group protocol; on the consumer protocol
+	// the coordinator assigns, and sets the session timeout and the
+	// heartbeat (see scenario.shortenConsumerSessions).
+	Protocol safeack.GroupProtocol
+	// TopicID is Topic's id: OffsetCommit v10 (consumer protocol) names
+	// topics by id, and the tap must know it.
+	TopicID [16]byte
 }
 
 // workSpec is what a handler does with a record: sleep up to Max; one
@@ -111,10 +118,14 @@ func newMember(spec memberSpec, base *sarama.Config, logger watermill.LoggerAdap
 	if spec.Cooperative {
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}
+	if spec.Protocol == safeack.GroupProtocolConsumer {
+		leaveToCoordinator(sc)
+	}
 	if tap != nil {
 		tap.install(sc)
 	}
 	return safeack.NewSubscriber(safeack.SubscriberConfig{
+		GroupProtocol:          spec.Protocol,
 		Brokers:                spec.Brokers,
 		OverwriteSaramaConfig:  sc,
 		ConsumerGroup:          spec.Group,
@@ -220,7 +231,7 @@ func TestChaosChild(t *testing.T) {
 	out := &lineSink{w: bufio.NewWriter(os.Stdout)}
 	var tap *commitTap
 	if spec.Tap {
-		tap = &commitTap{topic: spec.Topic, sent: func(c sentCommit) { out.line("%s", commitLine(out.seq.Add(1), c)) }}
+		tap = &commitTap{topic: spec.Topic, topicID: spec.TopicID, sent: func(c sentCommit) { out.line("%s", commitLine(out.seq.Add(1), c)) }}
 	}
 	sub, err := newMember(spec, c.SaramaConfig(), logger, tap)
 	if err != nil {
@@ -309,10 +320,22 @@ func (s *lineSink) start(p int32, o int64, key string, assign uint64) {
 	_ = s.w.Flush()
 }
 
+// ack holds the sink from before the ack until its line is written, so
+// that the line follows the ack at once: a process SIGKILLed between the
+// two loses an ack its commits may already cover (the checks would see a
+// commit past an unacked record), and waiting for the sink behind other
+// handlers' lines made that window wide on a loaded machine (seen on the
+// consumer protocol, whose first commits come quickly). The commit lines
+// of the tap wait too: none is written between an ack and its line.
 func (s *lineSink) ack(p int32, o int64, key string) func() {
+	s.mu.Lock()
 	seq := s.seq.Add(1)
 	at := time.Now()
-	return func() { s.line("A %d %d %d %d %s", seq, p, o, at.UnixNano(), keyField(key)) }
+	return func() {
+		defer s.mu.Unlock()
+		fmt.Fprintf(s.w, "A %d %d %d %d %s\n", seq, p, o, at.UnixNano(), keyField(key))
+		_ = s.w.Flush()
+	}
 }
 
 func (s *lineSink) nack(p int32, o int64, key string) {
@@ -600,7 +623,7 @@ func (sc *scenario) joinE() (*member, error) {
 	spec := sc.spec()
 	var tap *commitTap
 	if spec.Tap {
-		tap = &commitTap{topic: spec.Topic, sent: func(c sentCommit) { sc.sent.add(spec.ID, c) }}
+		tap = &commitTap{topic: spec.Topic, topicID: spec.TopicID, sent: func(c sentCommit) { sc.sent.add(spec.ID, c) }}
 	}
 	sub, err := newMember(spec, sc.c.SaramaConfig(), sc.logger, tap)
 	if err != nil {

@@ -31,15 +31,41 @@
 // each consumer's Sarama client dials through a tap (Net.Proxy.Dialer) that
 // decodes every OffsetCommit request as it is written; the request is
 // checked against the acks made before that moment. Consumer processes
-// report theirs on stdout.
+// report theirs on stdout. On the consumer protocol the commits are
+// safeack's own OffsetCommit v9+ (member id and epoch; v10 names the topic
+// by id) through its franz-go client, which dials through the same
+// Net.Proxy.Dialer: the tap reads them too. A tap that saw no request on a
+// real cluster is a violation.
+//
+// Group protocol: -chaos.protocol=consumer (or SAFEACK_TEST_GROUP_PROTOCOL=
+// consumer, the root suite's switch, when the flag is not given) runs
+// every scenario's consumers, in-process members and consumer processes,
+// on GroupProtocolConsumer (KIP-848); the scenarios' names then end in
+// "-consumer". The coordinator sets the session timeout and heartbeat:
+// the embedded broker is started with 3 s and 250 ms (kafkatest.Start); on
+// a real cluster each scenario sets its group's consumer.session.timeout.ms
+// (the session below) and consumer.heartbeat.interval.ms (500 ms) as group
+// configs, which scripts/kafka.sh's brokers accept (their
+// group.consumer.min.* settings; Kafka's defaults are 45 s and 5 s). On a
+// real cluster older than 4.0 the consumer-protocol scenarios are skipped.
+// The share group and transactional scenarios (TestShareChaos,
+// TestTxnRouterChaos*, TestClusterTxnUnclean*) run in the classic run
+// only: share groups are not consumer groups, and transactions are
+// classic only (docs/group-protocols.md). The generations column counts
+// member epochs there.
 //
 // A group watch runs beside the crash loop, the storms and the cluster
 // scenarios: partitions that no live consumer owns for longer than a
 // session timeout, a rebalance timeout and a JoinGroup read timeout (and
 // as much again for a loaded machine; more on the three-node cluster)
-// after the harness's last change are a stuck group. The watch logs what
-// the broker says of the group and restarts a consumer (a JoinGroup starts
-// a rebalance), so the run goes on and is judged on its invariants. On the
+// after the harness's last change are a stuck group (on the consumer
+// protocol: the session timeout, the coordinator's wait for a revocation,
+// the rebalance timeout, and a few heartbeats, and as much again). The
+// watch logs what the broker says of the group (DescribeGroups;
+// ConsumerGroupDescribe on the consumer protocol, with each member's epoch,
+// assignment and target assignment) and restarts a consumer (a new member
+// makes the coordinator assign again), so the run goes on and is judged on
+// its invariants. On the
 // embedded broker that is reported as the broker's fault (kfake, after
 // dropping JoinGroup answers, has left partitions unowned for minutes with
 // no rebalance started); on a real broker, which finishes its rebalances,
@@ -72,11 +98,17 @@
 //     a replacement starts after each kill.
 //   - TestRebalanceStorm (eager, cooperative; each oldest, newest):
 //     in-process members join and leave every few hundred milliseconds,
-//     with eager and cooperative-sticky balancing.
+//     with eager and cooperative-sticky balancing. On the consumer
+//     protocol there is one variant (subtest consumer; oldest, newest):
+//     the coordinator's assignor moves only the partitions that must move.
 //   - TestBrokerFaults (embedded broker only): failed, timed-out
 //     (REQUEST_TIMED_OUT after applying) and stalled OffsetCommits,
 //     coordinator moves and partition leader moves over three brokers,
-//     failed fetches, heartbeats and joins.
+//     failed fetches, heartbeats and joins. On the consumer protocol the
+//     commit errors include STALE_MEMBER_EPOCH (instead of
+//     REBALANCE_IN_PROGRESS), and ConsumerGroupHeartbeats fail with
+//     coordinator errors, timeouts and unknown errors (instead of
+//     heartbeats and joins).
 //   - TestBrokerRestart (real broker only, when SAFEACK_CHAOS_RESTART names
 //     a command that restarts the broker keeping its data, for example
 //     scripts/ci-kafka-bounce.sh): the broker is restarted mid-run.
@@ -95,7 +127,7 @@
 //     processes at once (2; 4). A killed node is started again once the
 //     cluster has fenced it. TestClusterUncleanElection and
 //     TestClusterUncleanElectionWhileConsuming (unclean_test.go, one
-//     member, their own checks) truncate a log for real: a topic on nodes
+//     member, their own checks; on either protocol) truncate a log for real: a topic on nodes
 //     1 and 2 only with unclean.leader.election.enable, the follower
 //     stopped, records written to the leader alone, the leader SIGKILLed
 //     and the stale follower elected uncleanly, new records at the reused
@@ -142,24 +174,45 @@
 //	go test -tags chaos -race -count=1 -v -timeout 90m -run '^TestCluster' ./chaos/          # long, 21 failures; 30 min on a loaded 2-core box
 //	scripts/kafka-cluster.sh stop
 //
-// .ci/run runs the short version with -race -parallel 4 -v, on the embedded
-// broker and against scripts/kafka.sh's broker (about 35-45 s and 55 s on
-// two cores), then the short cluster scenarios on scripts/kafka-cluster.sh's
-// cluster (about 5 minutes, plus 20-30 s to start the cluster). The scenarios mostly wait on the group protocol, so -parallel 4
-// (more than GOMAXPROCS) is what keeps the suite short.
+// Each of these runs on the consumer group protocol with
+// -chaos.protocol=consumer after the package; against a real broker or
+// cluster that needs Kafka 4.0+ (SAFEACK_KAFKA_VERSION=4.4.0 before the
+// scripts' start). The long version is run on both protocols, one after
+// the other:
+//
+//	go test -tags chaos -race -count=1 -parallel 4 -v -timeout 30m ./chaos/ -chaos.protocol=classic
+//	go test -tags chaos -race -count=1 -parallel 4 -v -timeout 30m ./chaos/ -chaos.protocol=consumer
+//	export SAFEACK_KAFKA_VERSION=4.4.0; eval "export $(scripts/kafka-cluster.sh start)"  # then, for each protocol:
+//	go test -tags chaos -race -count=1 -v -timeout 90m -run '^TestCluster' ./chaos/ -chaos.protocol=consumer
+//
+// .ci/run runs the short version with -race -parallel 4 -v on each group
+// protocol, classic then consumer: on the embedded broker (35-45 s and
+// 25-40 s on two cores) and against scripts/kafka.sh's Kafka 4.1.2 broker
+// with a restart (about 55 s and 40-55 s), then the cluster scenarios,
+// short with one failure each (-chaos.failures=1), on
+// scripts/kafka-cluster.sh's three-node Kafka 4.4.0 cluster: every
+// TestCluster scenario on the classic protocol, and on the consumer
+// protocol all but the rolling restart and the transactional ones
+// (measured on a loaded 2-core machine, load 10-14: 428 s and 188 s, where
+// the classic run at two failures a scenario took 687 s). The scenarios
+// mostly wait on the group protocol, so -parallel 4 (more than GOMAXPROCS)
+// is what keeps the suite short.
 //
 // Flags (after the package): -chaos.duration (the churn phase of each
 // scenario), -chaos.kills (SIGKILLs in the crash loop), -chaos.failures
 // (node failures in each cluster scenario, rounds of the rolling restart),
 // -chaos.seed (0: from the clock; it fixes the scenarios' choices, not the
-// scheduling). The
+// scheduling), -chaos.protocol (classic or consumer; see Group protocol
+// above). The
 // figures of the run are printed at the end as a Markdown table (with -v, or
 // when a scenario fails: go test hides a passing package's output
 // otherwise), and after each scenario.
 //
 // Environment: SAFEACK_KAFKA_BROKERS (a real cluster instead of the
 // embedded broker), SAFEACK_CHAOS_SESSION_TIMEOUT (group session timeout on
-// a real cluster, default 6s), SAFEACK_CHAOS_RESTART (see
+// a real cluster, default 6s; on the consumer protocol set on the group as
+// consumer.session.timeout.ms), SAFEACK_TEST_GROUP_PROTOCOL (consumer: the
+// consumer protocol, when -chaos.protocol is not given), SAFEACK_CHAOS_RESTART (see
 // TestBrokerRestart), SAFEACK_CHAOS_CLUSTER (the control script of the
 // three-node cluster SAFEACK_KAFKA_BROKERS names, DIR/ctl from
 // scripts/kafka-cluster.sh start; the cluster scenarios run `ctl nodes` and
@@ -171,6 +224,16 @@
 // SAFEACK_CHAOS_SARAMA_LOG=1 (Sarama's own log in the consumer processes'
 // stderr), SAFEACK_CHAOS_DEBUG=1 (for the first duplicated record, the
 // commits of its partition around it).
+//
+// On the consumer protocol: a member whose session expires (a SIGKILL,
+// or a coordinator that restarts and loads the group while the member's
+// heartbeat is still waiting to retry) loses its partitions; the next owner
+// replays what it had completed since its last commit. A revoked partition
+// drains and commits before the member acknowledges the revocation, so the
+// storms replay next to nothing. On the three-node cluster a dead
+// coordinator stalls the group for the fencing and the new coordinator's
+// load of the group (the members kept their epochs and partitions in
+// the runs so far: nothing was handled twice).
 //
 // Known costs the figures show: a SIGKILL replays what the dead member had
 // completed since its last commit (the completed tail in the commit

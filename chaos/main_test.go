@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/safeack/safeack"
 )
 
 var (
@@ -18,7 +20,47 @@ var (
 	flagKills    = flag.Int("chaos.kills", 0, "SIGKILLs in the crash loop (0: 5 with -short, 25 otherwise)")
 	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of the scenarios' random choices (0: from the clock)")
 	flagFailures = flag.Int("chaos.failures", 0, "node failures in each TestCluster scenario, rounds of the rolling restart (0: the scenario's own, fewer with -short)")
+	flagProtocol = flag.String("chaos.protocol", "", "the consumer group protocol every scenario's consumers run: classic (Sarama) or consumer (KIP-848 on franz-go); empty: "+envGroupProtocol+", else classic")
 )
+
+// envGroupProtocol is the root suite's switch of group protocol; the chaos
+// suite takes it too when -chaos.protocol is not given.
+const envGroupProtocol = "SAFEACK_TEST_GROUP_PROTOCOL"
+
+// protocol is the run's group protocol (see -chaos.protocol), set by
+// TestMain. Consumer processes get it in their memberSpec.
+var protocol safeack.GroupProtocol
+
+// parseProtocol reads a -chaos.protocol value.
+func parseProtocol(s string) (safeack.GroupProtocol, error) {
+	switch s {
+	case "", "classic":
+		return safeack.GroupProtocolClassic, nil
+	case "consumer":
+		return safeack.GroupProtocolConsumer, nil
+	}
+	return 0, fmt.Errorf("-chaos.protocol=%q: want classic or consumer", s)
+}
+
+// protocolSuffix is appended to a scenario's name on the consumer
+// protocol, so that the figures and artifacts of the two runs differ.
+func protocolSuffix() string {
+	if protocol == safeack.GroupProtocolConsumer {
+		return "-consumer"
+	}
+	return ""
+}
+
+// skipOnConsumerProtocol skips a scenario that does not run consumer
+// groups of the chosen protocol (share groups; transactions, which are
+// classic only: docs/group-protocols.md) in a consumer-protocol run: the
+// classic run has it.
+func skipOnConsumerProtocol(t *testing.T, why string) {
+	t.Helper()
+	if protocol == safeack.GroupProtocolConsumer {
+		t.Skip("runs in the classic-protocol run only: " + why)
+	}
+}
 
 // Environment.
 const (
@@ -89,6 +131,15 @@ func crashes() int {
 func TestMain(m *testing.M) {
 	flag.Parse()
 	seed = *flagSeed
+	p := *flagProtocol
+	if p == "" {
+		p = os.Getenv(envGroupProtocol)
+	}
+	var err error
+	if protocol, err = parseProtocol(p); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
@@ -187,8 +238,8 @@ func printFigures() {
 		mode = "short"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nchaos figures (%s; churn %v per scenario, %d crashes in the crash loop; -chaos.seed=%d):\n",
-		mode, churn(), crashes(), seed)
+	fmt.Fprintf(&b, "\nchaos figures (%s; %s group protocol; churn %v per scenario, %d crashes in the crash loop; -chaos.seed=%d):\n",
+		mode, protocol, churn(), crashes(), seed)
 	b.WriteString(figuresHeader + "\n")
 	for _, r := range results.rows {
 		b.WriteString(r.row() + "\n")

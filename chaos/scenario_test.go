@@ -18,6 +18,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
@@ -35,6 +36,7 @@ type scenario struct {
 	coop       bool
 	initial    int64 // Consumer.Offsets.Initial of every consumer
 	work       workSpec
+	topicID    [16]byte // consumer protocol only (see memberSpec.TopicID)
 
 	led     *ledger
 	commits *kafkatest.CommitLog // embedded broker only
@@ -120,6 +122,10 @@ func initialSuffix(initial int64) string {
 func newScenario(t *testing.T, name string, o scenarioOpts) *scenario {
 	t.Helper()
 	c := kafkatest.Start(t, o.cluster...)
+	name += protocolSuffix()
+	if protocol == safeack.GroupProtocolConsumer {
+		requireConsumerProtocol(t, c)
+	}
 	h := fnv.New64a()
 	h.Write([]byte(name))
 	if o.initial == 0 {
@@ -156,10 +162,14 @@ func newScenario(t *testing.T, name string, o scenarioOpts) *scenario {
 	}
 	sc.topic = c.NewTopic(t, o.partitions)
 	sc.group = c.NewGroup(t)
+	if protocol == safeack.GroupProtocolConsumer {
+		sc.topicID = topicIDOf(t, c, sc.topic)
+		shortenConsumerSessions(t, c, sc.group, sc.session)
+	}
 	sc.commits = c.ObserveCommits(t)
 	sc.sampler = startSampler(t, c, sc.group, sc.topic, o.partitions)
 	t.Cleanup(sc.cleanup)
-	t.Logf("%s: topic %s, group %s, session %v, Offsets.Initial %s, seed %d", name, sc.topic, sc.group, sc.session, initialName(sc.initial), seed)
+	t.Logf("%s: topic %s, group %s (%s protocol), session %v, Offsets.Initial %s, seed %d", name, sc.topic, sc.group, protocol, sc.session, initialName(sc.initial), seed)
 	return sc
 }
 
@@ -179,6 +189,8 @@ func (sc *scenario) spec() memberSpec {
 		Initial:     sc.initial,
 		Work:        sc.work,
 		Tap:         !sc.c.Embedded(),
+		Protocol:    protocol,
+		TopicID:     sc.topicID,
 	}
 }
 
@@ -457,6 +469,10 @@ func (sc *scenario) verify(end map[int32]int64) {
 	sc.fig.Commits = len(views)
 	if len(views) == 0 {
 		v.add("no commit was observed")
+	}
+	if !sc.c.Embedded() && len(sent) == 0 {
+		// The polls alone would pass: the tap must see the requests.
+		v.add("the commit tap saw no OffsetCommit request of the consumers (%s protocol): it cannot read their commits", protocol)
 	}
 	for _, m := range sc.startIssues {
 		v.add("%s", m)

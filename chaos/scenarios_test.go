@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/safeack/safeack"
 	"github.com/safeack/safeack/internal/kafkatest"
 )
 
@@ -236,9 +237,19 @@ func consumerName[T owner](x T) string {
 // writes; every 150 to 500 ms a member joins or one leaves (between one and
 // five of them), with eager and with cooperative-sticky balancing, each
 // with the members at OffsetOldest and at OffsetNewest (see
-// scenario.begin).
+// scenario.begin). On the consumer protocol the coordinator's assignor
+// balances, incrementally: one variant (subtest "consumer"), at both
+// offsets.
 func TestRebalanceStorm(t *testing.T) {
 	t.Parallel()
+	if protocol == safeack.GroupProtocolConsumer {
+		t.Run("consumer", func(t *testing.T) {
+			sideBySide(t, func(t *testing.T, initial int64) {
+				storm(t, "rebalance-storm"+initialSuffix(initial), false, initial)
+			})
+		})
+		return
+	}
 	kafkatest.EagerAndCooperative(t, func(t *testing.T, coop bool) {
 		sideBySide(t, func(t *testing.T, initial int64) {
 			storm(t, "rebalance-storm-"+kafkatest.RebalanceName(coop)+initialSuffix(initial), coop, initial)
@@ -275,11 +286,13 @@ func storm(t *testing.T, name string, coop bool, initial int64) {
 
 // TestBrokerFaults runs three in-process members on a three-broker embedded
 // cluster while, every 100 to 400 ms, one fault is injected: failed
-// OffsetCommits (coordinator errors, unknown errors, rebalance in progress),
+// OffsetCommits (coordinator errors, unknown errors, rebalance in progress;
+// on the consumer protocol STALE_MEMBER_EPOCH instead of the last),
 // timed-out ones (REQUEST_TIMED_OUT after the commit was applied), stalled
 // ones (the broker stops 0.1 to 0.8 s on one), coordinator moves, partition
 // leader moves, failed fetches, a heartbeat answered REBALANCE_IN_PROGRESS,
-// a failed JoinGroup.
+// a failed JoinGroup (on the consumer protocol: ConsumerGroupHeartbeats
+// failed with a coordinator error, then with a retriable one).
 func TestBrokerFaults(t *testing.T) {
 	t.Parallel()
 	if os.Getenv(kafkatest.EnvBrokers) != "" {
@@ -329,11 +342,20 @@ func pick[T any](in *injector, xs ...T) T { return xs[in.sc.rng.IntN(len(xs))] }
 
 func (in *injector) inject() {
 	sc := in.sc
+	consumer := protocol == safeack.GroupProtocolConsumer
 	switch sc.rng.IntN(9) {
 	case 0, 1:
+		// A classic group answers a commit of a group in a rebalance
+		// REBALANCE_IN_PROGRESS; a consumer group one of a member whose
+		// epoch moved on STALE_MEMBER_EPOCH: resent with the new epoch
+		// while the member owns the partition.
+		refused := kerr.RebalanceInProgress
+		if consumer {
+			refused = kerr.StaleMemberEpoch
+		}
 		in.fault("commit error", kfake.Fault{
 			Keys:  []kmsg.Key{kmsg.OffsetCommit},
-			Err:   pick(in, kerr.NotCoordinator, kerr.CoordinatorNotAvailable, kerr.CoordinatorLoadInProgress, kerr.UnknownServerError, kerr.RebalanceInProgress),
+			Err:   pick(in, kerr.NotCoordinator, kerr.CoordinatorNotAvailable, kerr.CoordinatorLoadInProgress, kerr.UnknownServerError, refused),
 			Count: 1 + sc.rng.IntN(3),
 		})
 	case 2:
@@ -373,8 +395,27 @@ func (in *injector) inject() {
 			Count:      1 + sc.rng.IntN(5),
 		})
 	case 7:
+		if consumer {
+			// The member finds the coordinator again and heartbeats
+			// on: its epoch and assignment stay.
+			in.fault("heartbeat error", kfake.Fault{
+				Keys:     []kmsg.Key{kmsg.ConsumerGroupHeartbeat},
+				TopLevel: true,
+				Err:      pick(in, kerr.NotCoordinator, kerr.CoordinatorNotAvailable, kerr.CoordinatorLoadInProgress),
+			})
+			return
+		}
 		in.fault("heartbeat error", kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, TopLevel: true, Err: kerr.RebalanceInProgress})
 	case 8:
+		if consumer {
+			in.fault("heartbeat error", kfake.Fault{
+				Keys:     []kmsg.Key{kmsg.ConsumerGroupHeartbeat},
+				TopLevel: true,
+				Err:      pick(in, kerr.RequestTimedOut, kerr.UnknownServerError),
+				Count:    1 + sc.rng.IntN(2),
+			})
+			return
+		}
 		in.fault("join error", kfake.Fault{
 			Keys:     []kmsg.Key{kmsg.JoinGroup},
 			TopLevel: true,
@@ -422,7 +463,9 @@ func (in *injector) count() (int, string) {
 
 // TestBrokerRestart restarts the real broker (keeping its data) while three
 // in-process members consume and the producer writes: once with -short,
-// three times otherwise. It is not parallel: the other scenarios wait.
+// three times otherwise. Each restart's stall (from the broker's return
+// until every partition acked a record produced after it) is in the
+// figures. It is not parallel: the other scenarios wait.
 func TestBrokerRestart(t *testing.T) {
 	if os.Getenv(kafkatest.EnvBrokers) == "" {
 		t.Skip("restarts a real broker: set " + kafkatest.EnvBrokers)
@@ -448,6 +491,25 @@ func TestBrokerRestart(t *testing.T) {
 			t.Fatalf("restart %d (%s): %v\n%s", i+1, restart, err, out)
 		}
 		took := time.Since(t0)
+		// Its stall counts from the broker's return: until every
+		// partition acked a record produced after it.
+		f := sc.failure(fmt.Sprintf("broker restart %d (down %v; stall from its return)", i+1, took.Round(100*time.Millisecond)), 0, nil)
+		// The churn goes on once records flow again to every
+		// partition (the producer needs a few seconds after the
+		// broker's return), so that the members consume records
+		// produced after the restart before it ends.
+		if !waitCond(time.Minute, func() bool {
+			now := sc.prod.confirmedNow()
+			for p := range now {
+				if now[p] <= f.after[p] {
+					return false
+				}
+			}
+			return true
+		}) {
+			t.Errorf("the producer wrote to some partitions nothing within 1m of restart %d's end: confirmed %v, before %v", i+1, sc.prod.confirmedNow(), f.after)
+		}
+		sc.note("records produced to every partition after restart %d", i+1)
 		t.Logf("broker restart %d took %v", i+1, took.Round(100*time.Millisecond))
 		down = append(down, fmt.Sprintf("%.0fs", took.Seconds()))
 		sc.fig.Faults++

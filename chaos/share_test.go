@@ -137,6 +137,7 @@ func TestShareChaosChild(t *testing.T) {
 //   - the members shared the partition's work: the in-process member and
 //     the processes each handled records.
 func TestShareChaos(t *testing.T) {
+	skipOnConsumerProtocol(t, "share groups are not consumer groups")
 	t.Parallel()
 	c := kafkatest.Start(t, kafkatest.WithKfakeOpts(kfake.BrokerConfigs(map[string]string{
 		"group.share.record.lock.duration.ms": strconv.FormatInt(shareLock.Milliseconds(), 10),

@@ -191,6 +191,7 @@ func TestTxnRouterChaos(t *testing.T) { txnRouterChaos(t, false) }
 func TestTxnRouterChaosCooperative(t *testing.T) { txnRouterChaos(t, true) }
 
 func txnRouterChaos(t *testing.T, coop bool) {
+	skipOnConsumerProtocol(t, "transactions are classic only (docs/group-protocols.md)")
 	// On a real broker with a restart command (SAFEACK_CHAOS_RESTART), the
 	// broker is restarted once, halfway through; the scenario then runs
 	// alone, as TestBrokerRestart does, and otherwise beside the others.

@@ -318,12 +318,21 @@ type uncleanRun struct {
 // coordinator is uncleanBystander.
 func newUncleanRun(t *testing.T, exactlyOnce bool) *uncleanRun {
 	t.Helper()
+	if exactlyOnce {
+		skipOnConsumerProtocol(t, "transactions are classic only (docs/group-protocols.md)")
+	}
 	k := requireCluster(t)
 	c := kafkatest.Start(t)
+	if protocol == safeack.GroupProtocolConsumer {
+		requireConsumerProtocol(t, c)
+	}
 	r := &uncleanRun{t: t, k: k, c: c, topic: uncleanTopic(t, k, c), errors: newErrorLines(t)}
 	base := c.NewGroup(t)
 	r.group = k.placeOn(t, c.Admin(t), uncleanBystander, "__consumer_offsets",
 		func(i int) string { return fmt.Sprintf("%s-%d", base, i) }, k.groupCoordinator)
+	if protocol == safeack.GroupProtocolConsumer {
+		shortenConsumerSessions(t, c, r.group, kafkatest.RealSessionTimeout)
+	}
 	if exactlyOnce {
 		r.out = c.NewTopic(t, 1)
 	}
@@ -367,7 +376,11 @@ func (r *uncleanRun) member(skip func(int64) bool) (*safeack.Subscriber, *handli
 	if r.cooperative {
 		cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 	}
+	if protocol == safeack.GroupProtocolConsumer {
+		leaveToCoordinator(cfg)
+	}
 	config := safeack.SubscriberConfig{
+		GroupProtocol:         protocol,
 		Brokers:               r.c.Brokers(),
 		OverwriteSaramaConfig: cfg,
 		ConsumerGroup:         r.group,

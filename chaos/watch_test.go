@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/safeack/safeack"
 )
 
 // The group watch. A group whose live consumers own no claim on some
@@ -18,6 +20,11 @@ import (
 // broker never answered, Sarama's Net.ReadTimeout). A group left so past
 // all of that is stuck, and the run would otherwise end in a drain timeout
 // long after the cause.
+//
+// (On the consumer protocol a member's partitions move when its session
+// times out and, for a revocation, once the member acknowledged it or the
+// rebalance timeout passed; the new owner hears of them in its next
+// heartbeat.)
 //
 // The embedded broker (kfake) has been seen doing that: after it dropped
 // JoinGroup answers, it left partitions unowned for minutes and started no
@@ -32,9 +39,15 @@ import (
 // harness's last change before the watch acts: the session timeout, a
 // rebalance timeout and a JoinGroup read timeout (newMember: 10 s and
 // 15 s), plus as much again for a loaded machine; on a three-node cluster
-// add a broker's fencing and a coordinator's move.
+// add a broker's fencing and a coordinator's move. On the consumer
+// protocol there is no JoinGroup: the session timeout, the coordinator's
+// wait for a revocation (the rebalance timeout, 10 s) and a few heartbeats
+// for the new owner to hear of the partition, plus as much again.
 func (sc *scenario) groupStallLimit(cluster bool) time.Duration {
 	d := sc.session + 10*time.Second + 15*time.Second + 20*time.Second
+	if protocol == safeack.GroupProtocolConsumer {
+		d = sc.session + 10*time.Second + 5*time.Second + 20*time.Second
+	}
 	if cluster {
 		d += 20 * time.Second
 	}
@@ -147,8 +160,12 @@ func unownedOf(sets [][]int32, n int) []int32 {
 
 // describeGroup says what the broker reports of the group: its state and
 // each member's client id (chaos-member-N: consumer N) with the partitions
-// assigned to it.
+// assigned to it (DescribeGroups; ConsumerGroupDescribe on the consumer
+// protocol, with each member's epoch and target assignment).
 func (sc *scenario) describeGroup() string {
+	if protocol == safeack.GroupProtocolConsumer {
+		return describeConsumerGroup(sc.c, sc.group, sc.topic, sc.consumerState)
+	}
 	return describeGroupMembers(sc.sampler.admin, sc.group, sc.topic, func(_ string, m *sarama.GroupMemberDescription, parts string) string {
 		return m.ClientId + " " + parts + " (" + sc.consumerState(m.ClientId) + ")"
 	})

@@ -30,7 +30,11 @@ import (
 // sender.
 //
 // Sarama writes each request with one Write of the whole encoded request,
-// so a Write that starts with an OffsetCommit header holds all of it.
+// and so does franz-go, so a Write that starts with an OffsetCommit header
+// holds all of it. On the consumer protocol the commits are safeack's own
+// OffsetCommit v9+ (the member id and epoch; v10 names the topic by id),
+// sent through its franz-go client, which dials through the same
+// Net.Proxy.Dialer (kclient.KgoOptions): the tap sees both engines.
 
 // sentCommit is one OffsetCommit request a consumer wrote to a broker.
 type sentCommit struct {
@@ -47,8 +51,9 @@ type sentCommit struct {
 // afterWrite, when set, then runs too: it may act at that exact moment
 // (kill the coordinator mid-commit).
 type commitTap struct {
-	topic string
-	sent  func(sentCommit)
+	topic   string
+	topicID [16]byte // OffsetCommit v10+ names topics by id
+	sent    func(sentCommit)
 
 	mu         sync.Mutex
 	afterWrite func(sentCommit) bool // true: done, remove it
@@ -102,7 +107,7 @@ func (c *tapConn) Write(b []byte) (int, error) {
 	sc := sentCommit{at: at, addr: c.addr, group: req.Group, generation: req.Generation, memberID: req.MemberID,
 		offsets: make(map[int32]kafkatest.CommittedOffset)}
 	for _, t := range req.Topics {
-		if t.Topic != c.tap.topic {
+		if !c.tap.names(t) {
 			continue
 		}
 		for _, p := range t.Partitions {
@@ -128,6 +133,15 @@ func (c *tapConn) Write(b []byte) (int, error) {
 		c.tap.mu.Unlock()
 	}
 	return n, err
+}
+
+// names reports whether a topic of a commit request is the tap's: by name,
+// or by id (v10+, the consumer protocol's commits).
+func (tp *commitTap) names(t kmsg.OffsetCommitRequestTopic) bool {
+	if t.Topic != "" {
+		return t.Topic == tp.topic
+	}
+	return t.TopicID != [16]byte{} && t.TopicID == tp.topicID
 }
 
 // decodeOffsetCommit decodes b when it is a whole OffsetCommit request:

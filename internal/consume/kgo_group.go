@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"sync"
@@ -279,6 +280,7 @@ func kgoGroupOptions(cfg *Options) []kgo.Opt {
 		kgo.FetchMaxWait(sc.Consumer.MaxWaitTime),
 		kgo.FetchMinBytes(sc.Consumer.Fetch.Min),
 		kgo.FetchMaxPartitionBytes(sc.Consumer.Fetch.Default),
+		kgo.RetryBackoffFn(memberRetryBackoff),
 	}
 	if sc.Consumer.Fetch.Max > 0 {
 		opts = append(opts, kgo.FetchMaxBytes(sc.Consumer.Fetch.Max))
@@ -290,6 +292,29 @@ func kgoGroupOptions(cfg *Options) []kgo.Opt {
 		opts = append(opts, kgo.InstanceID(id))
 	}
 	return opts
+}
+
+// memberRetryBackoff is the wait of a consumer-protocol member's kgo
+// client before retrying a failed request (a heartbeat, a coordinator or
+// metadata lookup, a fetch): from 100 ms, doubling, at most 1 s, less up
+// to a fifth at random, as Kafka's own consumer waits (retry.backoff.ms,
+// retry.backoff.max.ms). kgo's default grows to 5 s, past a group session
+// timeout set short (group.consumer.session.timeout.ms, down to the
+// broker's minimum): a coordinator that restarts starts each member's
+// session timer once it has loaded the group, and a member whose
+// heartbeat then still waits out a long backoff is expired
+// (UNKNOWN_MEMBER_ID), loses its partitions and replays what it completed
+// since its last commit. Seen in the chaos suite's broker restart, with
+// 3 s sessions: the heartbeats met COORDINATOR_LOAD_IN_PROGRESS, waited
+// 5 s, and all but one member were expired.
+func memberRetryBackoff(fails int) time.Duration {
+	const first, most = 100 * time.Millisecond, time.Second
+	d := first
+	for i := 1; i < fails && d < most; i++ {
+		d *= 2
+	}
+	d = min(d, most)
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
 // assigned starts the claims of the partitions the coordinator added (see
