@@ -158,31 +158,7 @@ func testStaticMemberFencedConsumer(t *testing.T, busy bool) {
 	// from offset 20 on.
 	logA := newErrorLog()
 	a := member(logA)
-	var heldMu sync.Mutex
-	var held *message.Message
-	var handedAfterFence []po
-	var fencedAt time.Time
-	doneA := handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
-		k, _ := msgPO(m)
-		heldMu.Lock()
-		if !fencedAt.IsZero() {
-			handedAfterFence = append(handedAfterFence, k)
-		}
-		if k == (po{0, 5}) && held == nil {
-			held = m
-			heldMu.Unlock()
-			return
-		}
-		heldMu.Unlock()
-		if k.o >= 20 {
-			time.Sleep(10 * time.Millisecond)
-		}
-		acks.ack(m)
-	})
-	kafkatest.WaitFor(t, mwWait, "A to ack all but its held record", func() bool {
-		return len(acks.missing(c, topic)) == 1
-	})
-	watch.waitCommitted(t, map[int32]int64{0: 5, 1: 20}, mwWait)
+	twinA := holdAndAck(t, c, a, topic, acks, watch)
 	var memberA string
 	for _, oc := range watch.log.Commits() {
 		if oc.Group == group {
@@ -230,18 +206,7 @@ func testStaticMemberFencedConsumer(t *testing.T, busy bool) {
 	err := a.Ready()
 	require.ErrorIs(t, err, safeack.ErrNotReady)
 	require.Contains(t, err.Error(), `"twin"`)
-	heldMu.Lock()
-	fencedAt = time.Now()
-	heldMu.Unlock()
-	logged, ok := logA.first(safeack.ErrInstanceFenced)
-	require.True(t, ok, "A logged no Error wrapping ErrInstanceFenced")
-	require.Equal(t, 1, logA.count(safeack.ErrInstanceFenced), "the fencing is logged once")
-	select {
-	case <-doneA:
-	case <-time.After(mwWait):
-		t.Fatal("A's message channel did not close after the fencing")
-	}
-	require.Empty(t, ownedPartitions(a, topic), "A still shows partitions in Stats")
+	logged := twinA.fenced(t, logA)
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
 		require.NoError(t, b.Ready(), "B lost its membership: A came back")
 		require.Len(t, ownedPartitions(b, topic), partitions, "B lost partitions: A came back")
@@ -250,17 +215,7 @@ func testStaticMemberFencedConsumer(t *testing.T, busy bool) {
 
 	// A's held record, acked now, changes nothing: B handles it again, and
 	// everything else.
-	heldMu.Lock()
-	require.NotNil(t, held)
-	acks.ackLate(held)
-	heldMu.Unlock()
-	c.ProduceN(t, topic, partitions, partitions*10, nil)
-	acks.waitAllAcked(t, c, topic, mwWait)
-	require.Equal(t, 1, acks.count(po{0, 5}), "the record A held was not handled again by B")
-	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
-	heldMu.Lock()
-	require.Empty(t, handedAfterFence, "A handed records out after it reported the fencing")
-	heldMu.Unlock()
+	twinA.ackHeldLate(t, partitions)
 
 	require.NoError(t, b.Close())
 	<-doneB
@@ -336,31 +291,7 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 	// from offset 20 on.
 	logA := newErrorLog()
 	a := member(logA, false)
-	var heldMu sync.Mutex
-	var held *message.Message
-	var handedAfterFence []po
-	var fencedAt time.Time
-	doneA := handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
-		k, _ := msgPO(m)
-		heldMu.Lock()
-		if !fencedAt.IsZero() {
-			handedAfterFence = append(handedAfterFence, k)
-		}
-		if k == (po{0, 5}) && held == nil {
-			held = m
-			heldMu.Unlock()
-			return
-		}
-		heldMu.Unlock()
-		if k.o >= 20 {
-			time.Sleep(10 * time.Millisecond)
-		}
-		acks.ack(m)
-	})
-	kafkatest.WaitFor(t, mwWait, "A to ack all but its held record", func() bool {
-		return len(acks.missing(c, topic)) == 1
-	})
-	watch.waitCommitted(t, map[int32]int64{0: 5, 1: 20}, mwWait)
+	twinA := holdAndAck(t, c, a, topic, acks, watch)
 	var memberA string // on the embedded broker, where commits are observed
 	if watch.log != nil {
 		for _, oc := range watch.log.Commits() {
@@ -435,32 +366,11 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 	require.ErrorIs(t, err, sarama.ErrFencedInstancedId)
 	require.Contains(t, err.Error(), `"twin"`)
 	require.ErrorIs(t, a.WaitReady(t.Context()), safeack.ErrInstanceFenced, "WaitReady waits for a fenced subscription")
-	heldMu.Lock()
-	fencedAt = time.Now()
-	heldMu.Unlock()
-	logged, ok := logA.first(safeack.ErrInstanceFenced)
-	require.True(t, ok, "A logged no Error wrapping ErrInstanceFenced")
-	require.Equal(t, 1, logA.count(safeack.ErrInstanceFenced), "the fencing is logged once")
-	select {
-	case <-doneA:
-	case <-time.After(mwWait):
-		t.Fatal("A's message channel did not close after the fencing")
-	}
-	require.Empty(t, ownedPartitions(a, topic), "A still shows partitions in Stats")
+	logged := twinA.fenced(t, logA)
 
 	// A's held record, acked now, changes nothing: B handles it again, and
 	// everything else.
-	heldMu.Lock()
-	require.NotNil(t, held)
-	acks.ackLate(held)
-	heldMu.Unlock()
-	c.ProduceN(t, topic, partitions, partitions*10, nil)
-	acks.waitAllAcked(t, c, topic, mwWait)
-	require.Equal(t, 1, acks.count(po{0, 5}), "the record A held was not handled again by B")
-	watch.waitCommitted(t, c.HighWaterMarks(t, topic), mwWait)
-	heldMu.Lock()
-	require.Empty(t, handedAfterFence, "A handed records out after it reported the fencing")
-	heldMu.Unlock()
+	twinA.ackHeldLate(t, partitions)
 
 	require.NoError(t, b.Close())
 	<-doneB
@@ -493,7 +403,87 @@ func testStaticMemberFenced(t *testing.T, busy, cooperative bool) {
 	if busy {
 		require.Positive(t, fromAAfterJoin, "A was not committing when B joined: the commit path is not tested")
 	}
+}
 
+// fencedTwin is member A of TestStaticMemberFenced: it holds offset 5 of
+// partition 0 and acks everything else, slowly from offset 20 on, and
+// notes every record handed to it once it is known to be fenced.
+type fencedTwin struct {
+	c     *kafkatest.Cluster
+	sub   *safeack.Subscriber
+	topic string
+	acks  *ackLog
+	watch *commitWatch
+	done  <-chan struct{}
+
+	mu               sync.Mutex
+	held             *message.Message
+	handedAfterFence []po
+	fencedAt         time.Time
+}
+
+// holdAndAck subscribes a as fencedTwin and waits until it acked all but
+// its held record and the commits reached it.
+func holdAndAck(t *testing.T, c *kafkatest.Cluster, a *safeack.Subscriber, topic string, acks *ackLog, watch *commitWatch) *fencedTwin {
+	f := &fencedTwin{c: c, sub: a, topic: topic, acks: acks, watch: watch}
+	f.done = handleAll(mustSubscribe(t, a, topic), func(m *message.Message) {
+		k, _ := msgPO(m)
+		f.mu.Lock()
+		if !f.fencedAt.IsZero() {
+			f.handedAfterFence = append(f.handedAfterFence, k)
+		}
+		if k == (po{0, 5}) && f.held == nil {
+			f.held = m
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+		if k.o >= 20 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		acks.ack(m)
+	})
+	kafkatest.WaitFor(t, mwWait, "A to ack all but its held record", func() bool {
+		return len(acks.missing(c, topic)) == 1
+	})
+	watch.waitCommitted(t, map[int32]int64{0: 5, 1: 20}, mwWait)
+	return f
+}
+
+// fenced checks what A did once it reported the fencing: logged it once
+// (the log entry is returned), closed its message channel, owns nothing.
+// Records handed to A from here on are noted (see ackHeldLate).
+func (f *fencedTwin) fenced(t *testing.T, logA errorLog) loggedError {
+	f.mu.Lock()
+	f.fencedAt = time.Now()
+	f.mu.Unlock()
+	logged, ok := logA.first(safeack.ErrInstanceFenced)
+	require.True(t, ok, "A logged no Error wrapping ErrInstanceFenced")
+	require.Equal(t, 1, logA.count(safeack.ErrInstanceFenced), "the fencing is logged once")
+	select {
+	case <-f.done:
+	case <-time.After(mwWait):
+		t.Fatal("A's message channel did not close after the fencing")
+	}
+	require.Empty(t, ownedPartitions(f.sub, f.topic), "A still shows partitions in Stats")
+	return logged
+}
+
+// ackHeldLate acks A's held record now, which must change nothing: the
+// group (B) handles it again, and everything else, once, and commits the
+// end of every partition; A was handed nothing after its fencing.
+func (f *fencedTwin) ackHeldLate(t *testing.T, partitions int) {
+	f.mu.Lock()
+	require.NotNil(t, f.held)
+	f.acks.ackLate(f.held)
+	f.mu.Unlock()
+	f.c.ProduceN(t, f.topic, partitions, partitions*10, nil)
+	f.acks.waitAllAcked(t, f.c, f.topic, mwWait)
+	require.Equal(t, 1, f.acks.count(po{0, 5}), "the record A held was not handled again by B")
+	f.watch.waitCommitted(t, f.c.HighWaterMarks(t, f.topic), mwWait)
+	f.mu.Lock()
+	require.Empty(t, f.handedAfterFence, "A handed records out after it reported the fencing")
+	f.mu.Unlock()
 }
 
 // In transactional mode too, the fenced member stops: its transactions
