@@ -58,6 +58,10 @@ type options struct {
 	steadyMaxRate  int
 	verbose        bool
 	wiretap        bool
+	churnPeriod    time.Duration
+	churnDuration  time.Duration
+	churnBacklog   int
+	churnHeartbeat time.Duration
 }
 
 var opt options
@@ -94,6 +98,10 @@ func main() {
 		steadyMax   = flag.Int("steady-max-rate", 100_000, "steady: highest rate derived from zero-work (the producer child's own limit)")
 		steadyDur   = flag.Duration("steady-duration", 0, "steady: how long to produce (0: 10 s; -quick 4 s)")
 		steadyChild = flag.String("steady-produce", "", "internal: the steady workload's producer (JSON spec)")
+		churnPeriod = flag.Duration("churn-period", 0, "churn: time between a member's join and its leave, and between its leave and the next join (0: 10 s; -quick 6 s)")
+		churnDur    = flag.Duration("churn-duration", 0, "churn: the measured window (0: 2 min; -quick 24 s); events happen every -churn-period in it")
+		churnBack   = flag.Int("churn-backlog", 4000, "churn: records per partition the producer keeps ahead of the furthest delivered offset")
+		churnHB     = flag.Duration("churn-heartbeat", 0, "churn: heartbeat interval on both protocols (classic: Sarama's Consumer.Group.Heartbeat.Interval; consumer: the group's consumer.heartbeat.interval.ms); 0 keeps each protocol's default")
 		pcBuildOnly = flag.Bool("pc-build", false, "build the Java drivers (Parallel Consumer, Kafka share consumer) into the cache directory and exit")
 
 		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
@@ -149,6 +157,13 @@ func main() {
 		steadyRate:     *steadyRate,
 		steadyDuration: *steadyDur,
 		steadyMaxRate:  *steadyMax,
+		churnPeriod:    *churnPeriod,
+		churnDuration:  *churnDur,
+		churnBacklog:   *churnBack,
+		churnHeartbeat: *churnHB,
+	}
+	if opt.churnBacklog < 1 {
+		fatalf("-churn-backlog must be at least 1")
 	}
 	if opt.pc != "auto" && opt.pc != "off" {
 		fatalf("-pc must be auto or off")

@@ -89,6 +89,22 @@ var colTitles = map[string]string{
 	"x:poisoned":  "poison handled",
 	"x:busiest":   "busiest process %",
 	"x:givenback": "given back",
+	// churn
+	"x:ready":     "ready s",
+	"x:basegap":   "steady gap ms",
+	"x:gapp99":    "unmoved gap p99 ms",
+	"x:gapmax":    "unmoved gap max ms",
+	"x:unmoved":   "unmoved",
+	"x:moved":     "moved",
+	"x:resp50":    "stop→resume p50 ms",
+	"x:resp99":    "stop→resume p99 ms",
+	"x:resmax":    "stop→resume max ms",
+	"x:drainmax":  "drain max ms",
+	"x:xdrainmax": "resume − drain max ms",
+	"x:minlag":    "min lag",
+	"x:basestall": "steady stall ms",
+	"x:stall":     "stall max ms",
+	"x:churndups": "dup acks",
 }
 
 // rows returns the table: header, then one row per label, ideal and refs.
