@@ -388,7 +388,7 @@ func writeMarkdown(path, header string, sections []*section, goals string) error
 		b.WriteString(s.markdown())
 	}
 	if g, ok := strings.CutPrefix(goals, goalsHeader); ok {
-		b.WriteString("### goals (issue 17)\n\n```\n" + strings.TrimRight(g, "\n") + "\n```\n")
+		b.WriteString("### goals (issues 17 and 43)\n\n```\n" + strings.TrimRight(g, "\n") + "\n```\n")
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
