@@ -53,7 +53,7 @@ func churnWorkload() *workload {
 		name: "churn",
 		desc: fmt.Sprintf("%d partitions fed by a live producer, %d members steady, a %dth joining and leaving every %v for %v (%d events), handlers %v, MaxInFlight %d per member, Unordered",
 			churnPartitions, churnSteady, churnSteady+1, period, dur, churnEvents(), churnWork, churnConc),
-		cols: []string{"rate", "x:ready", "x:basegap", "x:basestall", "x:gapp99", "x:gapmax", "x:stall", "x:unmoved", "x:moved", "x:resp50", "x:resp99", "x:resmax", "x:xdrainmax", "x:drainmax", "x:minlag", "x:churndups"},
+		cols: []string{"rate", "x:ready", "x:basegap", "x:basestall", "x:gapp99", "x:gapmax", "x:stall", "x:gapbeyond", "x:unmoved", "x:moved", "x:resp50", "x:resp99", "x:resmax", "x:xdrainmax", "x:drainmax", "x:minlag", "x:churndups"},
 		run:  runChurn,
 		cases: []*caseSpec{
 			{label: churnEager, kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: churnConc, churn: &churnMode{}},
@@ -93,7 +93,7 @@ func churnNotes() []string {
 	return []string{
 		"Each run: a fresh topic and group; the producer fills every partition with -churn-backlog records, then the steady members start; once each partition is delivered by exactly one member, 4 each, the window starts (ready s = start to then; the 2 s before the first event give the steady gap). Event k at k × period: a new member (a new Subscriber) joins at even k, and that member leaves (Close) at odd k. The window ends one period after the last event. Every member: safeack.Subscriber, Unordered, MaxInFlight 64, handler = a goroutine per message sleeping 2 ms then acking; the Sarama config is the bench's usual one. " + hb + ".",
 		"A delivery is the bench reading a message from a member's Subscribe channel (its partition from MessagePartitionFromCtx). A gap is the time between two consecutive deliveries of one partition by the same member with no delivery of that partition by another member in between: it lies within that member's ownership.",
-		"For event k, a partition did not move when every delivery of it from event k to event k+1 (or the window's end), and the last one before event k, came from one member: its ownership spans the event. Its gap for the event is the longest gap ending in that interval; gap p99/max are over all (unmoved partition, event) pairs, and unmoved counts them. steady gap is the longest gap of any partition in the 2 s before the first event, with no churn. stall is the longest time in which no member delivered anything at all (in the steady 2 s, and over the window): a gap no longer than the stall is the process's (scheduling, GC, a loaded machine), not the group protocol's.",
+		"For event k, a partition did not move when every delivery of it from event k to event k+1 (or the window's end), and the last one before event k, came from one member: its ownership spans the event. Its gap for the event is the longest gap ending in that interval; gap p99/max are over all (unmoved partition, event) pairs, and unmoved counts them. steady gap is the longest gap of any partition in the 2 s before the first event, with no churn. stall is the longest time in which no member delivered anything at all (in the steady 2 s, and over the window): a gap no longer than the stall is the process's (scheduling, GC, a loaded machine), not the group protocol's. gap beyond stall = the largest, over the unmoved gaps, of the gap less the longest time inside it in which the whole process delivered nothing.",
 		"A partition moved at event k otherwise. Its stop is the old owner's last delivery of it before the first delivery by another member (with a fed partition an owner delivers every few ms until it is told to stop, so this is the revocation to within a few ms); resume = that first delivery by another member; stop→resume p50/p99/max over the moved (partition, event) pairs. drain = the stop → the old owner's final commit of the partition (Observer CommitEvent.Final, when answered): the time the protocol lets the old owner finish. (stop→resume) − drain is what the handover added beyond the drain (max shown); with no final commit seen, drain counts as 0.",
 		"rec/s = records acked for the first time in the window / window length (all members). dups = acks of records acked before (redeliveries after a rebalance). min lag = the smallest backlog of any partition over the window: records the producer had written (acknowledged) beyond the furthest offset delivered, sampled every 20 ms: above 0 means no gap came from an empty partition. The producer (a Sarama async producer in the bench process) tops every partition up to -churn-backlog records ahead of delivery every 10 ms.",
 		"All members, the producer and the bookkeeping run in the bench process; the broker (kfake) is a child process, or a real broker. The machine is shared with other work: see the load average.",
@@ -384,8 +384,8 @@ func runChurn(ctx context.Context, env *brokerEnv, w *workload) (*section, error
 		return runChurnCase(ctx, env, w, c, rep), nil
 	}, func(r *result) string {
 		x := r.extra
-		return fmt.Sprintf("%9.0f rec/s  ready %.1fs  steady gap %s ms (stall %s)  unmoved gap p99/max %s/%s ms (%0.f pairs, stall %s ms)  moved %0.f: stop→resume p50/p99/max %s/%s/%s ms, drain max %s ms  min lag %.0f  dups %.0f",
-			r.rate(), x["ready"], fmtMs(x["basegap"]), fmtMs(x["basestall"]), fmtMs(x["gapp99"]), fmtMs(x["gapmax"]), x["unmoved"], fmtMs(x["stall"]), x["moved"],
+		return fmt.Sprintf("%9.0f rec/s  ready %.1fs  steady gap %s ms (stall %s)  unmoved gap p99/max %s/%s ms (%0.f pairs, stall %s ms, beyond stall %s ms)  moved %0.f: stop→resume p50/p99/max %s/%s/%s ms, drain max %s ms  min lag %.0f  dups %.0f",
+			r.rate(), x["ready"], fmtMs(x["basegap"]), fmtMs(x["basestall"]), fmtMs(x["gapp99"]), fmtMs(x["gapmax"]), x["unmoved"], fmtMs(x["stall"]), fmtMs(x["gapbeyond"]), x["moved"],
 			fmtMs(x["resp50"]), fmtMs(x["resp99"]), fmtMs(x["resmax"]), fmtMs(x["drainmax"]), x["minlag"], x["churndups"])
 	})
 	if err != nil {
@@ -573,12 +573,19 @@ func (c *churnRecorder) sampleMinLag(stop <-chan struct{}) int64 {
 	}
 }
 
+// churnGap is where an unmoved partition's longest gap of an event lay.
+type churnGap struct {
+	p, member, event int
+	from, to         int64
+}
+
 // churnAnalysis is what one churn run measured.
 type churnAnalysis struct {
 	gaps    []time.Duration // per (unmoved partition, event): its longest gap
 	resumes []time.Duration // per (moved partition, event): stop → resume
 	drains  []time.Duration // per moved pair with a final commit seen: stop → final commit
 	excess  []time.Duration // per moved pair: (stop → resume) − drain
+	gapAt   []churnGap      // where each of gaps lies
 	extra   map[string]float64
 }
 
@@ -611,11 +618,12 @@ func (c *churnRecorder) analyse(steadyFrom, steadyTo int64, events []int64, end 
 			owner := in[0].member
 			moved := slices.ContainsFunc(in, func(d churnDelivery) bool { return d.member != owner })
 			if !moved {
-				g := longestGap(in, math.MinInt64, to)
+				g, gEnd := longestGapAt(in, math.MinInt64, to)
 				if last == first { // nothing delivered since the event: stopped until the window's end at least
-					g = to - in[0].at
+					g, gEnd = to-in[0].at, to
 				}
 				a.gaps = append(a.gaps, time.Duration(g))
+				a.gapAt = append(a.gapAt, churnGap{p: p, member: owner, event: k, from: gEnd - g, to: gEnd})
 				continue
 			}
 			// Moved: the first delivery by another member, and the old
@@ -648,6 +656,22 @@ func (c *churnRecorder) analyse(steadyFrom, steadyTo int64, events []int64, end 
 		return g
 	}
 	msOf := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	// Each unmoved gap beyond the longest silence of the whole process
+	// inside it: what is left once the machine's stalls are taken out.
+	var beyond time.Duration
+	for i, g := range a.gapAt {
+		lo, _ := slices.BinarySearch(all, g.from)
+		hi, _ := slices.BinarySearch(all, g.to+1)
+		var silence int64
+		for j := lo + 1; j < hi; j++ {
+			silence = max(silence, all[j]-all[j-1])
+		}
+		beyond = max(beyond, a.gaps[i]-time.Duration(silence))
+	}
+	a.extra["gapbeyond"] = msOf(beyond)
+	if opt.verbose {
+		c.logLongestGaps(a, events)
+	}
 	a.extra["basestall"] = msOf(time.Duration(stall(steadyFrom, steadyTo)))
 	a.extra["stall"] = msOf(time.Duration(stall(events[0], end)))
 	pct := func(ds []time.Duration, q float64) float64 {
@@ -685,13 +709,51 @@ func (c *churnRecorder) analyse(steadyFrom, steadyTo int64, events []int64, end 
 // same member, among dels (sorted by time) whose later delivery lies in
 // (from, to).
 func longestGap(dels []churnDelivery, from, to int64) int64 {
-	var g int64
+	g, _ := longestGapAt(dels, from, to)
+	return g
+}
+
+// longestGapAt is longestGap and the time its later delivery happened.
+func longestGapAt(dels []churnDelivery, from, to int64) (g, end int64) {
 	for i := 1; i < len(dels); i++ {
 		prev, cur := dels[i-1], dels[i]
 		if cur.at <= from || cur.at >= to || cur.member != prev.member {
 			continue
 		}
-		g = max(g, cur.at-prev.at)
+		if cur.at-prev.at > g {
+			g, end = cur.at-prev.at, cur.at
+		}
 	}
-	return g
+	return g, end
+}
+
+// logLongestGaps logs the five longest unmoved gaps (-v): where they lay,
+// and what the same member delivered of its other partitions meanwhile (a
+// member busy elsewhere points at its hand-out or fetching, a member silent
+// everywhere at the process or the protocol).
+func (c *churnRecorder) logLongestGaps(a *churnAnalysis, events []int64) {
+	idx := make([]int, len(a.gapAt))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(x, y int) int { return int(a.gaps[y] - a.gaps[x]) })
+	for _, i := range idx[:min(5, len(idx))] {
+		g := a.gapAt[i]
+		others, otherParts := 0, map[int]bool{}
+		for p := range churnPartitions {
+			if p == g.p {
+				continue
+			}
+			c.mu[p].Lock()
+			for _, d := range c.dels[p] {
+				if d.member == g.member && d.at > g.from && d.at < g.to {
+					others++
+					otherParts[p] = true
+				}
+			}
+			c.mu[p].Unlock()
+		}
+		logf("    gap %v: partition %d at member %d, event %d, %+.3fs → %+.3fs after the event; the member delivered %d records of %d other partitions meanwhile",
+			a.gaps[i].Round(time.Millisecond), g.p, g.member, g.event, float64(g.from-events[g.event])/1e9, float64(g.to-events[g.event])/1e9, others, len(otherParts))
+	}
 }

@@ -104,6 +104,7 @@ var colTitles = map[string]string{
 	"x:minlag":    "min lag",
 	"x:basestall": "steady stall ms",
 	"x:stall":     "stall max ms",
+	"x:gapbeyond": "gap beyond stall ms",
 	"x:churndups": "dup acks",
 }
 
