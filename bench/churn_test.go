@@ -66,4 +66,9 @@ func TestChurnAnalysis(t *testing.T) {
 	if got := a.extra["stall"]; got != 480 {
 		t.Errorf("stall = %v ms, want 480", got)
 	}
+	// Beyond the process's silence: partition 1's 980 ms (1520 → 2500)
+	// less the 480 ms in which nothing at all was delivered.
+	if got := a.extra["gapbeyond"]; got != 500 {
+		t.Errorf("gap beyond stall = %v ms, want 500", got)
+	}
 }
