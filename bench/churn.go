@@ -53,7 +53,7 @@ func churnWorkload() *workload {
 		name: "churn",
 		desc: fmt.Sprintf("%d partitions fed by a live producer, %d members steady, a %dth joining and leaving every %v for %v (%d events), handlers %v, MaxInFlight %d per member, Unordered",
 			churnPartitions, churnSteady, churnSteady+1, period, dur, churnEvents(), churnWork, churnConc),
-		cols: []string{"rate", "x:ready", "x:basegap", "x:basestall", "x:gapp99", "x:gapmax", "x:stall", "x:gapbeyond", "x:unmoved", "x:moved", "x:resp50", "x:resp99", "x:resmax", "x:xdrainmax", "x:drainmax", "x:minlag", "x:churndups"},
+		cols: []string{"rate", "x:ready", "x:basegap", "x:basestall", "x:gapp99", "x:gapmax", "x:stall", "x:gapbeyond", "x:unmoved", "x:moved", "x:resp50", "x:resp99", "x:resmax", "x:xdrainmax", "x:drainmax", "x:assignp50", "x:assignmax", "x:firstp50", "x:firstmax", "x:minlag", "x:churndups"},
 		run:  runChurn,
 		cases: []*caseSpec{
 			{label: churnEager, kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: churnConc, churn: &churnMode{}},
@@ -88,13 +88,13 @@ func churnEvents() int {
 func churnNotes() []string {
 	hb := "each protocol's defaults: classic members heartbeat every 3 s (Sarama's Consumer.Group.Heartbeat.Interval), consumer-protocol members as the broker says (group.consumer.heartbeat.interval.ms, 5 s on Kafka and on kfake unless the broker sets another)"
 	if opt.churnHeartbeat > 0 {
-		hb = fmt.Sprintf("heartbeats every %v on both protocols (-churn-heartbeat): Sarama's Consumer.Group.Heartbeat.Interval for classic members, the group's consumer.heartbeat.interval.ms (IncrementalAlterConfigs on the GROUP resource before the members start) for the consumer protocol", opt.churnHeartbeat)
+		hb = fmt.Sprintf("heartbeats every %v on both protocols (-churn-heartbeat): Sarama's Consumer.Group.Heartbeat.Interval for classic members, the group's consumer.heartbeat.interval.ms (IncrementalAlterConfigs on the GROUP resource before the members start) for the consumer protocol (on the embedded kfake, which reads it from its broker config only, group.consumer.heartbeat.interval.ms of the whole broker)", opt.churnHeartbeat)
 	}
 	return []string{
 		"Each run: a fresh topic and group; the producer fills every partition with -churn-backlog records, then the steady members start; once each partition is delivered by exactly one member, 4 each, the window starts (ready s = start to then; the 2 s before the first event give the steady gap). Event k at k × period: a new member (a new Subscriber) joins at even k, and that member leaves (Close) at odd k. The window ends one period after the last event. Every member: safeack.Subscriber, Unordered, MaxInFlight 64, handler = a goroutine per message sleeping 2 ms then acking; the Sarama config is the bench's usual one. " + hb + ".",
 		"A delivery is the bench reading a message from a member's Subscribe channel (its partition from MessagePartitionFromCtx). A gap is the time between two consecutive deliveries of one partition by the same member with no delivery of that partition by another member in between: it lies within that member's ownership.",
 		"For event k, a partition did not move when every delivery of it from event k to event k+1 (or the window's end), and the last one before event k, came from one member: its ownership spans the event. Its gap for the event is the longest gap ending in that interval; gap p99/max are over all (unmoved partition, event) pairs, and unmoved counts them. steady gap is the longest gap of any partition in the 2 s before the first event, with no churn. stall is the longest time in which no member delivered anything at all (in the steady 2 s, and over the window): a gap no longer than the stall is the process's (scheduling, GC, a loaded machine), not the group protocol's. gap beyond stall = the largest, over the unmoved gaps, of the gap less the longest time inside it in which the whole process delivered nothing.",
-		"A partition moved at event k otherwise. Its stop is the old owner's last delivery of it before the first delivery by another member (with a fed partition an owner delivers every few ms until it is told to stop, so this is the revocation to within a few ms); resume = that first delivery by another member; stop→resume p50/p99/max over the moved (partition, event) pairs. drain = the stop → the old owner's final commit of the partition (Observer CommitEvent.Final, when answered): the time the protocol lets the old owner finish. (stop→resume) − drain is what the handover added beyond the drain (max shown); with no final commit seen, drain counts as 0.",
+		"A partition moved at event k otherwise. Its stop is the old owner's last delivery of it before the first delivery by another member (with a fed partition an owner delivers every few ms until it is told to stop, so this is the revocation to within a few ms); resume = that first delivery by another member; stop→resume p50/p99/max over the moved (partition, event) pairs. drain = the stop → the old owner's final commit of the partition (Observer CommitEvent.Final, when answered): the time the protocol lets the old owner finish. (stop→resume) − drain is what the handover added beyond the drain (max shown); with no final commit seen, drain counts as 0. stop→assigned = the stop → the new owner's PartitionStats.AssignedAt (when its engine took the partition; Stats read every 20 ms), assigned→first = from then to its first delivery: the protocol's part and the engine's part of the handover.",
 		"rec/s = records acked for the first time in the window / window length (all members). dups = acks of records acked before (redeliveries after a rebalance). min lag = the smallest backlog of any partition over the window: records the producer had written (acknowledged) beyond the furthest offset delivered, sampled every 20 ms: above 0 means no gap came from an empty partition. The producer (a Sarama async producer in the bench process) tops every partition up to -churn-backlog records ahead of delivery every 10 ms.",
 		"All members, the producer and the bookkeeping run in the bench process; the broker (kfake) is a child process, or a real broker. The machine is shared with other work: see the load average.",
 	}
@@ -119,6 +119,10 @@ type churnRecorder struct {
 
 	fmu    sync.Mutex
 	finals map[[2]int][]int64 // {member, partition} → final commit answered
+
+	smu      sync.Mutex
+	subs     map[int]*safeack.Subscriber // the live members, by index
+	assigned map[[2]int][]int64          // {member, partition} → PartitionStats.AssignedAt seen
 }
 
 type churnDelivery struct {
@@ -127,7 +131,7 @@ type churnDelivery struct {
 }
 
 func newChurnRecorder() *churnRecorder {
-	return &churnRecorder{base: time.Now(), finals: map[[2]int][]int64{}}
+	return &churnRecorder{base: time.Now(), finals: map[[2]int][]int64{}, subs: map[int]*safeack.Subscriber{}, assigned: map[[2]int][]int64{}}
 }
 
 func (c *churnRecorder) now() int64 { return int64(time.Since(c.base)) }
@@ -231,7 +235,41 @@ func startChurnMember(ctx context.Context, env *brokerEnv, c *caseSpec, topic, g
 			}(msg)
 		}
 	}()
+	rec.smu.Lock()
+	rec.subs[idx] = s
+	rec.smu.Unlock()
 	return &churnMember{sub: s, done: done}, nil
+}
+
+// sampleAssignments reads every live member's Stats every 20 ms until stop
+// and keeps each partition's AssignedAt per member: when the member's
+// engine took the partition, which splits a handover into the protocol's
+// part (until the new owner has it) and the engine's (until its first
+// delivery).
+func (c *churnRecorder) sampleAssignments(stop <-chan struct{}) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		c.smu.Lock()
+		for idx, s := range c.subs {
+			for _, ps := range s.Stats() {
+				if ps.AssignedAt.IsZero() {
+					continue
+				}
+				k := [2]int{idx, int(ps.Partition)}
+				at := int64(ps.AssignedAt.Sub(c.base))
+				if l := c.assigned[k]; len(l) == 0 || l[len(l)-1] != at {
+					c.assigned[k] = append(l, at)
+				}
+			}
+		}
+		c.smu.Unlock()
+		select {
+		case <-t.C:
+		case <-stop:
+			return
+		}
+	}
 }
 
 func (m *churnMember) close() error {
@@ -384,9 +422,9 @@ func runChurn(ctx context.Context, env *brokerEnv, w *workload) (*section, error
 		return runChurnCase(ctx, env, w, c, rep), nil
 	}, func(r *result) string {
 		x := r.extra
-		return fmt.Sprintf("%9.0f rec/s  ready %.1fs  steady gap %s ms (stall %s)  unmoved gap p99/max %s/%s ms (%0.f pairs, stall %s ms, beyond stall %s ms)  moved %0.f: stop→resume p50/p99/max %s/%s/%s ms, drain max %s ms  min lag %.0f  dups %.0f",
+		return fmt.Sprintf("%9.0f rec/s  ready %.1fs  steady gap %s ms (stall %s)  unmoved gap p99/max %s/%s ms (%0.f pairs, stall %s ms, beyond stall %s ms)  moved %0.f: stop→resume p50/p99/max %s/%s/%s ms, drain max %s ms, stop→assigned p50/max %s/%s ms, assigned→first delivery p50/max %s/%s ms  min lag %.0f  dups %.0f",
 			r.rate(), x["ready"], fmtMs(x["basegap"]), fmtMs(x["basestall"]), fmtMs(x["gapp99"]), fmtMs(x["gapmax"]), x["unmoved"], fmtMs(x["stall"]), fmtMs(x["gapbeyond"]), x["moved"],
-			fmtMs(x["resp50"]), fmtMs(x["resp99"]), fmtMs(x["resmax"]), fmtMs(x["drainmax"]), x["minlag"], x["churndups"])
+			fmtMs(x["resp50"]), fmtMs(x["resp99"]), fmtMs(x["resmax"]), fmtMs(x["drainmax"]), fmtMs(x["assignp50"]), fmtMs(x["assignmax"]), fmtMs(x["firstp50"]), fmtMs(x["firstmax"]), x["minlag"], x["churndups"])
 	})
 	if err != nil {
 		return sec, err
@@ -458,6 +496,8 @@ func runChurnCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec,
 	lagStop := make(chan struct{})
 	lagDone := make(chan int64)
 	go func() { lagDone <- rec.sampleMinLag(lagStop) }()
+	assignDone := make(chan struct{})
+	go func() { rec.sampleAssignments(lagStop); close(assignDone) }()
 	eventAt := make([]int64, events)
 	var closing sync.WaitGroup
 	var churner *churnMember
@@ -485,6 +525,9 @@ func runChurnCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec,
 			m := churner
 			churner = nil
 			members = slices.DeleteFunc(members, func(x *churnMember) bool { return x == m })
+			rec.smu.Lock()
+			delete(rec.subs, churnSteady+k/2)
+			rec.smu.Unlock()
 			closing.Add(1)
 			go func() {
 				defer closing.Done()
@@ -509,6 +552,7 @@ func runChurnCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec,
 	rec.windowTo.Store(tEnd)
 	close(lagStop)
 	minLag := <-lagDone
+	<-assignDone
 	closing.Wait()
 	if r.err != nil {
 		return r
@@ -586,7 +630,11 @@ type churnAnalysis struct {
 	drains  []time.Duration // per moved pair with a final commit seen: stop → final commit
 	excess  []time.Duration // per moved pair: (stop → resume) − drain
 	gapAt   []churnGap      // where each of gaps lies
-	extra   map[string]float64
+	// Per moved pair whose new owner's AssignedAt was seen: stop → the
+	// new owner's engine has the partition, and from then to its first
+	// delivery.
+	toAssigned, toFirst []time.Duration
+	extra               map[string]float64
 }
 
 // analyse applies the definitions of the notes to the recorded deliveries.
@@ -643,6 +691,20 @@ func (c *churnRecorder) analyse(steadyFrom, steadyTo int64, events []int64, end 
 			}
 			c.fmu.Unlock()
 			a.excess = append(a.excess, time.Duration(resume-stop-min(drain, resume-stop)))
+			// The new owner's engine took the partition at its latest
+			// AssignedAt before the resume.
+			c.smu.Lock()
+			var got int64 = -1
+			for _, x := range c.assigned[[2]int{in[j].member, p}] {
+				if x <= resume && x >= stop-int64(time.Second) {
+					got = x
+				}
+			}
+			c.smu.Unlock()
+			if got >= 0 {
+				a.toAssigned = append(a.toAssigned, time.Duration(got-stop))
+				a.toFirst = append(a.toFirst, time.Duration(resume-got))
+			}
 		}
 	}
 	slices.Sort(all)
@@ -692,6 +754,10 @@ func (c *churnRecorder) analyse(steadyFrom, steadyTo int64, events []int64, end 
 	a.extra["resmax"] = pct(a.resumes, 1)
 	a.extra["drainmax"] = pct(a.drains, 1)
 	a.extra["xdrainmax"] = pct(a.excess, 1)
+	a.extra["assignp50"] = pct(a.toAssigned, 0.5)
+	a.extra["assignmax"] = pct(a.toAssigned, 1)
+	a.extra["firstp50"] = pct(a.toFirst, 0.5)
+	a.extra["firstmax"] = pct(a.toFirst, 1)
 	for k, v := range a.extra {
 		switch {
 		case math.IsNaN(v):

@@ -125,7 +125,7 @@ func main() {
 	}
 
 	if *serveKfake {
-		serveKfakeChild()
+		serveKfakeChild(*churnHB)
 		return
 	}
 	if *restartChild != "" {
@@ -318,8 +318,8 @@ func cpuModel() string {
 // serveKfakeChild runs the embedded broker for the parent process: it prints
 // the listen addresses on one line and serves until its stdin closes (the
 // parent exited or closed the pipe).
-func serveKfakeChild() {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+func serveKfakeChild(consumerHeartbeat time.Duration) {
+	c, err := kfake.NewCluster(kfakeOpts(consumerHeartbeat)...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kfake: %v\n", err)
 		os.Exit(1)
@@ -327,6 +327,19 @@ func serveKfakeChild() {
 	fmt.Printf("ADDRS %s\n", strings.Join(c.ListenAddrs(), ","))
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	c.Close()
+}
+
+// kfakeOpts are the embedded broker's options: one broker, and with
+// -churn-heartbeat the consumer-protocol heartbeat interval as a broker
+// config (kfake takes it from there only, not from a group's config).
+func kfakeOpts(consumerHeartbeat time.Duration) []kfake.Opt {
+	opts := []kfake.Opt{kfake.NumBrokers(1)}
+	if consumerHeartbeat > 0 {
+		opts = append(opts, kfake.BrokerConfigs(map[string]string{
+			"group.consumer.heartbeat.interval.ms": fmt.Sprint(consumerHeartbeat.Milliseconds()),
+		}))
+	}
+	return opts
 }
 
 // startSelf starts this binary again with args, for work that runs in a
@@ -356,7 +369,11 @@ func startSelf(args ...string) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error)
 
 // startKfakeChild starts this binary as a kfake broker process.
 func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error) {
-	cmd, stdin, stdout, err := startSelf("-kfake-serve")
+	args := []string{"-kfake-serve"}
+	if opt.churnHeartbeat > 0 {
+		args = append(args, "-churn-heartbeat", opt.churnHeartbeat.String())
+	}
+	cmd, stdin, stdout, err := startSelf(args...)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -104,6 +104,10 @@ var colTitles = map[string]string{
 	"x:minlag":    "min lag",
 	"x:basestall": "steady stall ms",
 	"x:stall":     "stall max ms",
+	"x:assignp50": "stop→assigned p50 ms",
+	"x:assignmax": "stop→assigned max ms",
+	"x:firstp50":  "assigned→first p50 ms",
+	"x:firstmax":  "assigned→first max ms",
 	"x:gapbeyond": "gap beyond stall ms",
 	"x:churndups": "dup acks",
 }
