@@ -442,7 +442,16 @@ func runChurnCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec,
 		r.err = err
 		return r
 	}
-	env.addTopic(topic)
+	// Each run writes a few million records: the topic goes at once (kfake
+	// keeps every record in memory), unless -keep-topics.
+	defer func() {
+		if opt.keepTopics {
+			return
+		}
+		if err := env.admin.DeleteTopic(topic); err != nil {
+			logf("delete topic %s: %v", topic, err)
+		}
+	}()
 	group := groupName(env, w.name, c.label, rep)
 	if opt.churnHeartbeat > 0 && c.churn.protocol == safeack.GroupProtocolConsumer {
 		if err := setGroupHeartbeat(ctx, env, group, opt.churnHeartbeat); err != nil {
@@ -680,6 +689,9 @@ func (c *churnRecorder) analyse(steadyFrom, steadyTo int64, events []int64, end 
 			resume := in[j].at
 			stop := in[j-1].at // in[j-1] is the old owner's: every delivery before j is
 			a.resumes = append(a.resumes, time.Duration(resume-stop))
+			if opt.verbose {
+				logf("    moved: partition %d, member %d → %d at event %d: stop %+.3fs, resume %+.3fs after the event", p, owner, in[j].member, k, float64(stop-from)/1e9, float64(resume-from)/1e9)
+			}
 			drain := int64(0)
 			c.fmu.Lock()
 			for _, f := range c.finals[[2]int{owner, p}] {
