@@ -72,3 +72,57 @@ func TestChurnAnalysis(t *testing.T) {
 		t.Errorf("gap beyond stall = %v ms, want 500", got)
 	}
 }
+
+// TestChurnSmoke runs the churn workload briefly on the consumer protocol
+// against an embedded broker in this process (kfake, 250 ms heartbeats):
+// a member joins and leaves once, and the run must measure gaps of
+// partitions that stayed, handovers of partitions that moved, a rate and
+// the backlog. The figures themselves are not asserted: speed is the
+// bench's to report, not a test's to require (under -race, with the
+// producer and the broker in this process, the producer may not keep up).
+func TestChurnSmoke(t *testing.T) {
+	saved := opt
+	t.Cleanup(func() { opt = saved })
+	opt = options{
+		inprocBroker:   true,
+		reps:           1,
+		churnPeriod:    2 * time.Second,
+		churnDuration:  4 * time.Second,
+		churnBacklog:   500,
+		churnHeartbeat: 250 * time.Millisecond,
+	}
+	ctx := t.Context()
+	env, err := setupBroker(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.close()
+	w := churnWorkload()
+	var c *caseSpec
+	for _, x := range w.cases {
+		if x.label == churnConsumer {
+			c = x
+		}
+	}
+	r := runChurnCase(ctx, env, w, c, 1)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	x := r.extra
+	t.Logf("%.0f rec/s, extra %v", r.rate(), x)
+	if r.n == 0 || r.rate() <= 0 {
+		t.Errorf("no record acked in the window (n %d)", r.n)
+	}
+	if x["unmoved"] == 0 || x["moved"] == 0 {
+		t.Errorf("unmoved %v, moved %v (partition, event) pairs: want both: a join and a leave move some partitions and keep the others", x["unmoved"], x["moved"])
+	}
+	if _, ok := x["gapmax"]; !ok {
+		t.Error("no unmoved gap measured")
+	}
+	if _, ok := x["resmax"]; !ok {
+		t.Error("no handover measured")
+	}
+	if _, ok := x["minlag"]; !ok {
+		t.Error("no backlog sampled")
+	}
+}
