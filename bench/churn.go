@@ -13,6 +13,8 @@ import (
 	"math"
 	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +55,7 @@ func churnWorkload() *workload {
 		name: "churn",
 		desc: fmt.Sprintf("%d partitions fed by a live producer, %d members steady, a %dth joining and leaving every %v for %v (%d events), handlers %v, MaxInFlight %d per member, Unordered",
 			churnPartitions, churnSteady, churnSteady+1, period, dur, churnEvents(), churnWork, churnConc),
-		cols: []string{"rate", "x:ready", "x:basegap", "x:basestall", "x:gapp99", "x:gapmax", "x:stall", "x:gapbeyond", "x:unmoved", "x:moved", "x:resp50", "x:resp99", "x:resmax", "x:xdrainmax", "x:drainmax", "x:assignp50", "x:assignmax", "x:firstp50", "x:firstmax", "x:minlag", "x:churndups"},
+		cols: []string{"rate", "x:ready", "x:basegap", "x:basestall", "x:gapp99", "x:gapmax", "x:stall", "x:gapbeyond", "x:unmoved", "x:moved", "x:resp50", "x:resp99", "x:resmax", "x:xdrainmax", "x:drainmax", "x:assignp50", "x:assignmax", "x:firstp50", "x:firstmax", "x:minlag", "x:churndups", "x:load"},
 		run:  runChurn,
 		cases: []*caseSpec{
 			{label: churnEager, kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: churnConc, churn: &churnMode{}},
@@ -96,7 +98,7 @@ func churnNotes() []string {
 		"For event k, a partition did not move when every delivery of it from event k to event k+1 (or the window's end), and the last one before event k, came from one member: its ownership spans the event. Its gap for the event is the longest gap ending in that interval; gap p99/max are over all (unmoved partition, event) pairs, and unmoved counts them. steady gap is the longest gap of any partition in the 2 s before the first event, with no churn. stall is the longest time in which no member delivered anything at all (in the steady 2 s, and over the window): a gap no longer than the stall is the process's (scheduling, GC, a loaded machine), not the group protocol's. gap beyond stall = the largest, over the unmoved gaps, of the gap less the longest time inside it in which the whole process delivered nothing.",
 		"A partition moved at event k otherwise. Its stop is the old owner's last delivery of it before the first delivery by another member (with a fed partition an owner delivers every few ms until it is told to stop, so this is the revocation to within a few ms); resume = that first delivery by another member; stop→resume p50/p99/max over the moved (partition, event) pairs. drain = the stop → the old owner's final commit of the partition (Observer CommitEvent.Final, when answered): the time the protocol lets the old owner finish. (stop→resume) − drain is what the handover added beyond the drain (max shown); with no final commit seen, drain counts as 0. stop→assigned = the stop → the new owner's PartitionStats.AssignedAt (when its engine took the partition; Stats read every 20 ms), assigned→first = from then to its first delivery: the protocol's part and the engine's part of the handover.",
 		"rec/s = records acked for the first time in the window / window length (all members). dups = acks of records acked before (redeliveries after a rebalance). min lag = the smallest backlog of any partition over the window: records the broker had acknowledged to the producer beyond the furthest offset delivered, sampled every 20 ms. Acknowledgements arrive after the broker appended, so this is a lower bound: above 0 proves no partition ran dry (no gap came from an empty partition); at or below 0 it proves nothing. The producer (a Sarama async producer in the bench process) tops every partition up to -churn-backlog records ahead of delivery every 10 ms.",
-		"All members, the producer and the bookkeeping run in the bench process; the broker (kfake) is a child process, or a real broker. The machine is shared with other work: see the load average.",
+		"All members, the producer and the bookkeeping run in the bench process; the broker (kfake) is a child process, or a real broker. The machine is shared with other work: load = the 1-minute load average as each run started (and the workload's before/after below).",
 	}
 }
 
@@ -422,9 +424,9 @@ func runChurn(ctx context.Context, env *brokerEnv, w *workload) (*section, error
 		return runChurnCase(ctx, env, w, c, rep), nil
 	}, func(r *result) string {
 		x := r.extra
-		return fmt.Sprintf("%9.0f rec/s  ready %.1fs  steady gap %s ms (stall %s)  unmoved gap p99/max %s/%s ms (%0.f pairs, stall %s ms, beyond stall %s ms)  moved %0.f: stop→resume p50/p99/max %s/%s/%s ms, drain max %s ms, stop→assigned p50/max %s/%s ms, assigned→first delivery p50/max %s/%s ms  min lag %.0f  dups %.0f",
+		return fmt.Sprintf("%9.0f rec/s  ready %.1fs  steady gap %s ms (stall %s)  unmoved gap p99/max %s/%s ms (%0.f pairs, stall %s ms, beyond stall %s ms)  moved %0.f: stop→resume p50/p99/max %s/%s/%s ms, drain max %s ms, stop→assigned p50/max %s/%s ms, assigned→first delivery p50/max %s/%s ms  min lag %.0f  dups %.0f  load %.2f",
 			r.rate(), x["ready"], fmtMs(x["basegap"]), fmtMs(x["basestall"]), fmtMs(x["gapp99"]), fmtMs(x["gapmax"]), x["unmoved"], fmtMs(x["stall"]), fmtMs(x["gapbeyond"]), x["moved"],
-			fmtMs(x["resp50"]), fmtMs(x["resp99"]), fmtMs(x["resmax"]), fmtMs(x["drainmax"]), fmtMs(x["assignp50"]), fmtMs(x["assignmax"]), fmtMs(x["firstp50"]), fmtMs(x["firstmax"]), x["minlag"], x["churndups"])
+			fmtMs(x["resp50"]), fmtMs(x["resp99"]), fmtMs(x["resmax"]), fmtMs(x["drainmax"]), fmtMs(x["assignp50"]), fmtMs(x["assignmax"]), fmtMs(x["firstp50"]), fmtMs(x["firstmax"]), x["minlag"], x["churndups"], x["load"])
 	})
 	if err != nil {
 		return sec, err
@@ -459,6 +461,7 @@ func runChurnCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec,
 			return r
 		}
 	}
+	load := loadAvg()
 	rec := newChurnRecorder()
 	prod, err := startChurnProducer(ctx, env, topic, rec)
 	if err != nil {
@@ -573,6 +576,9 @@ func runChurnCase(ctx context.Context, env *brokerEnv, w *workload, c *caseSpec,
 	a.extra["ready"] = time.Duration(ready - start).Seconds()
 	a.extra["minlag"] = float64(minLag)
 	a.extra["churndups"] = float64(rec.dups.Load())
+	if l, err := strconv.ParseFloat(strings.Fields(load + " ?")[0], 64); err == nil {
+		a.extra["load"] = l
+	}
 	r.extra = a.extra
 	r.churn = a
 	return r

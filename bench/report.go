@@ -110,6 +110,7 @@ var colTitles = map[string]string{
 	"x:firstmax":  "assigned→first max ms",
 	"x:gapbeyond": "gap beyond stall ms",
 	"x:churndups": "dup acks",
+	"x:load":      "load",
 }
 
 // rows returns the table: header, then one row per label, ideal and refs.
