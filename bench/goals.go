@@ -239,6 +239,22 @@ func protocolGoals(s *section, line func(bool, string, ...any)) {
 	}
 	rc, rk := s.medianRate(consumerProtocolLabel), s.medianRate("safeack/unordered")
 	cc, ck := cpu(cp), cpu(classic)
-	line(rc >= rk && cc <= ck, "%s consumer protocol vs classic (safeack/unordered): %s vs %s rec/s (%s), CPU %.2f vs %.2f s per million records",
-		s.w.name, fmtRate(rc), fmtRate(rk), ratio(rc, rk), cc, ck)
+	span := func(rs []*result, f func(*result) float64) (lo, hi float64) {
+		v := mapf(rs, f)
+		return slices.Min(v), slices.Max(v)
+	}
+	note := ""
+	rcLo, rcHi := span(cp, (*result).rate)
+	rkLo, rkHi := span(classic, (*result).rate)
+	if rc < rk && rcHi >= rkLo && rkHi >= rcLo {
+		note = "; the rates' ranges overlap"
+	}
+	perM := func(r *result) float64 { return r.cpu.Seconds() / float64(r.n) * 1e6 }
+	ccLo, ccHi := span(cp, perM)
+	ckLo, ckHi := span(classic, perM)
+	if cc > ck && ccHi >= ckLo && ckHi >= ccLo {
+		note += "; the CPU ranges overlap"
+	}
+	line(rc >= rk && cc <= ck, "%s consumer protocol vs classic (safeack/unordered): %s [%s–%s] vs %s [%s–%s] rec/s (%s), CPU %.2f [%.2f–%.2f] vs %.2f [%.2f–%.2f] s per million records%s",
+		s.w.name, fmtRate(rc), fmtRate(rcLo), fmtRate(rcHi), fmtRate(rk), fmtRate(rkLo), fmtRate(rkHi), ratio(rc, rk), cc, ccLo, ccHi, ck, ckLo, ckHi, note)
 }
