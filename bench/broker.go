@@ -119,7 +119,7 @@ func setupBroker(ctx context.Context) (*brokerEnv, error) {
 		env.brokers = opt.brokers
 		env.desc = "real cluster " + strings.Join(opt.brokers, ",")
 	case opt.inprocBroker:
-		c, err := kfake.NewCluster(kfake.NumBrokers(1))
+		c, err := kfake.NewCluster(kfakeOpts(opt.churnHeartbeat)...)
 		if err != nil {
 			return nil, err
 		}

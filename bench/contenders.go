@@ -217,6 +217,7 @@ func safeackConfig(env *brokerEnv, c *caseSpec, group string) (safeack.Subscribe
 		ConsumerGroup:         group,
 		MaxInFlight:           c.conc,
 		Ordering:              c.ordering,
+		GroupProtocol:         c.protocol,
 		// No tap Tracer: a Tracer turns safeack's early first fetch off
 		// (it must see every record on the claim); the wiretap still logs
 		// safeack's requests, without the handler's marks.
@@ -226,6 +227,9 @@ func safeackConfig(env *brokerEnv, c *caseSpec, group string) (safeack.Subscribe
 	}
 	if err := applySettings(&cfg, c.settings); err != nil {
 		return cfg, err
+	}
+	if c.churn != nil {
+		cfg.GroupProtocol = c.churn.protocol
 	}
 	return cfg, nil
 }

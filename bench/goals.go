@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -10,7 +11,7 @@ import (
 // goals checks issue 17's goals against this invocation's sections and
 // says, per goal and workload, whether safeack met it. Every comparison is
 // between medians of runs made in this invocation, on this machine.
-const goalsHeader = "## goals (issue 17), from the runs above\n"
+const goalsHeader = "## goals (issues 17 and 43), from the runs above\n"
 
 func goals(sections []*section) string {
 	var b strings.Builder
@@ -33,6 +34,11 @@ func goals(sections []*section) string {
 		if strings.HasPrefix(name, "share-") {
 			continue // issue 26's comparison, not issue 17's goals
 		}
+		if name == "churn" {
+			churnGoals(s, line, info)
+			continue
+		}
+		protocolGoals(s, line)
 		// Commit lag: end lag and per-record p99, against one interval
 		// plus one round trip (plus the watcher's poll, since its
 		// observations are late by up to that much).
@@ -171,4 +177,84 @@ func (s *section) medianOf(f func(*result) float64, labels []string) float64 {
 		return 0
 	}
 	return median(vals)
+}
+
+// churnGoals checks issue 43's goals for the consumer protocol in the churn
+// workload: partitions that do not move never stop (longest gap at most
+// 100 ms plus the handler's 2 ms), a moved partition resumes within 1 s
+// plus its drain, and the rate is at least cooperative-sticky's. The gap
+// and resume goals take the worst run, the rate the medians.
+func churnGoals(s *section, line func(bool, string, ...any), info func(string, ...any)) {
+	rs := s.ok(churnConsumer)
+	if len(rs) == 0 {
+		return
+	}
+	worst := func(label, key string) (float64, bool) {
+		v, ok := math.Inf(-1), false
+		for _, r := range s.ok(label) {
+			if x, has := r.extra[key]; has {
+				v, ok = max(v, x), true
+			}
+		}
+		return v, ok
+	}
+	gapBound := 100 + ms(churnWork)
+	if g, ok := worst(churnConsumer, "gapmax"); ok {
+		stall, _ := worst(churnConsumer, "stall")
+		beyond, _ := worst(churnConsumer, "gapbeyond")
+		line(g <= gapBound, "churn, consumer protocol: partitions that did not move, longest gap %s ms over %d run(s) (goal ≤ %s ms = 100 ms + the 2 ms handler); the process's longest stall (no delivery at all) %s ms; largest gap beyond the process's silence inside it %s ms",
+			fmtMs(g), len(rs), fmtMs(gapBound), fmtMs(stall), fmtMs(beyond))
+	}
+	if x, ok := worst(churnConsumer, "xdrainmax"); ok {
+		res, _ := worst(churnConsumer, "resmax")
+		line(x <= 1000, "churn, consumer protocol: a moved partition resumed at most %s ms after its stop beyond its drain (stop→resume max %s ms; goal ≤ 1000 ms + drain)", fmtMs(x), fmtMs(res))
+	}
+	if coop := s.medianRate(churnCooperative); coop > 0 {
+		c := s.medianRate(churnConsumer)
+		line(c >= coop, "churn, consumer protocol rate %s rec/s vs classic cooperative-sticky %s rec/s (%s; goal ≥ 1)", fmtRate(c), fmtRate(coop), ratio(c, coop))
+	}
+	for _, l := range []string{churnEager, churnCooperative} {
+		if g, ok := worst(l, "gapmax"); ok {
+			res, _ := worst(l, "resmax")
+			info("%s: unmoved gap max %s ms, stop→resume max %s ms, %s rec/s", l, fmtMs(g), fmtMs(res), fmtRate(s.medianRate(l)))
+		}
+	}
+	if opt.churnHeartbeat > 0 {
+		info("heartbeats every %v on both protocols (-churn-heartbeat)", opt.churnHeartbeat)
+	} else {
+		info("each protocol's default heartbeat (classic 3 s, Sarama's; consumer: the broker's group.consumer.heartbeat.interval.ms)")
+	}
+}
+
+// protocolGoals checks issue 43's goal for the steady workloads: the
+// consumer-protocol row reaches at least the classic row's rate at no more
+// CPU per record (medians).
+func protocolGoals(s *section, line func(bool, string, ...any)) {
+	cp, classic := s.ok(consumerProtocolLabel), s.ok("safeack/unordered")
+	if len(cp) == 0 || len(classic) == 0 {
+		return
+	}
+	cpu := func(rs []*result) float64 {
+		return median(mapf(rs, func(r *result) float64 { return r.cpu.Seconds() / float64(r.n) * 1e6 }))
+	}
+	rc, rk := s.medianRate(consumerProtocolLabel), s.medianRate("safeack/unordered")
+	cc, ck := cpu(cp), cpu(classic)
+	span := func(rs []*result, f func(*result) float64) (lo, hi float64) {
+		v := mapf(rs, f)
+		return slices.Min(v), slices.Max(v)
+	}
+	note := ""
+	rcLo, rcHi := span(cp, (*result).rate)
+	rkLo, rkHi := span(classic, (*result).rate)
+	if rc < rk && rcHi >= rkLo && rkHi >= rcLo {
+		note = "; the rates' ranges overlap"
+	}
+	perM := func(r *result) float64 { return r.cpu.Seconds() / float64(r.n) * 1e6 }
+	ccLo, ccHi := span(cp, perM)
+	ckLo, ckHi := span(classic, perM)
+	if cc > ck && ccHi >= ckLo && ckHi >= ccLo {
+		note += "; the CPU ranges overlap"
+	}
+	line(rc >= rk && cc <= ck, "%s consumer protocol vs classic (safeack/unordered): %s [%s–%s] vs %s [%s–%s] rec/s (%s), CPU %.2f [%.2f–%.2f] vs %.2f [%.2f–%.2f] s per million records%s",
+		s.w.name, fmtRate(rc), fmtRate(rcLo), fmtRate(rcHi), fmtRate(rk), fmtRate(rkLo), fmtRate(rkHi), ratio(rc, rk), cc, ccLo, ccHi, ck, ckLo, ckHi, note)
 }

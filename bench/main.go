@@ -58,6 +58,10 @@ type options struct {
 	steadyMaxRate  int
 	verbose        bool
 	wiretap        bool
+	churnPeriod    time.Duration
+	churnDuration  time.Duration
+	churnBacklog   int
+	churnHeartbeat time.Duration
 }
 
 var opt options
@@ -94,6 +98,10 @@ func main() {
 		steadyMax   = flag.Int("steady-max-rate", 100_000, "steady: highest rate derived from zero-work (the producer child's own limit)")
 		steadyDur   = flag.Duration("steady-duration", 0, "steady: how long to produce (0: 10 s; -quick 4 s)")
 		steadyChild = flag.String("steady-produce", "", "internal: the steady workload's producer (JSON spec)")
+		churnPeriod = flag.Duration("churn-period", 0, "churn: time between a member's join and its leave, and between its leave and the next join (0: 10 s; -quick 6 s)")
+		churnDur    = flag.Duration("churn-duration", 0, "churn: the measured window (0: 2 min; -quick 24 s); events happen every -churn-period in it")
+		churnBack   = flag.Int("churn-backlog", 4000, "churn: records per partition the producer keeps ahead of the furthest delivered offset")
+		churnHB     = flag.Duration("churn-heartbeat", 0, "churn: heartbeat interval on both protocols (classic: Sarama's Consumer.Group.Heartbeat.Interval; consumer: the group's consumer.heartbeat.interval.ms); 0 keeps each protocol's default")
 		pcBuildOnly = flag.Bool("pc-build", false, "build the Java drivers (Parallel Consumer, Kafka share consumer) into the cache directory and exit")
 
 		serveKfake   = flag.Bool("kfake-serve", false, "internal: serve an embedded kfake broker and print its address")
@@ -117,7 +125,7 @@ func main() {
 	}
 
 	if *serveKfake {
-		serveKfakeChild()
+		serveKfakeChild(*churnHB)
 		return
 	}
 	if *restartChild != "" {
@@ -149,6 +157,13 @@ func main() {
 		steadyRate:     *steadyRate,
 		steadyDuration: *steadyDur,
 		steadyMaxRate:  *steadyMax,
+		churnPeriod:    *churnPeriod,
+		churnDuration:  *churnDur,
+		churnBacklog:   *churnBack,
+		churnHeartbeat: *churnHB,
+	}
+	if opt.churnBacklog < 1 {
+		fatalf("-churn-backlog must be at least 1")
 	}
 	if opt.pc != "auto" && opt.pc != "off" {
 		fatalf("-pc must be auto or off")
@@ -303,8 +318,8 @@ func cpuModel() string {
 // serveKfakeChild runs the embedded broker for the parent process: it prints
 // the listen addresses on one line and serves until its stdin closes (the
 // parent exited or closed the pipe).
-func serveKfakeChild() {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+func serveKfakeChild(consumerHeartbeat time.Duration) {
+	c, err := kfake.NewCluster(kfakeOpts(consumerHeartbeat)...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kfake: %v\n", err)
 		os.Exit(1)
@@ -312,6 +327,19 @@ func serveKfakeChild() {
 	fmt.Printf("ADDRS %s\n", strings.Join(c.ListenAddrs(), ","))
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	c.Close()
+}
+
+// kfakeOpts are the embedded broker's options: one broker, and with
+// -churn-heartbeat the consumer-protocol heartbeat interval as a broker
+// config (kfake takes it from there only, not from a group's config).
+func kfakeOpts(consumerHeartbeat time.Duration) []kfake.Opt {
+	opts := []kfake.Opt{kfake.NumBrokers(1)}
+	if consumerHeartbeat > 0 {
+		opts = append(opts, kfake.BrokerConfigs(map[string]string{
+			"group.consumer.heartbeat.interval.ms": fmt.Sprint(consumerHeartbeat.Milliseconds()),
+		}))
+	}
+	return opts
 }
 
 // startSelf starts this binary again with args, for work that runs in a
@@ -341,7 +369,11 @@ func startSelf(args ...string) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error)
 
 // startKfakeChild starts this binary as a kfake broker process.
 func startKfakeChild() (addrs []string, cmd *exec.Cmd, closeFn func(), err error) {
-	cmd, stdin, stdout, err := startSelf("-kfake-serve")
+	args := []string{"-kfake-serve"}
+	if opt.churnHeartbeat > 0 {
+		args = append(args, "-churn-heartbeat", opt.churnHeartbeat.String())
+	}
+	cmd, stdin, stdout, err := startSelf(args...)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -89,6 +89,28 @@ var colTitles = map[string]string{
 	"x:poisoned":  "poison handled",
 	"x:busiest":   "busiest process %",
 	"x:givenback": "given back",
+	// churn
+	"x:ready":     "ready s",
+	"x:basegap":   "steady gap ms",
+	"x:gapp99":    "unmoved gap p99 ms",
+	"x:gapmax":    "unmoved gap max ms",
+	"x:unmoved":   "unmoved",
+	"x:moved":     "moved",
+	"x:resp50":    "stop→resume p50 ms",
+	"x:resp99":    "stop→resume p99 ms",
+	"x:resmax":    "stop→resume max ms",
+	"x:drainmax":  "drain max ms",
+	"x:xdrainmax": "resume − drain max ms",
+	"x:minlag":    "min lag",
+	"x:basestall": "steady stall ms",
+	"x:stall":     "stall max ms",
+	"x:assignp50": "stop→assigned p50 ms",
+	"x:assignmax": "stop→assigned max ms",
+	"x:firstp50":  "assigned→first p50 ms",
+	"x:firstmax":  "assigned→first max ms",
+	"x:gapbeyond": "gap beyond stall ms",
+	"x:churndups": "dup acks",
+	"x:load":      "load",
 }
 
 // rows returns the table: header, then one row per label, ideal and refs.
@@ -372,7 +394,7 @@ func writeMarkdown(path, header string, sections []*section, goals string) error
 		b.WriteString(s.markdown())
 	}
 	if g, ok := strings.CutPrefix(goals, goalsHeader); ok {
-		b.WriteString("### goals (issue 17)\n\n```\n" + strings.TrimRight(g, "\n") + "\n```\n")
+		b.WriteString("### goals (issues 17 and 43)\n\n```\n" + strings.TrimRight(g, "\n") + "\n```\n")
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }

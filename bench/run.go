@@ -41,14 +41,15 @@ type result struct {
 	conc     int                // the case's concurrency; 0 when unbounded
 
 	// Commit lag, from the commit watcher (commitwatch.go).
-	endLag      time.Duration // last ack → committed offsets at the end of every partition; <0: not reached
-	cover       lagStats      // per record: its ack → the first observed commit covering it by offset or by safeack's completed tail
-	coverOffset lagStats      // the same, by offset alone
-	rtt         time.Duration // median OffsetFetch round trip of the watcher
-	heapBase    uint64        // HeapInuse after the pre-run GC (the bench's own tracking arrays)
-	allocs      float64       // heap allocations (MemStats.Mallocs delta) per record, consumer start → last ack; <0: unknown
-	e2e         lagStats      // steady: produce → ack per record
-	offered     float64       // steady: the producer's achieved rate, records/s
+	endLag      time.Duration  // last ack → committed offsets at the end of every partition; <0: not reached
+	cover       lagStats       // per record: its ack → the first observed commit covering it by offset or by safeack's completed tail
+	coverOffset lagStats       // the same, by offset alone
+	rtt         time.Duration  // median OffsetFetch round trip of the watcher
+	heapBase    uint64         // HeapInuse after the pre-run GC (the bench's own tracking arrays)
+	allocs      float64        // heap allocations (MemStats.Mallocs delta) per record, consumer start → last ack; <0: unknown
+	e2e         lagStats       // steady: produce → ack per record
+	offered     float64        // steady: the producer's achieved rate, records/s
+	churn       *churnAnalysis // churn: the gaps and handovers of the run
 }
 
 // occupancy is the mean number of handlers running while records flowed, as

@@ -71,6 +71,10 @@ type caseSpec struct {
 	// javaShare: a share contender whose processes run Kafka's Java
 	// KafkaShareConsumer (jshare.go) instead of safeack's ShareSubscriber.
 	javaShare bool
+	// protocol is a safeack contender's SubscriberConfig.GroupProtocol.
+	protocol safeack.GroupProtocol
+	// churn: the churn workload's members (churn.go).
+	churn *churnMode
 }
 
 // workload is a set of cases run the same way, and how to present them.
@@ -88,7 +92,7 @@ type workload struct {
 }
 
 func workloadNames() []string {
-	return []string{"pc-published", "io-scale", "zero-work", "steady", "slow-head", "restart-cost", "issue3a", "txn-router", "share-io", "share-zero", "share-poison"}
+	return []string{"pc-published", "io-scale", "zero-work", "steady", "slow-head", "restart-cost", "issue3a", "txn-router", "share-io", "share-zero", "share-poison", "churn"}
 }
 
 // buildWorkload returns the named workload, sized by -quick.
@@ -116,6 +120,8 @@ func buildWorkload(name string) *workload {
 		return shareZero()
 	case "share-poison":
 		return sharePoison()
+	case "churn":
+		return churnWorkload()
 	}
 	panic("unknown workload " + name)
 }
@@ -234,10 +240,10 @@ func ioScale() *workload {
 	w := &workload{
 		name:  "io-scale",
 		desc:  fmt.Sprintf("%d records, 8 partitions, 2 ms work each, concurrency %d", n, conc),
-		cols:  []string{"wall", "startup", "rate", "xideal", "xwmk", "cpu", "endlag", "cover", "dups"},
-		cases: standardCases(t, conc, work),
+		cols:  []string{"wall", "startup", "rate", "xideal", "xwmk", "cpu", "cpupm", "endlag", "cover", "dups"},
+		cases: withConsumerProtocol(standardCases(t, conc, work)),
 		run:   runStandard,
-		notes: []string{"Record i goes to partition i % 8 with key i % 1000 (125 keys per partition)."},
+		notes: []string{"Record i goes to partition i % 8 with key i % 1000 (125 keys per partition).", consumerProtocolNote},
 	}
 	w.setIdeal(work, conc)
 	return w
@@ -251,7 +257,7 @@ func zeroWork() *workload {
 		name: "zero-work",
 		desc: fmt.Sprintf("%d records of %d B, 8 partitions, no work (handler goroutine acks at once), MaxInFlight %d", n, valueSize, conc),
 		cols: []string{"wall", "startup", "rate", "xwmk", "xbare", "xceil", "xrouter", "cpu", "cpupm", "allocs", "heap", "rss", "endlag", "cover", "dups"},
-		cases: append(withoutSlowPC(standardCases(t, conc, nil)),
+		cases: append(withConsumerProtocol(withoutSlowPC(standardCases(t, conc, nil))),
 			&caseSpec{label: "safeack/unordered (router)", kind: kindSafeack, ordering: safeack.Unordered, topic: t, conc: conc, router: true},
 			&caseSpec{label: wmkRouterLabel, kind: kindWatermill, topic: t, conc: conc, router: true},
 			&caseSpec{label: ceilingLabel, kind: kindCeiling, topic: t, conc: conc},
@@ -265,9 +271,28 @@ func zeroWork() *workload {
 			"Watermill ceiling: one goroutine publishes (batches of up to 64) into a gochannel.GoChannel with at most 256 messages unacked, and a Router runs the same handler: no Kafka. ×ceiling = rec/s over its rec/s.",
 			"Router ceiling: the same Router over a minimal Subscriber (one goroutine builds the records and sends them on the channel, 256 unacked at most): the router's own cost. GoChannel adds two goroutines, two message copies and a context per message, so a Kafka subscriber can beat the GoChannel row; ×router = rec/s over this row's.",
 			"Record i goes to partition i % 8 with key i % 1000.",
+			consumerProtocolNote,
 			pcPartitionNote,
 		},
 	}
+}
+
+// consumerProtocolLabel is safeack/unordered on the consumer group
+// protocol (KIP-848, franz-go) instead of the classic one (Sarama).
+const consumerProtocolLabel = "safeack/unordered (consumer protocol)"
+
+const consumerProtocolNote = "safeack/unordered (consumer protocol) is the safeack/unordered row with GroupProtocol = GroupProtocolConsumer (KIP-848: franz-go fetches and the group coordinator assigns; the remote assignor's default, uniform) instead of the classic protocol on Sarama; everything else the same. Issue 43's goal: at least the classic row's rate at no more CPU (CPU s/M = the consumer process's CPU per million records; the broker runs in another process)."
+
+// withConsumerProtocol adds safeack/unordered on the consumer group
+// protocol after the classic safeack/unordered row.
+func withConsumerProtocol(cases []*caseSpec) []*caseSpec {
+	i := slices.IndexFunc(cases, func(c *caseSpec) bool { return c.label == "safeack/unordered" })
+	if i < 0 {
+		return cases
+	}
+	cp := *cases[i]
+	cp.label, cp.protocol = consumerProtocolLabel, safeack.GroupProtocolConsumer
+	return slices.Insert(cases, i+1, &cp)
 }
 
 // wmkRouterLabel is watermill-kafka read through a message.Router, the
@@ -322,10 +347,10 @@ func issue3a() *workload {
 	w := &workload{
 		name:  "issue3a",
 		desc:  fmt.Sprintf("issue 3 (a): 1 partition, %d records, handler sleeps 2 ms, MaxInFlight %d; ideal %d / 2 ms = 50,000/s", n, conc, conc),
-		cols:  []string{"wall", "startup", "rate", "xideal", "xwmk", "cpu", "endlag", "cover", "dups"},
-		cases: standardCases(t, conc, work),
+		cols:  []string{"wall", "startup", "rate", "xideal", "xwmk", "cpu", "cpupm", "endlag", "cover", "dups"},
+		cases: withConsumerProtocol(standardCases(t, conc, work)),
 		run:   runStandard,
-		notes: []string{"Record i has key i % 1000. The issue's second comparison (b) is the zero-work workload (columns ×wmk and ×bare)."},
+		notes: []string{"Record i has key i % 1000. The issue's second comparison (b) is the zero-work workload (columns ×wmk and ×bare).", consumerProtocolNote},
 	}
 	w.setIdeal(work, conc)
 	return w
