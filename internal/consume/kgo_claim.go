@@ -53,10 +53,14 @@ type kgoRecord struct {
 // watching is the feed's watching hook (see feed.watching).
 func (c *kgoClaim) watching(validated func() int32) { c.validated.Store(&validated) }
 
-func newKgoClaim(topic string, p int32) *kgoClaim {
+// newKgoClaim starts the claim's feed. buffered is the capacity of the
+// worker's channel (Consumer.ChannelBufferSize, as Sarama's claims have):
+// an unbuffered one hands every record from the feed's goroutine to the
+// worker's, a scheduler round trip each.
+func newKgoClaim(topic string, p int32, buffered int) *kgoClaim {
 	c := &kgoClaim{
 		topic: topic, partition: p,
-		out:     make(chan *sarama.ConsumerMessage),
+		out:     make(chan *sarama.ConsumerMessage, buffered),
 		done:    make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		stopped: make(chan struct{}),

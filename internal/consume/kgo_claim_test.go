@@ -1,6 +1,7 @@
 package consume
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,9 +30,16 @@ func TestConsumerMessageFromRecord(t *testing.T) {
 }
 
 // TestKgoClaimFeed: records pushed to a claim reach its worker's channel in
-// order; stop closes the channel, leaving what was not taken.
+// order, with or without a buffer (Consumer.ChannelBufferSize); stop
+// closes the channel, leaving what was not taken.
 func TestKgoClaimFeed(t *testing.T) {
-	c := newKgoClaim("t", 0)
+	for _, buffered := range []int{0, 256} {
+		t.Run(fmt.Sprint("buffered ", buffered), func(t *testing.T) { testKgoClaimFeed(t, buffered) })
+	}
+}
+
+func testKgoClaimFeed(t *testing.T, buffered int) {
+	c := newKgoClaim("t", 0, buffered)
 	c.push([]kgoRecord{{msg: &sarama.ConsumerMessage{Offset: 0}}, {msg: &sarama.ConsumerMessage{Offset: 1}}})
 	c.push([]kgoRecord{{msg: &sarama.ConsumerMessage{Offset: 2}}})
 	for want := int64(0); want < 3; want++ {
@@ -79,7 +87,7 @@ func TestKgoClaimFeed(t *testing.T) {
 // passed on once the worker gives the claim its way to report one; later
 // ones are passed on at once.
 func TestKgoClaimDivergedBeforeItsWorkerRuns(t *testing.T) {
-	c := newKgoClaim("t", 0)
+	c := newKgoClaim("t", 0, 0)
 	defer c.stop()
 	c.diverged(7)
 	c.diverged(5)

@@ -434,7 +434,7 @@ func (g *kgoGroup) startClaimsFrom(parts []int32, starts map[int32]int64, startE
 			}
 			g.cl.ResumeFetchPartitions(map[string][]int32{g.sub.topic: {p}})
 		}
-		c := newKgoClaim(g.sub.topic, p)
+		c := newKgoClaim(g.sub.topic, p, g.sub.cfg.OverwriteSaramaConfig.ChannelBufferSize)
 		g.claims[p] = c
 		g.claimsDone.Add(1)
 		go g.runKgoClaim(c, start)
@@ -734,7 +734,7 @@ func (g *kgoGroup) restartClaim(c *kgoClaim) {
 	}
 	g.sub.logger.Info("Starting the claim again from the group's commit", g.sub.logFields.Add(watermill.LogFields{
 		"kafka_partition": p, "start": start.Offset}))
-	next := newKgoClaim(g.sub.topic, p)
+	next := newKgoClaim(g.sub.topic, p, g.sub.cfg.OverwriteSaramaConfig.ChannelBufferSize)
 	g.claims[p] = next
 	g.claimsDone.Add(1)
 	go g.runKgoClaim(next, start)
