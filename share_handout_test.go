@@ -207,10 +207,13 @@ func TestShareRecordAfterLongIdleHandedOut(t *testing.T) {
 // hands that record out as soon as a handler is free, renewing its lock
 // meanwhile, rather than leave it until its slowest handler is done. The
 // test widens kgo's window with a hook that slows the poll's return, so
-// that the stray fetch happens.
+// that the stray fetch happens. The lock is 4 s, so that a renewal sent
+// at half of it still reaches a broker on a loaded machine in time (with
+// 2 s, a CI run of four suites at once on two cores once had the broker
+// refuse the renewals: INVALID_RECORD_STATE).
 func TestShareRecordFetchedBetweenPollsKeepsItsLock(t *testing.T) {
 	t.Parallel()
-	const lock = 2 * time.Second
+	const lock = 4 * time.Second
 	c, topic, group := shareTopicWithLock(t, lock)
 	stray := &strayFetchHook{delay: 50 * time.Millisecond}
 	sub := newShareSub(t, c, group, func(cfg *safeack.ShareSubscriberConfig) {
