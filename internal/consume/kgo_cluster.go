@@ -422,30 +422,16 @@ func kgoCoordinatorMetadataLimit(ctx context.Context, cl *kgo.Client, group stri
 	if err != nil {
 		return 0, fmt.Errorf("finding the group coordinator: %w", err)
 	}
-	req := kmsg.NewPtrDescribeConfigsRequest()
-	rr := kmsg.NewDescribeConfigsRequestResource()
-	rr.ResourceType = kmsg.ConfigResourceTypeBroker
-	rr.ResourceName = strconv.Itoa(int(coord))
-	rr.ConfigNames = []string{kclient.BrokerMetadataMaxBytes}
-	req.Resources = append(req.Resources, rr)
-	kresp, err := cl.Broker(int(coord)).Request(ctx, req)
+	v, err := kclient.DescribeConfig(ctx, cl.Broker(int(coord)), kmsg.ConfigResourceTypeBroker, strconv.Itoa(int(coord)), kclient.BrokerMetadataMaxBytes)
 	if err != nil {
 		return 0, err
 	}
-	for _, res := range kresp.(*kmsg.DescribeConfigsResponse).Resources {
-		if err := kclient.KafkaError(res.ErrorCode); err != nil {
-			return 0, err
-		}
-		for _, c := range res.Configs {
-			if c.Name != kclient.BrokerMetadataMaxBytes || c.Value == nil {
-				continue
-			}
-			n, err := strconv.Atoi(*c.Value)
-			if err != nil {
-				return 0, fmt.Errorf("%s=%q: %w", kclient.BrokerMetadataMaxBytes, *c.Value, err)
-			}
-			return n, nil
-		}
+	if v == nil {
+		return 0, kclient.ErrNotReported
 	}
-	return 0, kclient.ErrNotReported
+	n, err := strconv.Atoi(*v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: %w", kclient.BrokerMetadataMaxBytes, *v, err)
+	}
+	return n, nil
 }

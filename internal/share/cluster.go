@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/safeack/safeack/internal/kclient"
 	"github.com/safeack/safeack/internal/sentinel"
 )
 
@@ -99,31 +100,11 @@ const deadLetterTopicConfig = "errors.deadletterqueue.topic.name"
 // describeConfig reads one config of one resource (nil: not set, or
 // unknown to the broker); what names the resource in errors.
 func describeConfig(ctx context.Context, client *kgo.Client, kind kmsg.ConfigResourceType, name, config, what string) (*string, error) {
-	req := kmsg.NewPtrDescribeConfigsRequest()
-	res := kmsg.NewDescribeConfigsRequestResource()
-	res.ResourceType = kind
-	res.ResourceName = name
-	res.ConfigNames = []string{config}
-	req.Resources = append(req.Resources, res)
-	resp, err := req.RequestWith(ctx, client)
+	v, err := kclient.DescribeConfig(ctx, client, kind, name, config)
 	if err != nil {
 		return nil, fmt.Errorf("describing %s: %w", what, err)
 	}
-	for _, r := range resp.Resources {
-		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			msg := ""
-			if r.ErrorMessage != nil {
-				msg = ": " + *r.ErrorMessage
-			}
-			return nil, fmt.Errorf("describing %s: %w%s", what, err, msg)
-		}
-		for _, c := range r.Configs {
-			if c.Name == config && c.Value != nil {
-				return c.Value, nil
-			}
-		}
-	}
-	return nil, nil
+	return v, nil
 }
 
 // groupDeadLetterTopic returns the dead-letter topic group names at the
