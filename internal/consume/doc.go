@@ -48,5 +48,7 @@
 // kgo_held.go holds back the claims of partitions whose leaders do not
 // answer and reports them, as claim_watch.go does for Sarama's;
 // kgo_refused.go a member the coordinator keeps out of a classic group (a
-// migration the broker does not run online).
+// migration the broker does not run online); kgo_static.go a static
+// member's fencing and leave; kgo_ready.go what Ready says of the member
+// (joined, heartbeats reaching the coordinator).
 package consume
